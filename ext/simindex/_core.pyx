@@ -1,0 +1,1420 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The compiled core of simindex: LMDB through its C API, permutations, and the scan loops.
+
+Python code above it (simindex/) owns parameters, layout and records; this module owns every
+LMDB handle and runs the hot loops (block writes, range scans, Hamming filters, pair joins)
+over plain C memory with the GIL released.
+"""
+
+import os
+
+import numpy as np
+
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport malloc, calloc, realloc, free, qsort
+from libc.string cimport memcpy, memset
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+
+from clmdb cimport *
+from simindex.errors import (
+    StorageError, MapFullError, MapResizedError, CorruptError, ReadOnlyError, ClosedError,
+)
+
+cdef extern from "zlib.h" nogil:
+    unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int len)
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    static inline uint64_t si_load64(const void *p) {
+        uint64_t v; memcpy(&v, p, 8);
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        v = __builtin_bswap64(v);
+    #endif
+        return v;
+    }
+    static inline void si_store64(void *p, uint64_t v) {
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        v = __builtin_bswap64(v);
+    #endif
+        memcpy(p, &v, 8);
+    }
+    static inline uint32_t si_load32(const void *p) {
+        uint32_t v; memcpy(&v, p, 4);
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        v = __builtin_bswap32(v);
+    #endif
+        return v;
+    }
+    static inline void si_store32(void *p, uint32_t v) {
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        v = __builtin_bswap32(v);
+    #endif
+        memcpy(p, &v, 4);
+    }
+    static inline uint64_t si_load_be64(const void *p) {
+        const uint8_t *b = (const uint8_t *)p; uint64_t v = 0;
+        for (int i = 0; i < 8; i++) v = (v << 8) | b[i];
+        return v;
+    }
+    static inline void si_store_be64(void *p, uint64_t v) {
+        uint8_t *b = (uint8_t *)p;
+        for (int i = 7; i >= 0; i--) { b[i] = (uint8_t)v; v >>= 8; }
+    }
+    static inline uint32_t si_load_be32(const void *p) {
+        const uint8_t *b = (const uint8_t *)p;
+        return ((uint32_t)b[0] << 24) | ((uint32_t)b[1] << 16) | ((uint32_t)b[2] << 8) | b[3];
+    }
+    static inline void si_store_be32(void *p, uint32_t v) {
+        uint8_t *b = (uint8_t *)p;
+        b[0] = (uint8_t)(v >> 24); b[1] = (uint8_t)(v >> 16); b[2] = (uint8_t)(v >> 8); b[3] = (uint8_t)v;
+    }
+    static inline int si_popcount(uint64_t x) { return __builtin_popcountll(x); }
+    """
+    uint64_t si_load64(const void *p) nogil
+    void si_store64(void *p, uint64_t v) nogil
+    uint32_t si_load32(const void *p) nogil
+    void si_store32(void *p, uint32_t v) nogil
+    uint64_t si_load_be64(const void *p) nogil
+    void si_store_be64(void *p, uint64_t v) nogil
+    uint32_t si_load_be32(const void *p) nogil
+    void si_store_be32(void *p, uint32_t v) nogil
+    int si_popcount(uint64_t x) nogil
+
+
+# ---------------------------------------------------------------- on-disk constants
+# A block is one LMDB value: a 16-byte header (magic, count, crc32 of the payload, flags)
+# then `count` permuted keys and `count` seqs, little-endian u64 each. 1022 entries make the
+# value 16368 bytes, which with LMDB's 16-byte page header fills four 4 KiB overflow pages.
+DEF BLOCK_HEADER = 16
+DEF BLOCK_MAGIC = 0x31424953     # b"SIB1" read little-endian
+BLOCK_ENTRIES = 1022
+DEF C_BLOCK_ENTRIES = 1022
+# A block's LMDB key: run id (u32 BE), last permuted key of the block (u64 BE), block number
+# in the run (u32 BE). Seeking (run, lo, 0) lands on the first block that can hold keys >= lo.
+DEF BLOCK_KEY = 16
+# A record's value in records/seqs: fp (u64 LE), id length (u16 LE), id key, msgpack(meta).
+DEF RECORD_HEADER = 10
+
+# Error codes of the nogil loops, beside LMDB's own.
+DEF SI_CORRUPT_BLOCK = -1001
+DEF SI_CORRUPT_STATE = -1002
+DEF SI_NOMEM = -1003
+DEF SI_CORRUPT_RECORD = -1004
+DEF SI_CORRUPT_KEY = -1005
+
+
+def lmdb_version():
+    """The version string of the LMDB library this core is linked against."""
+    return mdb_version(NULL, NULL, NULL).decode()
+
+
+cdef object _error(int rc, str what):
+    """Turn an LMDB or core return code into the matching simindex exception."""
+    if rc == MDB_MAP_FULL:
+        return MapFullError(rc, f"{what}: the LMDB map is full")
+    if rc == MDB_MAP_RESIZED:
+        return MapResizedError(rc, f"{what}: another process grew the LMDB map")
+    if rc in (MDB_CORRUPTED, MDB_PAGE_NOTFOUND, MDB_INVALID, MDB_VERSION_MISMATCH, MDB_PANIC):
+        return CorruptError(rc, f"{what}: {mdb_strerror(rc).decode(errors='replace')}")
+    if rc == SI_CORRUPT_BLOCK:
+        return CorruptError(rc, f"{what}: a table block is damaged (bad header, size or order)")
+    if rc == SI_CORRUPT_STATE:
+        return CorruptError(rc, f"{what}: a shard's state record is damaged")
+    if rc == SI_CORRUPT_RECORD:
+        return CorruptError(rc, f"{what}: a stored record is damaged")
+    if rc == SI_CORRUPT_KEY:
+        return CorruptError(rc, f"{what}: a table key has the wrong size")
+    if rc == SI_NOMEM:
+        return MemoryError(what)
+    if rc > 0:
+        return StorageError(rc, f"{what}: {os.strerror(rc)}")
+    return StorageError(rc, f"{what}: {mdb_strerror(rc).decode(errors='replace')}")
+
+
+cdef inline MDB_val _val(bytes b):
+    cdef MDB_val v
+    v.mv_size = PyBytes_GET_SIZE(b)
+    v.mv_data = <void *>PyBytes_AS_STRING(b)
+    return v
+
+
+cdef inline bytes _bytes(MDB_val v):
+    return PyBytes_FromStringAndSize(<char *>v.mv_data, v.mv_size)
+
+
+# ---------------------------------------------------------------- environments
+cdef class Env:
+    """One LMDB environment (a directory). Closing it invalidates its transactions."""
+
+    def __cinit__(self):
+        self.env = NULL
+
+    def __init__(self, path, *, bint readonly=False, bint sync=True, bint metasync=True,
+                 size_t mapsize=1 << 30, unsigned int maxdbs=4, unsigned int maxreaders=1024):
+        cdef int rc
+        cdef unsigned int flags = MDB_NOTLS
+        cdef bytes bpath = os.fsencode(path)
+        cdef const char *cpath = bpath
+        self.path = os.fsdecode(path)
+        self.readonly = readonly
+        self.deps = set()
+        self.dbis = {}
+        self.pid = os.getpid()
+        if readonly:
+            flags |= MDB_RDONLY
+        if not sync:
+            flags |= MDB_NOSYNC
+        elif not metasync:
+            flags |= MDB_NOMETASYNC
+        rc = mdb_env_create(&self.env)
+        if rc:
+            self.env = NULL
+            raise _error(rc, f"cannot create an LMDB environment for {self.path}")
+        mdb_env_set_maxdbs(self.env, maxdbs)
+        mdb_env_set_maxreaders(self.env, maxreaders)
+        mdb_env_set_mapsize(self.env, mapsize)
+        with nogil:
+            rc = mdb_env_open(self.env, cpath, flags, 0o644)
+        if rc:
+            mdb_env_close(self.env)
+            self.env = NULL
+            raise _error(rc, f"cannot open LMDB environment {self.path}")
+
+    def __dealloc__(self):
+        # Never close in a forked child: the handle belongs to the parent.
+        if self.env is not NULL and self.pid == os.getpid():
+            mdb_env_close(self.env)
+        self.env = NULL
+
+    cdef int check(self) except -1:
+        if self.env is NULL:
+            raise ClosedError(f"LMDB environment {self.path} is closed")
+        if self.pid != os.getpid():
+            raise ClosedError(
+                f"LMDB environment {self.path} was opened in process {self.pid} and cannot be "
+                f"used after fork(); open the index again in this process")
+        return 0
+
+    @property
+    def closed(self):
+        return self.env is NULL
+
+    def close(self):
+        """Invalidate every transaction and read context on this environment, then close it."""
+        for dep in list(self.deps):
+            if isinstance(dep, Txn):
+                (<Txn>dep)._invalidate()
+            elif isinstance(dep, ReadContext):
+                (<ReadContext>dep)._invalidate()
+        self.deps.clear()
+        if self.env is not NULL:
+            if self.pid == os.getpid():
+                mdb_env_close(self.env)
+            self.env = NULL
+
+    def open_db(self, name, bint create=False):
+        """Open (or create) the named database once; later calls reuse the handle."""
+        cdef MDB_txn *txn
+        cdef MDB_dbi dbi
+        cdef int rc
+        cdef bytes bname = name.encode()
+        self.check()
+        if name in self.dbis:
+            return
+        rc = mdb_txn_begin(self.env, NULL, 0 if create else MDB_RDONLY, &txn)
+        if rc:
+            raise _error(rc, f"{self.path}: cannot begin a transaction")
+        rc = mdb_dbi_open(txn, bname, MDB_CREATE if create else 0, &dbi)
+        if rc:
+            mdb_txn_abort(txn)
+            if rc == MDB_NOTFOUND:
+                raise CorruptError(rc, f"{self.path}: database {name!r} is missing")
+            raise _error(rc, f"{self.path}: cannot open database {name!r}")
+        rc = mdb_txn_commit(txn)
+        if rc:
+            raise _error(rc, f"{self.path}: cannot open database {name!r}")
+        self.dbis[name] = dbi
+
+    cdef MDB_dbi dbi(self, name) except? 0:
+        try:
+            return self.dbis[name]
+        except KeyError:
+            raise CorruptError(f"{self.path}: database {name!r} is not open") from None
+
+    def sync(self, bint force=True):
+        """Flush the environment to disk (needed with sync=False before a clean stop)."""
+        cdef int rc
+        self.check()
+        if self.readonly:
+            return
+        with nogil:
+            rc = mdb_env_sync(self.env, force)
+        if rc:
+            raise _error(rc, f"{self.path}: sync failed")
+
+    def info(self):
+        """Map size, last page, last transaction id and reader counts."""
+        cdef MDB_envinfo i
+        self.check()
+        mdb_env_info(self.env, &i)
+        return {"mapsize": i.me_mapsize, "last_pgno": i.me_last_pgno,
+                "last_txnid": i.me_last_txnid, "maxreaders": i.me_maxreaders,
+                "numreaders": i.me_numreaders}
+
+    def set_mapsize(self, size_t size):
+        """Grow the map (0 adopts the size another process set). No transaction may be live."""
+        cdef int rc
+        self.check()
+        rc = mdb_env_set_mapsize(self.env, size)
+        if rc:
+            raise _error(rc, f"{self.path}: cannot set the map size")
+
+    def reader_check(self):
+        """Clear reader slots left by dead processes; returns how many were cleared."""
+        cdef int dead = 0
+        self.check()
+        mdb_reader_check(self.env, &dead)
+        return dead
+
+    def max_key_size(self):
+        self.check()
+        return mdb_env_get_maxkeysize(self.env)
+
+    def copy(self, path, bint compact=True):
+        """Write a (compacted) copy of the environment into the existing directory `path`."""
+        cdef int rc
+        cdef bytes bpath = os.fsencode(path)
+        cdef const char *cpath = bpath
+        self.check()
+        with nogil:
+            rc = mdb_env_copy2(self.env, cpath, MDB_CP_COMPACT if compact else 0)
+        if rc:
+            raise _error(rc, f"{self.path}: copy to {os.fsdecode(path)} failed")
+
+
+# ---------------------------------------------------------------- transactions
+cdef class Txn:
+    """A read or write transaction; a `with` block commits on success and aborts on error."""
+
+    def __cinit__(self, Env env, bint write=False):
+        cdef int rc
+        self.txn = NULL
+        env.check()
+        if write and env.readonly:
+            raise ReadOnlyError(f"{env.path} is open read-only")
+        self.env = env
+        self.write = write
+        with nogil:
+            rc = mdb_txn_begin(env.env, NULL, 0 if write else MDB_RDONLY, &self.txn)
+        if rc:
+            self.txn = NULL
+            raise _error(rc, f"{env.path}: cannot begin a transaction")
+        env.deps.add(self)
+
+    def __dealloc__(self):
+        if self.txn is not NULL and self.env is not None and self.env.env is not NULL \
+                and self.env.pid == os.getpid():
+            mdb_txn_abort(self.txn)
+        self.txn = NULL
+
+    cdef void _invalidate(self) noexcept:
+        if self.txn is not NULL:
+            mdb_txn_abort(self.txn)
+            self.txn = NULL
+
+    cdef int check(self) except -1:
+        if self.txn is NULL:
+            raise ClosedError(f"{self.env.path}: the transaction is finished")
+        return 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, etype, evalue, tb):
+        if etype is None:
+            self.commit()
+        else:
+            self.abort()
+        return False
+
+    @property
+    def id(self):
+        self.check()
+        return mdb_txn_id(self.txn)
+
+    def commit(self):
+        cdef int rc
+        self.check()
+        with nogil:
+            rc = mdb_txn_commit(self.txn)
+        self.txn = NULL
+        self.env.deps.discard(self)
+        if rc:
+            raise _error(rc, f"{self.env.path}: commit failed")
+
+    def abort(self):
+        if self.txn is not NULL:
+            mdb_txn_abort(self.txn)
+            self.txn = NULL
+        self.env.deps.discard(self)
+
+    def get(self, db, bytes key):
+        cdef MDB_val k = _val(key), v
+        cdef int rc
+        self.check()
+        rc = mdb_get(self.txn, self.env.dbi(db), &k, &v)
+        if rc == MDB_NOTFOUND:
+            return None
+        if rc:
+            raise _error(rc, f"{self.env.path}: read from {db!r} failed")
+        return _bytes(v)
+
+    def put(self, db, bytes key, bytes value, bint append=False):
+        cdef MDB_val k = _val(key), v = _val(value)
+        cdef int rc
+        self.check()
+        rc = mdb_put(self.txn, self.env.dbi(db), &k, &v, MDB_APPEND if append else 0)
+        if rc:
+            raise _error(rc, f"{self.env.path}: write to {db!r} failed")
+
+    def delete(self, db, bytes key):
+        """Delete `key`; returns whether it was there."""
+        cdef MDB_val k = _val(key)
+        cdef int rc
+        self.check()
+        rc = mdb_del(self.txn, self.env.dbi(db), &k, NULL)
+        if rc == MDB_NOTFOUND:
+            return False
+        if rc:
+            raise _error(rc, f"{self.env.path}: delete from {db!r} failed")
+        return True
+
+    def entries(self, db):
+        """How many keys the named database holds."""
+        cdef MDB_stat st
+        cdef int rc
+        self.check()
+        rc = mdb_stat(self.txn, self.env.dbi(db), &st)
+        if rc:
+            raise _error(rc, f"{self.env.path}: stat of {db!r} failed")
+        return st.ms_entries
+
+    def last_key(self, db):
+        """The largest key of the named database, or None when it is empty."""
+        cdef MDB_cursor *cur
+        cdef MDB_val k, v
+        cdef int rc
+        self.check()
+        rc = mdb_cursor_open(self.txn, self.env.dbi(db), &cur)
+        if rc:
+            raise _error(rc, f"{self.env.path}: cursor on {db!r} failed")
+        rc = mdb_cursor_get(cur, &k, &v, MDB_LAST)
+        mdb_cursor_close(cur)
+        if rc == MDB_NOTFOUND:
+            return None
+        if rc:
+            raise _error(rc, f"{self.env.path}: read from {db!r} failed")
+        return _bytes(k)
+
+    def items(self, db, bytes start=None, size_t limit=0):
+        """(key, value) pairs from `start` (or the first key) on, at most `limit` (0: all)."""
+        cdef MDB_cursor *cur
+        cdef MDB_val k, v
+        cdef int rc
+        cdef list out = []
+        self.check()
+        rc = mdb_cursor_open(self.txn, self.env.dbi(db), &cur)
+        if rc:
+            raise _error(rc, f"{self.env.path}: cursor on {db!r} failed")
+        try:
+            if start is None:
+                rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST)
+            else:
+                k = _val(start)
+                rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE)
+            while rc == 0:
+                out.append((_bytes(k), _bytes(v)))
+                if limit and len(out) >= limit:
+                    break
+                rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)
+            if rc and rc != MDB_NOTFOUND:
+                raise _error(rc, f"{self.env.path}: read from {db!r} failed")
+        finally:
+            mdb_cursor_close(cur)
+        return out
+
+
+# ---------------------------------------------------------------- permutation plan
+cdef class Plan:
+    """The block-permutation tables in C form: per table, where each block goes."""
+
+    def __cinit__(self, list widths, list orders, list prefix_bits, int shard_bits):
+        cdef int m = len(widths), T = len(orders), t, j, b, start
+        cdef list src = []
+        cdef int cum
+        if m < 1 or m > 64 or sum(widths) != 64 or T < 1 or not 0 <= shard_bits <= 8:
+            raise ValueError("invalid permutation plan")
+        self.nblocks = m
+        self.ntables = T
+        self.shard_bits = shard_bits
+        self.src_shift = <uint8_t *>malloc(T * m)
+        self.dst_shift = <uint8_t *>malloc(T * m)
+        self.bmask = <uint64_t *>malloc(T * m * sizeof(uint64_t))
+        self.pmask = <uint64_t *>malloc(T * sizeof(uint64_t))
+        if not (self.src_shift and self.dst_shift and self.bmask and self.pmask):
+            raise MemoryError()
+        start = 0
+        for b in range(m):
+            src.append(64 - start - widths[b])
+            start += widths[b]
+        for t in range(T):
+            if sorted(orders[t]) != list(range(m)):
+                raise ValueError("table order must be a permutation of the blocks")
+            cum = 0
+            for j in range(m):
+                b = orders[t][j]
+                self.src_shift[t * m + j] = src[b]
+                self.dst_shift[t * m + j] = 64 - cum - widths[b]
+                self.bmask[t * m + j] = 0xFFFFFFFFFFFFFFFF if widths[b] == 64 \
+                    else ((<uint64_t>1 << widths[b]) - 1)
+                cum += widths[b]
+            self.pmask[t] = 0 if prefix_bits[t] == 0 else \
+                (0xFFFFFFFFFFFFFFFF << (64 - prefix_bits[t])) & 0xFFFFFFFFFFFFFFFF
+
+    def __dealloc__(self):
+        free(self.src_shift)
+        free(self.dst_shift)
+        free(self.bmask)
+        free(self.pmask)
+
+    cdef inline uint64_t permute(self, int t, uint64_t fp) noexcept nogil:
+        cdef uint64_t r = 0
+        cdef int j, base = t * self.nblocks
+        for j in range(self.nblocks):
+            r |= ((fp >> self.src_shift[base + j]) & self.bmask[base + j]) << self.dst_shift[base + j]
+        return r
+
+    def key(self, int t, uint64_t fp):
+        """The permuted key of `fp` in table `t`."""
+        if not 0 <= t < self.ntables:
+            raise IndexError(t)
+        return self.permute(t, fp)
+
+    def keys(self, int t, const uint64_t[::1] fps):
+        """Permuted keys of an array of fingerprints in table `t`, as a new uint64 array."""
+        cdef Py_ssize_t i, n = fps.shape[0]
+        out = np.empty(n, dtype=np.uint64)
+        cdef uint64_t[::1] o = out
+        if not 0 <= t < self.ntables:
+            raise IndexError(t)
+        with nogil:
+            for i in range(n):
+                o[i] = self.permute(t, fps[i])
+        return out
+
+    def prefix_mask(self, int t):
+        return self.pmask[t]
+
+
+# ---------------------------------------------------------------- runs of blocks
+def write_run(Txn txn, str db, uint32_t run_id, const uint64_t[::1] keys,
+              const uint64_t[::1] seqs):
+    """Append sorted (key, seq) entries as run `run_id` in blocks; returns the block count.
+
+    Keys must be sorted and the run id larger than any run already stored, so every block
+    goes in with MDB_APPEND (no page splits, full pages).
+    """
+    cdef Py_ssize_t n = keys.shape[0], i, c, off = 0
+    cdef uint32_t blockno = 0
+    cdef uint8_t kbuf[BLOCK_KEY]
+    cdef MDB_val k, v
+    cdef uint8_t *p
+    cdef int rc = 0
+    cdef MDB_dbi dbi
+    txn.check()
+    dbi = txn.env.dbi(db)
+    if seqs.shape[0] != n:
+        raise ValueError("keys and seqs differ in length")
+    with nogil:
+        while off < n:
+            c = n - off
+            if c > C_BLOCK_ENTRIES:
+                c = C_BLOCK_ENTRIES
+            si_store_be32(kbuf, run_id)
+            si_store_be64(kbuf + 4, keys[off + c - 1])
+            si_store_be32(kbuf + 12, blockno)
+            k.mv_size = BLOCK_KEY
+            k.mv_data = kbuf
+            v.mv_size = BLOCK_HEADER + 16 * c
+            v.mv_data = NULL
+            rc = mdb_put(txn.txn, dbi, &k, &v, MDB_APPEND | MDB_RESERVE)
+            if rc:
+                break
+            p = <uint8_t *>v.mv_data
+            si_store32(p, BLOCK_MAGIC)
+            si_store32(p + 4, <uint32_t>c)
+            si_store32(p + 12, 0)
+            for i in range(c):
+                si_store64(p + BLOCK_HEADER + 8 * i, keys[off + i])
+                si_store64(p + BLOCK_HEADER + 8 * (c + i), seqs[off + i])
+            si_store32(p + 8, <uint32_t>crc32(0, p + BLOCK_HEADER, <unsigned int>(16 * c)))
+            off += c
+            blockno += 1
+    if rc == MDB_KEYEXIST:
+        raise CorruptError(rc, f"{txn.env.path}: run {run_id} is not newer than the runs stored")
+    if rc:
+        raise _error(rc, f"{txn.env.path}: writing run {run_id} failed")
+    return blockno
+
+
+cdef inline int _check_block(MDB_val *k, MDB_val *v) noexcept nogil:
+    """0 when a block's key and header are consistent with its size, else an error code."""
+    cdef uint32_t c
+    if k.mv_size != BLOCK_KEY:
+        return SI_CORRUPT_KEY
+    if v.mv_size < BLOCK_HEADER + 16:
+        return SI_CORRUPT_BLOCK
+    if si_load32(v.mv_data) != BLOCK_MAGIC:
+        return SI_CORRUPT_BLOCK
+    c = si_load32(<uint8_t *>v.mv_data + 4)
+    if c == 0 or BLOCK_HEADER + 16 * <size_t>c != v.mv_size:
+        return SI_CORRUPT_BLOCK
+    return 0
+
+
+def read_run(Txn txn, str db, uint32_t run_id, size_t count, bint check=False):
+    """All (keys, seqs) of run `run_id` as uint64 arrays, checking structure (and crc if asked).
+
+    `count` is the entry count the shard state records for the run; a mismatch is damage.
+    """
+    cdef MDB_cursor *cur
+    cdef MDB_val k, v
+    cdef uint8_t kbuf[BLOCK_KEY]
+    cdef int rc
+    cdef size_t got = 0, i, c
+    cdef uint32_t blockno = 0
+    cdef uint64_t prev = 0, key
+    cdef const uint8_t *p
+    cdef str reason = None
+    txn.check()
+    keys = np.empty(count, dtype=np.uint64)
+    seqs = np.empty(count, dtype=np.uint64)
+    cdef uint64_t[::1] ko = keys
+    cdef uint64_t[::1] so = seqs
+    rc = mdb_cursor_open(txn.txn, txn.env.dbi(db), &cur)
+    if rc:
+        raise _error(rc, f"{txn.env.path}: cursor failed")
+    memset(kbuf, 0, BLOCK_KEY)
+    si_store_be32(kbuf, run_id)
+    k.mv_size = BLOCK_KEY
+    k.mv_data = kbuf
+    try:
+        rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE)
+        while rc == 0:
+            if k.mv_size != BLOCK_KEY:
+                reason = "a block key has the wrong size"
+                break
+            if si_load_be32(k.mv_data) != run_id:
+                break
+            if _check_block(&k, &v):
+                reason = f"block {blockno} has a bad header or size"
+                break
+            if si_load_be32(<uint8_t *>k.mv_data + 12) != blockno:
+                reason = f"block {blockno} is missing"
+                break
+            p = <const uint8_t *>v.mv_data
+            c = si_load32(p + 4)
+            if check and si_load32(p + 8) != <uint32_t>crc32(0, p + BLOCK_HEADER, <unsigned int>(16 * c)):
+                reason = f"block {blockno} fails its checksum"
+                break
+            if got + c > count:
+                reason = f"the run holds more than the {count} entries recorded"
+                break
+            for i in range(c):
+                key = si_load64(p + BLOCK_HEADER + 8 * i)
+                if key < prev:
+                    reason = f"block {blockno} is out of order"
+                    break
+                prev = key
+                ko[got + i] = key
+                so[got + i] = si_load64(p + BLOCK_HEADER + 8 * (c + i))
+            if reason is not None:
+                break
+            if si_load_be64(<uint8_t *>k.mv_data + 4) != prev:
+                reason = f"block {blockno}'s key does not match its last entry"
+                break
+            got += c
+            blockno += 1
+            rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)
+    finally:
+        mdb_cursor_close(cur)
+    if rc and rc != MDB_NOTFOUND:
+        raise _error(rc, f"{txn.env.path}: reading run {run_id} failed")
+    if reason is None and got != count:
+        reason = f"the run holds {got} entries, {count} recorded"
+    if reason is not None:
+        raise CorruptError(SI_CORRUPT_BLOCK, f"{txn.env.path}: run {run_id}: {reason}")
+    return keys, seqs
+
+
+def delete_run(Txn txn, str db, uint32_t run_id):
+    """Delete every block of run `run_id`; returns how many were deleted."""
+    cdef MDB_cursor *cur
+    cdef MDB_val k, v
+    cdef uint8_t kbuf[BLOCK_KEY]
+    cdef int rc
+    cdef size_t n = 0
+    txn.check()
+    rc = mdb_cursor_open(txn.txn, txn.env.dbi(db), &cur)
+    if rc:
+        raise _error(rc, f"{txn.env.path}: cursor failed")
+    memset(kbuf, 0, BLOCK_KEY)
+    si_store_be32(kbuf, run_id)
+    k.mv_size = BLOCK_KEY
+    k.mv_data = kbuf
+    with nogil:
+        # Re-seek after each delete: the first remaining block of the run, or the next run.
+        while True:
+            k.mv_size = BLOCK_KEY
+            k.mv_data = kbuf
+            rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE)
+            if rc or k.mv_size < 4 or si_load_be32(k.mv_data) != run_id:
+                break
+            rc = mdb_cursor_del(cur, 0)
+            if rc:
+                break
+            n += 1
+        mdb_cursor_close(cur)
+    if rc and rc != MDB_NOTFOUND:
+        raise _error(rc, f"{txn.env.path}: deleting run {run_id} failed")
+    return n
+
+
+# ---------------------------------------------------------------- records
+def records_put(Txn txn, str ids_db, str seqs_db, list idkeys, const uint64_t[::1] fps,
+                list metas, uint64_t next_seq):
+    """Store records under fresh seqs, replacing an id's earlier record.
+
+    Returns (next_seq, replaced). `metas[i]` is the msgpack encoding of the meta value.
+    """
+    cdef Py_ssize_t i, n = len(idkeys)
+    cdef MDB_dbi ids = txn.env.dbi(ids_db), sq = txn.env.dbi(seqs_db)
+    cdef MDB_val k, v, sk
+    cdef uint8_t seqbuf[8]
+    cdef uint8_t oldbuf[8]
+    cdef bytes idk, mb
+    cdef size_t idlen, mlen
+    cdef uint8_t *p
+    cdef int rc
+    cdef size_t replaced = 0
+    txn.check()
+    if fps.shape[0] != n or len(metas) != n:
+        raise ValueError("ids, fingerprints and metas differ in length")
+    for i in range(n):
+        idk = idkeys[i]
+        mb = metas[i]
+        idlen = PyBytes_GET_SIZE(idk)
+        mlen = PyBytes_GET_SIZE(mb)
+        k = _val(idk)
+        rc = mdb_get(txn.txn, ids, &k, &v)
+        if rc == 0:
+            if v.mv_size != 8:
+                raise CorruptError(SI_CORRUPT_RECORD, f"{txn.env.path}: id entry has a bad size")
+            memcpy(oldbuf, v.mv_data, 8)
+            sk.mv_size = 8
+            sk.mv_data = oldbuf
+            rc = mdb_del(txn.txn, sq, &sk, NULL)
+            if rc and rc != MDB_NOTFOUND:
+                raise _error(rc, f"{txn.env.path}: replacing a record failed")
+            replaced += 1
+        elif rc != MDB_NOTFOUND:
+            raise _error(rc, f"{txn.env.path}: reading an id failed")
+        si_store_be64(seqbuf, next_seq)
+        sk.mv_size = 8
+        sk.mv_data = seqbuf
+        rc = mdb_put(txn.txn, ids, &k, &sk, 0)
+        if rc:
+            raise _error(rc, f"{txn.env.path}: writing an id failed")
+        v.mv_size = RECORD_HEADER + idlen + mlen
+        v.mv_data = NULL
+        rc = mdb_put(txn.txn, sq, &sk, &v, MDB_APPEND | MDB_RESERVE)
+        if rc == MDB_KEYEXIST:
+            raise CorruptError(rc, f"{txn.env.path}: record sequence {next_seq} already used")
+        if rc:
+            raise _error(rc, f"{txn.env.path}: writing a record failed")
+        p = <uint8_t *>v.mv_data
+        si_store64(p, fps[i])
+        p[8] = <uint8_t>(idlen & 0xFF)
+        p[9] = <uint8_t>(idlen >> 8)
+        memcpy(p + RECORD_HEADER, PyBytes_AS_STRING(idk), idlen)
+        memcpy(p + RECORD_HEADER + idlen, PyBytes_AS_STRING(mb), mlen)
+        next_seq += 1
+    return next_seq, replaced
+
+
+def split_record(bytes value):
+    """(fingerprint, id key, meta bytes) of a stored record value, checking its sizes."""
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(value)
+    cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(value)
+    cdef size_t idlen
+    if n < RECORD_HEADER:
+        raise CorruptError(SI_CORRUPT_RECORD, "a stored record is shorter than its header")
+    idlen = p[8] | (<size_t>p[9] << 8)
+    if RECORD_HEADER + idlen > <size_t>n:
+        raise CorruptError(SI_CORRUPT_RECORD, "a stored record's id runs past its end")
+    return si_load64(p), value[RECORD_HEADER:RECORD_HEADER + idlen], value[RECORD_HEADER + idlen:]
+
+
+def read_tail(Txn txn, str seqs_db, uint64_t start, size_t limit=0):
+    """(seqs, fps) of the records with seq >= start, in seq order, at most `limit` (0: all)."""
+    cdef MDB_cursor *cur
+    cdef MDB_val k, v
+    cdef uint8_t kbuf[8]
+    cdef int rc
+    cdef size_t n = 0, cap = 1024
+    cdef uint64_t *s = NULL
+    cdef uint64_t *f = NULL
+    cdef uint64_t *tmp
+    txn.check()
+    rc = mdb_cursor_open(txn.txn, txn.env.dbi(seqs_db), &cur)
+    if rc:
+        raise _error(rc, f"{txn.env.path}: cursor failed")
+    si_store_be64(kbuf, start)
+    k.mv_size = 8
+    k.mv_data = kbuf
+    s = <uint64_t *>malloc(cap * 8)
+    f = <uint64_t *>malloc(cap * 8)
+    try:
+        if s == NULL or f == NULL:
+            raise MemoryError()
+        with nogil:
+            rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE)
+            while rc == 0:
+                if k.mv_size != 8 or v.mv_size < RECORD_HEADER:
+                    rc = SI_CORRUPT_RECORD
+                    break
+                if n == cap:
+                    cap *= 2
+                    tmp = <uint64_t *>realloc(s, cap * 8)
+                    if tmp == NULL:
+                        rc = SI_NOMEM
+                        break
+                    s = tmp
+                    tmp = <uint64_t *>realloc(f, cap * 8)
+                    if tmp == NULL:
+                        rc = SI_NOMEM
+                        break
+                    f = tmp
+                s[n] = si_load_be64(k.mv_data)
+                f[n] = si_load64(v.mv_data)
+                n += 1
+                if limit and n >= limit:
+                    break
+                rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)
+        if rc and rc != MDB_NOTFOUND:
+            raise _error(rc, f"{txn.env.path}: reading records failed")
+        seqs = np.empty(n, dtype=np.uint64)
+        fpa = np.empty(n, dtype=np.uint64)
+        if n:
+            memcpy(<void *>np_ptr(seqs), s, n * 8)
+            memcpy(<void *>np_ptr(fpa), f, n * 8)
+        return seqs, fpa
+    finally:
+        mdb_cursor_close(cur)
+        free(s)
+        free(f)
+
+
+cdef uint64_t *np_ptr(arr) except NULL:
+    cdef uint64_t[::1] m = arr
+    if m.shape[0] == 0:
+        raise ValueError("empty array")
+    return &m[0]
+
+
+# ---------------------------------------------------------------- Hamming kernels
+def hamming(uint64_t a, uint64_t b):
+    """Number of differing bits of two 64-bit fingerprints."""
+    return si_popcount(a ^ b)
+
+
+cdef struct PairBuf:
+    uint64_t *a
+    uint64_t *b
+    uint8_t *d
+    size_t n
+    size_t cap
+
+
+cdef int _pair_push(PairBuf *p, uint64_t a, uint64_t b, uint8_t d) noexcept nogil:
+    cdef size_t cap
+    cdef void *t
+    if p.n == p.cap:
+        cap = p.cap * 2 if p.cap else 4096
+        t = realloc(p.a, cap * 8)
+        if t == NULL:
+            return SI_NOMEM
+        p.a = <uint64_t *>t
+        t = realloc(p.b, cap * 8)
+        if t == NULL:
+            return SI_NOMEM
+        p.b = <uint64_t *>t
+        t = realloc(p.d, cap)
+        if t == NULL:
+            return SI_NOMEM
+        p.d = <uint8_t *>t
+        p.cap = cap
+    p.a[p.n] = a
+    p.b[p.n] = b
+    p.d[p.n] = d
+    p.n += 1
+    return 0
+
+
+def pairs_sorted(const uint64_t[::1] keys, const uint64_t[::1] ids, uint64_t pmask,
+                 const uint64_t[::1] earlier, int k):
+    """Every pair within `k` bits among entries sharing the prefix `pmask`, keys sorted.
+
+    A pair whose keys also agree on one of the `earlier` masks (the prefixes of tables
+    already joined, in this table's bit order) was reported there and is skipped, so each
+    pair comes out once over all tables. Returns (a, b, d) arrays with a < b.
+    """
+    cdef Py_ssize_t n = keys.shape[0], g0 = 0, g1, i, j, e, ne = earlier.shape[0]
+    cdef uint64_t x, a, b
+    cdef int d, rc = 0
+    cdef bint skip
+    cdef PairBuf p
+    memset(&p, 0, sizeof(PairBuf))
+    if ids.shape[0] != n:
+        raise ValueError("keys and ids differ in length")
+    try:
+        with nogil:
+            while g0 < n and rc == 0:
+                g1 = g0 + 1
+                while g1 < n and (keys[g1] & pmask) == (keys[g0] & pmask):
+                    g1 += 1
+                for i in range(g0, g1):
+                    for j in range(i + 1, g1):
+                        x = keys[i] ^ keys[j]
+                        d = si_popcount(x)
+                        if d > k:
+                            continue
+                        skip = False
+                        for e in range(ne):
+                            if (x & earlier[e]) == 0:
+                                skip = True
+                                break
+                        if skip:
+                            continue
+                        a = ids[i]
+                        b = ids[j]
+                        if a > b:
+                            a, b = b, a
+                        rc = _pair_push(&p, a, b, <uint8_t>d)
+                        if rc:
+                            break
+                    if rc:
+                        break
+                g0 = g1
+        if rc:
+            raise MemoryError("pair buffer")
+        A = np.empty(p.n, dtype=np.uint64)
+        B = np.empty(p.n, dtype=np.uint64)
+        D = np.empty(p.n, dtype=np.uint8)
+        if p.n:
+            memcpy(<void *>np_ptr(A), p.a, p.n * 8)
+            memcpy(<void *>np_ptr(B), p.b, p.n * 8)
+            _copy_u8(D, p.d, p.n)
+        return A, B, D
+    finally:
+        free(p.a)
+        free(p.b)
+        free(p.d)
+
+
+cdef void _copy_u8(arr, const uint8_t *src, size_t n):
+    cdef uint8_t[::1] m = arr
+    memcpy(&m[0], src, n)
+
+
+def within(const uint64_t[::1] fps, uint64_t q, int k):
+    """Positions of the fingerprints within `k` bits of `q` (a brute-force scan)."""
+    cdef Py_ssize_t i, n = fps.shape[0], c = 0
+    out = np.empty(n, dtype=np.int64)
+    cdef long long[::1] o = out
+    with nogil:
+        for i in range(n):
+            if si_popcount(fps[i] ^ q) <= k:
+                o[c] = i
+                c += 1
+    return out[:c]
+
+
+# ---------------------------------------------------------------- batch queries
+cdef int _hit_push(HitBuf *b, uint64_t seq, uint32_t dist) noexcept nogil:
+    cdef size_t cap
+    cdef void *t
+    if b.n == b.cap:
+        cap = b.cap * 2 if b.cap else 256
+        t = realloc(b.h, cap * sizeof(Hit))
+        if t == NULL:
+            return SI_NOMEM
+        b.h = <Hit *>t
+        b.cap = cap
+    b.h[b.n].seq = seq
+    b.h[b.n].dist = dist
+    b.h[b.n].val = NULL
+    b.h[b.n].vlen = 0
+    b.h[b.n].fp = 0
+    b.n += 1
+    return 0
+
+
+cdef int _cmp_seq(const void *a, const void *b) noexcept nogil:
+    cdef const Hit *x = <const Hit *>a
+    cdef const Hit *y = <const Hit *>b
+    return (x.seq > y.seq) - (x.seq < y.seq)
+
+
+cdef int _cmp_dist_seq(const void *a, const void *b) noexcept nogil:
+    cdef const Hit *x = <const Hit *>a
+    cdef const Hit *y = <const Hit *>b
+    if x.dist != y.dist:
+        return (x.dist > y.dist) - (x.dist < y.dist)
+    return (x.seq > y.seq) - (x.seq < y.seq)
+
+
+cdef class ReadContext:
+    """Read transactions on the records and on every shard, renewed per call.
+
+    One context serves one caller at a time; the index keeps a pool of them so threads can
+    query at once. Queries run without the GIL and see one snapshot per environment; every
+    candidate is checked against the records snapshot, so the answer is exact for it.
+    """
+
+    def __cinit__(self, Env records, list shards):
+        cdef int s
+        self.views = NULL
+        self.shard_envs = NULL
+        self.blocks_dbi = NULL
+        self.state_dbi = NULL
+        self.rec_txn = NULL
+        self.nshards = len(shards)
+        self.records = records
+        self.envs = list(shards)
+        records.check()
+        self.rec_env = records.env
+        self.shard_envs = <MDB_env **>calloc(self.nshards, sizeof(MDB_env *))
+        self.views = <ShardView *>calloc(self.nshards, sizeof(ShardView))
+        self.blocks_dbi = <MDB_dbi *>calloc(self.nshards, sizeof(MDB_dbi))
+        self.state_dbi = <MDB_dbi *>calloc(self.nshards, sizeof(MDB_dbi))
+        if self.shard_envs == NULL or self.views == NULL or self.blocks_dbi == NULL or self.state_dbi == NULL:
+            raise MemoryError()
+        self.seqs_dbi = records.dbi("seqs")
+        for s in range(self.nshards):
+            env = <Env>self.envs[s]
+            env.check()
+            self.shard_envs[s] = env.env
+            self.blocks_dbi[s] = env.dbi("blocks")
+            self.state_dbi[s] = env.dbi("state")
+            env.deps.add(self)
+        records.deps.add(self)
+
+    def __dealloc__(self):
+        self._invalidate()
+        free(self.views)
+        free(self.shard_envs)
+        free(self.blocks_dbi)
+        free(self.state_dbi)
+
+    cdef void _invalidate(self) noexcept:
+        cdef int s
+        if self.views != NULL:
+            for s in range(self.nshards):
+                if self.views[s].cur != NULL:
+                    mdb_cursor_close(self.views[s].cur)
+                    self.views[s].cur = NULL
+                if self.views[s].txn != NULL:
+                    mdb_txn_abort(self.views[s].txn)
+                    self.views[s].txn = NULL
+                free(self.views[s].run_ids)
+                free(self.views[s].table_start)
+                self.views[s].run_ids = NULL
+                self.views[s].table_start = NULL
+                self.views[s].state = 0
+        if self.rec_txn != NULL:
+            mdb_txn_abort(self.rec_txn)
+            self.rec_txn = NULL
+        self.rec_state = 0
+
+    def close(self):
+        self._invalidate()
+        self.records.deps.discard(self)
+        for env in self.envs:
+            (<Env>env).deps.discard(self)
+
+    cdef int _begin_records(self) noexcept nogil:
+        cdef int rc = 0
+        if self.rec_state == 0:
+            rc = mdb_txn_begin(self.rec_env, NULL, MDB_RDONLY, &self.rec_txn)
+            if rc:
+                self.rec_txn = NULL
+                return rc
+        elif self.rec_state == 1:
+            rc = mdb_txn_renew(self.rec_txn)
+            if rc:
+                return rc
+        self.rec_state = 2
+        return 0
+
+    cdef int _activate(self, int s, int ntables) noexcept nogil:
+        """Begin (or renew) shard s's read txn and parse its state: applied seq and runs."""
+        cdef ShardView *sv = &self.views[s]
+        cdef MDB_val k, v
+        cdef int rc, t
+        cdef size_t nruns, i
+        cdef uint32_t table
+        cdef const uint8_t *p
+        cdef void *tmp
+        if sv.state == 2:
+            return 0
+        if sv.state == 0:
+            rc = mdb_txn_begin(self.shard_envs[s], NULL, MDB_RDONLY, &sv.txn)
+            if rc:
+                sv.txn = NULL
+                return rc
+        else:
+            rc = mdb_txn_renew(sv.txn)
+            if rc:
+                return rc
+        sv.state = 2
+        rc = mdb_cursor_open(sv.txn, self.blocks_dbi[s], &sv.cur)
+        if rc:
+            sv.cur = NULL
+            return rc
+        k.mv_size = 7
+        k.mv_data = <void *>b"applied"
+        rc = mdb_get(sv.txn, self.state_dbi[s], &k, &v)
+        if rc == MDB_NOTFOUND:
+            sv.applied = 0
+        elif rc:
+            return rc
+        elif v.mv_size != 8:
+            return SI_CORRUPT_STATE
+        else:
+            sv.applied = si_load64(v.mv_data)
+        k.mv_size = 4
+        k.mv_data = <void *>b"runs"
+        rc = mdb_get(sv.txn, self.state_dbi[s], &k, &v)
+        if rc == MDB_NOTFOUND:
+            v.mv_size = 0
+            v.mv_data = NULL
+        elif rc:
+            return rc
+        if v.mv_size % 16:
+            return SI_CORRUPT_STATE
+        nruns = v.mv_size // 16
+        if sv.table_start == NULL:
+            sv.table_start = <uint32_t *>calloc(ntables + 1, sizeof(uint32_t))
+            if sv.table_start == NULL:
+                return SI_NOMEM
+        if nruns > sv.run_cap or sv.run_ids == NULL:
+            tmp = realloc(sv.run_ids, (nruns + 1) * sizeof(uint32_t))
+            if tmp == NULL:
+                return SI_NOMEM
+            sv.run_ids = <uint32_t *>tmp
+            sv.run_cap = nruns + 1
+        memset(sv.table_start, 0, (ntables + 1) * sizeof(uint32_t))
+        p = <const uint8_t *>v.mv_data
+        # entries are (table u32, run u32, count u64), sorted by table then run
+        for i in range(nruns):
+            table = si_load32(p + 16 * i)
+            if table >= <uint32_t>ntables or (i and table < si_load32(p + 16 * (i - 1))):
+                return SI_CORRUPT_STATE
+            sv.table_start[table + 1] += 1
+            sv.run_ids[i] = si_load32(p + 16 * i + 4)
+        for t in range(ntables):
+            sv.table_start[t + 1] += sv.table_start[t]
+        return 0
+
+    cdef void _release(self) noexcept nogil:
+        cdef int s
+        for s in range(self.nshards):
+            if self.views[s].state == 2:
+                if self.views[s].cur != NULL:
+                    mdb_cursor_close(self.views[s].cur)
+                    self.views[s].cur = NULL
+                mdb_txn_reset(self.views[s].txn)
+                self.views[s].state = 1
+        if self.rec_state == 2:
+            mdb_txn_reset(self.rec_txn)
+            self.rec_state = 1
+
+    cdef int _scan_run(self, MDB_cursor *cur, uint32_t run_id, uint64_t lo, uint64_t hi,
+                       uint64_t pk, int k, HitBuf *hits) noexcept nogil:
+        cdef uint8_t kbuf[BLOCK_KEY]
+        cdef MDB_val key, val
+        cdef int rc
+        cdef bint first = True
+        cdef size_t c, a, b, mid, i
+        cdef const uint8_t *keys
+        cdef const uint8_t *seqs
+        cdef uint64_t x
+        cdef int d
+        si_store_be32(kbuf, run_id)
+        si_store_be64(kbuf + 4, lo)
+        si_store_be32(kbuf + 12, 0)
+        key.mv_size = BLOCK_KEY
+        key.mv_data = kbuf
+        rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE)
+        while rc == 0:
+            if key.mv_size != BLOCK_KEY:
+                return SI_CORRUPT_KEY
+            if si_load_be32(key.mv_data) != run_id:
+                return 0
+            rc = _check_block(&key, &val)
+            if rc:
+                return rc
+            c = si_load32(<uint8_t *>val.mv_data + 4)
+            keys = <const uint8_t *>val.mv_data + BLOCK_HEADER
+            seqs = keys + 8 * c
+            if first:
+                a = 0
+                b = c
+                while a < b:
+                    mid = (a + b) >> 1
+                    if si_load64(keys + 8 * mid) < lo:
+                        a = mid + 1
+                    else:
+                        b = mid
+                i = a
+                first = False
+            else:
+                i = 0
+            while i < c:
+                x = si_load64(keys + 8 * i)
+                if x > hi:
+                    return 0
+                d = si_popcount(x ^ pk)
+                if d <= k:
+                    rc = _hit_push(hits, si_load64(seqs + 8 * i), d)
+                    if rc:
+                        return rc
+                i += 1
+            rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)
+        if rc == MDB_NOTFOUND:
+            return 0
+        return rc
+
+    cdef int _finish(self, MDB_txn *rtxn, uint64_t q, HitBuf *hits, size_t start) noexcept nogil:
+        """De-duplicate one query's hits by seq, resolve them in the records, sort them."""
+        cdef size_t n = hits.n - start, i, w = 0
+        cdef Hit *h = hits.h + start
+        cdef MDB_val key, val
+        cdef uint8_t kbuf[8]
+        cdef int rc
+        cdef uint64_t fp
+        if n == 0:
+            return 0
+        qsort(h, n, sizeof(Hit), _cmp_seq)
+        for i in range(n):
+            if w and h[w - 1].seq == h[i].seq:
+                continue
+            si_store_be64(kbuf, h[i].seq)
+            key.mv_size = 8
+            key.mv_data = kbuf
+            rc = mdb_get(rtxn, self.seqs_dbi, &key, &val)
+            if rc == MDB_NOTFOUND:
+                continue        # removed or replaced since the table entry was written
+            if rc:
+                return rc
+            if val.mv_size < RECORD_HEADER:
+                return SI_CORRUPT_RECORD
+            fp = si_load64(val.mv_data)
+            if <uint32_t>si_popcount(fp ^ q) != h[i].dist:
+                self.anomalies += 1     # a table entry disagrees with its record
+                continue
+            h[w] = h[i]
+            h[w].fp = fp
+            h[w].val = <const uint8_t *>val.mv_data
+            h[w].vlen = val.mv_size
+            w += 1
+        hits.n = start + w
+        qsort(h, w, sizeof(Hit), _cmp_dist_seq)
+        return 0
+
+    def applied(self, int ntables):
+        """The applied seq of every shard in this context's snapshot."""
+        cdef int s, rc
+        out = []
+        try:
+            for s in range(self.nshards):
+                rc = self._activate(s, ntables)
+                if rc:
+                    raise _error(rc, f"{(<Env>self.envs[s]).path}: cannot read the shard state")
+                out.append(self.views[s].applied)
+        finally:
+            self._release()
+        return out
+
+    def query(self, Plan plan, const uint64_t[::1] queries, int k, Txn txn=None):
+        """For each query, [(distance, fingerprint, seq, record tail bytes), ...] sorted by
+        (distance, seq): every record of the snapshot within `k` bits, each once.
+
+        `txn`, when given, is the records transaction to answer from (a writer's, for
+        add_unique); otherwise this context's own records snapshot is used.
+        """
+        cdef Py_ssize_t n = queries.shape[0], qi
+        cdef int T = plan.ntables, t, s, s0, s1, rc = 0, sb = plan.shard_bits
+        cdef uint64_t q, pk, lo, hi, last = 0, minA, minAll
+        cdef HitBuf hits
+        cdef size_t *qstart = NULL
+        cdef size_t r, ntail = 0, tcap = 0, j, start
+        cdef uint64_t *tseq = NULL
+        cdef uint64_t *tfp = NULL
+        cdef void *tmp
+        cdef bint tail_loaded = False
+        cdef MDB_txn *rtxn
+        cdef MDB_cursor *rc_cur = NULL
+        cdef MDB_val key, val
+        cdef uint8_t kbuf[8]
+        cdef ShardView *sv
+        cdef int d
+        cdef Hit *hh
+        cdef str where = self.records.path
+        cdef bint own = txn is None
+        cdef MDB_txn *given = NULL
+        memset(&hits, 0, sizeof(HitBuf))
+        if txn is not None:
+            txn.check()
+            if txn.env is not self.records:
+                raise ValueError("txn is not on this index's records")
+            given = txn.txn
+        self.records.check()
+        qstart = <size_t *>malloc((n + 1) * sizeof(size_t))
+        if qstart == NULL:
+            raise MemoryError()
+        try:
+            with nogil:
+                if own:
+                    rc = self._begin_records()
+                    rtxn = self.rec_txn
+                else:
+                    rtxn = given
+                if rc == 0:
+                    rc = mdb_cursor_open(rtxn, self.seqs_dbi, &rc_cur)
+                if rc == 0:
+                    rc = mdb_cursor_get(rc_cur, &key, &val, MDB_LAST)
+                    if rc == 0:
+                        if key.mv_size != 8:
+                            rc = SI_CORRUPT_RECORD
+                        else:
+                            last = si_load_be64(key.mv_data)
+                    elif rc == MDB_NOTFOUND:
+                        rc = 0
+                qi = 0
+                while qi < n and rc == 0:
+                    q = queries[qi]
+                    qstart[qi] = hits.n
+                    minA = 0xFFFFFFFFFFFFFFFF
+                    for t in range(T):
+                        pk = plan.permute(t, q)
+                        lo = pk & plan.pmask[t]
+                        hi = lo | ~plan.pmask[t]
+                        if sb:
+                            s0 = <int>(lo >> (64 - sb))
+                            s1 = <int>(hi >> (64 - sb))
+                        else:
+                            s0 = 0
+                            s1 = 0
+                        for s in range(s0, s1 + 1):
+                            rc = self._activate(s, T)
+                            if rc:
+                                break
+                            sv = &self.views[s]
+                            if sv.applied < minA:
+                                minA = sv.applied
+                            for r in range(sv.table_start[t], sv.table_start[t + 1]):
+                                rc = self._scan_run(sv.cur, sv.run_ids[r], lo, hi, pk, k, &hits)
+                                if rc:
+                                    break
+                            if rc:
+                                break
+                        if rc:
+                            break
+                    if rc:
+                        break
+                    if last > minA:
+                        # Records committed but not yet in every table: check them directly.
+                        if not tail_loaded:
+                            minAll = minA
+                            for s in range(self.nshards):
+                                rc = self._activate(s, T)
+                                if rc:
+                                    break
+                                if self.views[s].applied < minAll:
+                                    minAll = self.views[s].applied
+                            if rc:
+                                break
+                            si_store_be64(kbuf, minAll + 1)
+                            key.mv_size = 8
+                            key.mv_data = kbuf
+                            rc = mdb_cursor_get(rc_cur, &key, &val, MDB_SET_RANGE)
+                            while rc == 0:
+                                if key.mv_size != 8 or val.mv_size < RECORD_HEADER:
+                                    rc = SI_CORRUPT_RECORD
+                                    break
+                                if ntail == tcap:
+                                    tcap = tcap * 2 if tcap else 1024
+                                    tmp = realloc(tseq, tcap * 8)
+                                    if tmp == NULL:
+                                        rc = SI_NOMEM
+                                        break
+                                    tseq = <uint64_t *>tmp
+                                    tmp = realloc(tfp, tcap * 8)
+                                    if tmp == NULL:
+                                        rc = SI_NOMEM
+                                        break
+                                    tfp = <uint64_t *>tmp
+                                tseq[ntail] = si_load_be64(key.mv_data)
+                                tfp[ntail] = si_load64(val.mv_data)
+                                ntail += 1
+                                rc = mdb_cursor_get(rc_cur, &key, &val, MDB_NEXT)
+                            if rc == MDB_NOTFOUND:
+                                rc = 0
+                            if rc:
+                                break
+                            tail_loaded = True
+                        for j in range(ntail):
+                            if tseq[j] > minA:
+                                d = si_popcount(tfp[j] ^ q)
+                                if d <= k:
+                                    rc = _hit_push(&hits, tseq[j], d)
+                                    if rc:
+                                        break
+                        if rc:
+                            break
+                    rc = self._finish(rtxn, q, &hits, qstart[qi])
+                    qi += 1
+                qstart[n] = hits.n
+            if rc:
+                raise _error(rc, f"query on {where}")
+            out = []
+            for qi in range(n):
+                lst = []
+                for r in range(qstart[qi], qstart[qi + 1]):
+                    hh = &hits.h[r]
+                    lst.append((hh.dist, hh.fp, hh.seq, PyBytes_FromStringAndSize(
+                        <const char *>hh.val + 8, hh.vlen - 8)))
+                out.append(lst)
+            return out
+        finally:
+            if rc_cur != NULL:
+                mdb_cursor_close(rc_cur)
+            self._release()
+            free(qstart)
+            free(hits.h)
+            free(tseq)
+            free(tfp)

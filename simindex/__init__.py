@@ -1,0 +1,19 @@
+"""simindex: a persistent, sharded, exact near-duplicate index for 64-bit simhash fingerprints.
+
+Block-permutation tables (Manku, Jain, Das Sarma, WWW 2007) stored in LMDB, scanned by a
+compiled core. Every stored fingerprint within k bits of a query is returned, nothing else.
+"""
+
+from ._version import __version__
+from .errors import (
+    ClosedError, CorruptError, Error, FormatError, InputError, InputTypeError, MapFullError,
+    MissingIndexError, ParameterError, ReadOnlyError, StorageError,
+)
+from .index import Index, Match, Record, find_all, hamming
+from .manifest import FORMAT as FORMAT_VERSION
+
+__all__ = [
+    "Index", "Match", "Record", "find_all", "hamming", "__version__", "FORMAT_VERSION",
+    "Error", "ParameterError", "InputError", "InputTypeError", "ClosedError", "ReadOnlyError",
+    "StorageError", "MapFullError", "CorruptError", "FormatError", "MissingIndexError",
+]

@@ -1,0 +1,118 @@
+"""Checks and encodings of what callers hand in: ids, fingerprints, meta (msgpack).
+
+All msgpack use of the package goes through this module, with fixed options and bounded
+input, so a damaged file can never make the decoder allocate without limit.
+"""
+
+import numbers
+
+import msgpack
+import numpy as np
+
+from .errors import CorruptError, InputError, InputTypeError
+
+MAX_FP = (1 << 64) - 1
+MAX_ID_BYTES = 510          # LMDB's key limit (511) less the type tag
+MAX_META_BYTES = 16 << 20
+
+_TAG_STR, _TAG_BYTES, _TAG_INT = b"s", b"b", b"i"
+
+
+def encode_id(id_):
+    """The records key of an id: a type tag then the value, so 1, "1" and b"1" never collide."""
+    if isinstance(id_, str):
+        try:
+            raw = id_.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(f"id {id_!r} is not valid Unicode text: {e.reason}") from None
+        tag = _TAG_STR
+    elif isinstance(id_, (bytes, bytearray, memoryview)):
+        raw = bytes(id_)
+        tag = _TAG_BYTES
+    elif isinstance(id_, numbers.Integral) and not isinstance(id_, bool):
+        v = int(id_)
+        if not 0 <= v <= MAX_FP:
+            raise InputError(f"id {v} is out of range: int ids must be in [0, 2**64)")
+        return _TAG_INT + v.to_bytes(8, "big")
+    else:
+        raise InputTypeError(
+            f"id must be str, bytes or int, got {type(id_).__name__} {id_!r:.60}")
+    if len(raw) > MAX_ID_BYTES:
+        raise InputError(f"id is {len(raw)} bytes long; the limit is {MAX_ID_BYTES} bytes")
+    return tag + raw
+
+
+def decode_id(key):
+    """The id a records key stands for, with its original type."""
+    tag, raw = key[:1], key[1:]
+    if tag == _TAG_STR:
+        return raw.decode("utf-8")
+    if tag == _TAG_BYTES:
+        return raw
+    if tag == _TAG_INT and len(raw) == 8:
+        return int.from_bytes(raw, "big")
+    raise CorruptError(f"a stored id has an unknown type tag {tag!r}")
+
+
+def check_fp(fp):
+    """A fingerprint as a Python int, after checking its type and range."""
+    if isinstance(fp, bool) or not isinstance(fp, numbers.Integral):
+        raise InputTypeError(
+            f"fingerprint must be an int, got {type(fp).__name__} {fp!r:.60}")
+    v = int(fp)
+    if not 0 <= v <= MAX_FP:
+        raise InputError(f"fingerprint {v} is out of range: it must be in [0, 2**64)")
+    return v
+
+
+def fp_array(fps):
+    """Fingerprints as a contiguous uint64 array, checking every value."""
+    if isinstance(fps, np.ndarray):
+        if fps.ndim != 1:
+            raise InputError(f"fingerprints must be a 1-d array, got shape {fps.shape}")
+        if fps.dtype == np.uint64:
+            return np.ascontiguousarray(fps)
+        if fps.dtype.kind == "u":
+            return fps.astype(np.uint64)
+        if fps.dtype.kind == "i":
+            if fps.size and fps.min() < 0:
+                i = int(np.argmax(fps < 0))
+                raise InputError(f"fingerprint {int(fps[i])} at position {i} is negative: "
+                                 f"fingerprints must be in [0, 2**64)")
+            return fps.astype(np.uint64)
+        raise InputTypeError(f"fingerprints must be an integer array, got dtype {fps.dtype}")
+    out = []
+    for i, fp in enumerate(fps):
+        try:
+            out.append(check_fp(fp))
+        except (InputError, InputTypeError) as e:
+            raise type(e)(f"at position {i}: {e}") from None
+    return np.array(out, dtype=np.uint64)
+
+
+def pack_meta(meta, id_=None):
+    try:
+        b = msgpack.packb(meta, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as e:
+        who = "" if id_ is None else f" of id {id_!r:.60}"
+        raise InputError(f"meta{who} cannot be stored as msgpack: {e}") from None
+    if len(b) > MAX_META_BYTES:
+        raise InputError(f"meta is {len(b)} bytes packed; the limit is {MAX_META_BYTES}")
+    return b
+
+
+_NONE = msgpack.packb(None)
+
+
+def unpack(b, what="value"):
+    """Decode msgpack written by this package; damage raises CorruptError."""
+    if b == _NONE:
+        return None
+    try:
+        return msgpack.unpackb(b, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises several unrelated types on damage
+        raise CorruptError(f"a stored {what} cannot be decoded: {e}") from None
+
+
+def pack(value):
+    return msgpack.packb(value, use_bin_type=True)

@@ -1,0 +1,459 @@
+"""The public index: ids and fingerprints in, exact near-duplicates out."""
+
+import os
+from typing import Any, NamedTuple, Union
+
+import numpy as np
+
+from . import _core, store as _store
+from .codec import check_fp, decode_id, encode_id, fp_array, pack_meta, unpack
+from .errors import CorruptError, InputError, InputTypeError, ParameterError
+from .plan import Plan
+
+Id = Union[str, bytes, int]
+
+
+class Record(NamedTuple):
+    """A stored document: its id, fingerprint and meta value."""
+    id: Id
+    fingerprint: int
+    meta: Any = None
+
+
+class Match(NamedTuple):
+    """A stored document within the asked distance of a query fingerprint."""
+    id: Id
+    fingerprint: int
+    distance: int
+    meta: Any = None
+
+
+def hamming(a, b):
+    """Number of bits in which two 64-bit fingerprints differ."""
+    return _core.hamming(check_fp(a), check_fp(b))
+
+
+def _split_tail(tail):
+    """(id, meta) from the bytes the core returns after a record's fingerprint."""
+    n = tail[0] | (tail[1] << 8)
+    if 2 + n > len(tail):
+        raise CorruptError("a stored record's id runs past its end")
+    return decode_id(tail[2:2 + n]), unpack(tail[2 + n:], "meta value")
+
+
+def _match(hit):
+    dist, fp, _seq, tail = hit
+    id_, meta = _split_tail(tail)
+    return Match(id_, fp, dist, meta)
+
+
+def find_all(fingerprints, k=3, blocks=None):
+    """Every pair of positions (i, j), i < j, whose fingerprints are within k bits, sorted.
+
+    In memory, with the same block-permutation tables as the index. Equal fingerprints at
+    different positions are a pair.
+    """
+    fps = fp_array(fingerprints)
+    plan = Plan(k=k, blocks=blocks, shards=1)
+    parts_a, parts_b = [], []
+    for t in range(plan.ntables):
+        keys = plan.core.keys(t, fps)
+        order = np.argsort(keys, kind="stable")
+        a, b, _ = _core.pairs_sorted(keys[order], order.astype(np.uint64),
+                                     plan.core.prefix_mask(t), plan.earlier_masks(t), k)
+        parts_a.append(a)
+        parts_b.append(b)
+    a = np.concatenate(parts_a) if parts_a else np.empty(0, np.uint64)
+    b = np.concatenate(parts_b) if parts_b else np.empty(0, np.uint64)
+    order = np.lexsort((b, a))
+    return list(zip(a[order].tolist(), b[order].tolist()))
+
+
+class Index:
+    """A persistent, sharded, exact near-duplicate index of 64-bit fingerprints.
+
+    `Index(path)` opens (or creates) the index in directory `path`. Parameters come from the
+    manifest on reopen; one given that differs from the stored value raises. Use it as a
+    context manager or call close(). Safe to share between threads; open it again in a child
+    process after fork().
+    """
+
+    def __init__(self, path, *, k=None, blocks=None, shards=None, create=True,
+                 readonly=False, sync=True):
+        self._store = None
+        self._readonly = bool(readonly)
+        self._store = _store.acquire(path, k=k, blocks=blocks, shards=shards, create=create,
+                                     readonly=bool(readonly), sync=bool(sync))
+        self.path = self._store.path
+
+    # ------------------------------------------------------------ lifetime
+    def close(self):
+        """Flush and close; idempotent. Other handles on the same path stay open."""
+        st, self._store = self._store, None
+        if st is not None:
+            _store.release(st)
+
+    @property
+    def closed(self):
+        return self._store is None or self._store.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            if self._store is not None and self._store.pid == os.getpid():
+                self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"k={self.k} blocks={self.blocks}"
+        return f"<simindex.Index {self.path!r} {state}>"
+
+    def _s(self):
+        st = self._store
+        if st is None:
+            from .errors import ClosedError
+            raise ClosedError(f"index {self.path} is closed")
+        st.check_open()
+        return st
+
+    def _w(self):
+        st = self._s()
+        if self._readonly:
+            from .errors import ReadOnlyError
+            raise ReadOnlyError(f"index {self.path} is open read-only")
+        st.check_writable()
+        return st
+
+    # ------------------------------------------------------------ parameters
+    @property
+    def k(self):
+        return self._s().plan.k
+
+    @property
+    def blocks(self):
+        return self._s().plan.blocks
+
+    @property
+    def shards(self):
+        return self._s().plan.shards
+
+    @property
+    def readonly(self):
+        return self._readonly
+
+    def _k(self, k):
+        plan = self._s().plan
+        if k is None:
+            return plan.k
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise ParameterError(f"k must be an int, got {type(k).__name__} {k!r}")
+        if not 0 <= k <= plan.k:
+            raise ParameterError(
+                f"k ({k}) must be between 0 and the index's k ({plan.k}): its tables only "
+                f"guarantee matches up to {plan.k} bits")
+        return k
+
+    # ------------------------------------------------------------ writes
+    def add(self, id, fingerprint, meta=None):
+        """Store `fingerprint` under `id` (replacing any earlier record of that id)."""
+        idk = encode_id(id)
+        fp = check_fp(fingerprint)
+        self._w().add([idk], np.array([fp], dtype=np.uint64), [pack_meta(meta, id)])
+
+    def add_many(self, items, fingerprints=None):
+        """Store many records: `add_many([(id, fp), (id, fp, meta), ...])` or, columnar,
+        `add_many(ids, fingerprints)` (fingerprints may be a numpy uint64 array).
+
+        Everything is checked before anything is written. Records commit in atomic chunks
+        of 262,144; a call that returns is durable (with sync=True).
+        """
+        st = self._w()
+        if fingerprints is not None:
+            ids = list(items)
+            fps = fp_array(fingerprints)
+            if len(ids) != len(fps):
+                raise InputError(f"add_many got {len(ids)} ids and {len(fps)} fingerprints")
+            idks = [encode_id(i) for i in ids]
+            metas = [pack_meta(None)] * len(ids)
+        else:
+            idks, fpl, metas = [], [], []
+            for n, item in enumerate(items):
+                if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+                    raise InputTypeError(
+                        f"item {n} must be (id, fingerprint) or (id, fingerprint, meta), "
+                        f"got {item!r:.80}")
+                try:
+                    idks.append(encode_id(item[0]))
+                    fpl.append(check_fp(item[1]))
+                    metas.append(pack_meta(item[2] if len(item) == 3 else None, item[0]))
+                except (InputError, InputTypeError) as e:
+                    raise type(e)(f"item {n}: {e}") from None
+            fps = np.array(fpl, dtype=np.uint64)
+        if idks:
+            st.add(idks, fps, metas)
+
+    def remove(self, id):
+        """Remove the record of `id`; returns whether there was one."""
+        return self._w().remove(encode_id(id))
+
+    def add_unique(self, id, fingerprint, meta=None, k=None):
+        """Insert only if no stored record is within k bits; returns those that are.
+
+        Atomic across threads and processes: of two near-identical fingerprints added at
+        once, exactly one goes in. An existing record of the same id counts like any other.
+        """
+        st = self._w()
+        k = self._k(k)
+        idk = encode_id(id)
+        fp = check_fp(fingerprint)
+        mb = pack_meta(meta, id)
+        q = np.array([fp], dtype=np.uint64)
+
+        def admit(txn):
+            hits = st.read(lambda ctx: ctx.query(st.plan.core, q, k, txn))[0]
+            if hits:
+                return [_match(h) for h in hits]
+            st.put_records(txn, [idk], q, [mb])
+            return []
+
+        with st._wlock:
+            found = st.write(st.records, admit)
+            if not found:
+                st.apply_pending()
+        return found
+
+    # ------------------------------------------------------------ reads
+    def get(self, id):
+        """The stored Record of `id`, or None."""
+        value = self._s().get(encode_id(id))
+        if value is None:
+            return None
+        fp, idk, mb = _core.split_record(value)
+        return Record(decode_id(idk), fp, unpack(mb, "meta value"))
+
+    def __contains__(self, id):
+        try:
+            idk = encode_id(id)
+        except (InputError, InputTypeError):
+            return False
+        return self._s().get(idk) is not None
+
+    def __len__(self):
+        return self._s().count()
+
+    def query(self, fingerprint, k=None):
+        """Stored records within k bits (default: the index's k) of `fingerprint`.
+
+        Sorted by distance, then by insertion order (the order of each record's latest add).
+        """
+        st = self._s()
+        k = self._k(k)
+        q = np.array([check_fp(fingerprint)], dtype=np.uint64)
+        hits = st.read(lambda ctx: ctx.query(st.plan.core, q, k))[0]
+        return [_match(h) for h in hits]
+
+    def query_many(self, fingerprints, k=None):
+        """query() for each fingerprint, as one batch scanned without the GIL."""
+        st = self._s()
+        k = self._k(k)
+        q = fp_array(fingerprints)
+        res = st.read(lambda ctx: ctx.query(st.plan.core, q, k))
+        return [[_match(h) for h in hits] for hits in res]
+
+    def _pair_seqs(self, k):
+        """(seq_a, seq_b, distance, id_a, id_b) of every stored pair within k, once each."""
+        st = self._s()
+        plan = st.plan
+        with st.snapshot() as (rtxn, stxns):
+            states = [_store.load_state(t) for t in stxns]
+            a_min = min(s[0] for s in states)
+            cache = {}
+
+            def resolve(seq):
+                r = cache.get(seq)
+                if r is None:
+                    v = rtxn.get(_store.SEQS_DB, int(seq).to_bytes(8, "big"))
+                    if v is None:
+                        r = cache[seq] = (None, None)
+                    else:
+                        fp, idk, _ = _core.split_record(v)
+                        r = cache[seq] = (fp, decode_id(idk))
+                return r
+
+            for t in range(plan.ntables):
+                earlier = plan.earlier_masks(t)
+                pmask = plan.core.prefix_mask(t)
+                if plan.prefix_bits[t] >= plan.shard_bits:
+                    groups = [[s] for s in range(plan.shards)]
+                else:
+                    groups = [list(range(plan.shards))]
+                for group in groups:
+                    ks, ss = [], []
+                    for s in group:
+                        for (table, run, count) in states[s][1]:
+                            if table == t:
+                                kk, sq = _core.read_run(stxns[s], _store.BLOCKS_DB,
+                                                        int(run), int(count))
+                                ks.append(kk)
+                                ss.append(sq)
+                    if not ks:
+                        continue
+                    keys = np.concatenate(ks)
+                    seqs = np.concatenate(ss)
+                    if len(ks) > 1:
+                        order = np.lexsort((seqs, keys))
+                        keys, seqs = keys[order], seqs[order]
+                    a, b, d = _core.pairs_sorted(keys, seqs, pmask, earlier, k)
+                    keep = (a <= np.uint64(a_min)) & (b <= np.uint64(a_min))
+                    for sa, sb, dd in zip(a[keep].tolist(), b[keep].tolist(), d[keep].tolist()):
+                        fa, ia = resolve(sa)
+                        fb, ib = resolve(sb)
+                        if fa is None or fb is None or _core.hamming(fa, fb) != dd:
+                            continue
+                        yield sa, sb, dd, ia, ib
+            # records not yet in every shard: ask for their partners directly
+            tseqs, tfps = _core.read_tail(rtxn, _store.SEQS_DB, a_min + 1)
+            if len(tseqs):
+                res = st.read(lambda ctx: ctx.query(plan.core, tfps, k, rtxn))
+                for sq, hits in zip(tseqs.tolist(), res):
+                    for dist, _fp, hseq, _tail in hits:
+                        if hseq == sq or (hseq > a_min and hseq < sq):
+                            continue
+                        sa, sb = min(sq, hseq), max(sq, hseq)
+                        fa, ia = resolve(sa)
+                        fb, ib = resolve(sb)
+                        if fa is None or fb is None:
+                            continue
+                        yield sa, sb, dist, ia, ib
+
+    def pairs(self, k=None):
+        """Every stored pair within k bits, once: (id_a, id_b, distance), a added before b."""
+        k = self._k(k)
+        for _sa, _sb, d, ia, ib in self._pair_seqs(k):
+            yield ia, ib, d
+
+    def clusters(self, k=None):
+        """Groups of ids linked by pairs within k bits (connected components of size >= 2).
+
+        Each group lists its ids in insertion order; groups come in order of their oldest id.
+        """
+        k = self._k(k)
+        parent, ids = {}, {}
+
+        def find(x):
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for sa, sb, _d, ia, ib in self._pair_seqs(k):
+            ids[sa], ids[sb] = ia, ib
+            parent.setdefault(sa, sa)
+            parent.setdefault(sb, sb)
+            ra, rb = find(sa), find(sb)
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+        groups = {}
+        for s in sorted(parent):
+            groups.setdefault(find(s), []).append(ids[s])
+        for root in sorted(groups):
+            yield groups[root]
+
+    # ------------------------------------------------------------ maintenance
+    def flush(self):
+        """Apply pending records to every table and force everything to disk."""
+        self._w().flush()
+
+    def compact(self):
+        """Merge each table's runs into one and drop the entries of removed records."""
+        self._w().compact()
+
+    def stats(self):
+        """Counts, parameters, runs and bytes on disk."""
+        st = self._s()
+        plan = st.plan
+        with st.snapshot() as (rtxn, stxns):
+            count = rtxn.entries(_store.IDS_DB)
+            v = rtxn.get(_store.INFO_DB, b"stale")
+            stale = int.from_bytes(v, "big") if v else 0
+            last = st.next_seq(rtxn) - 1
+            states = [_store.load_state(t) for t in stxns]
+        size = 0
+        for root, _dirs, files in os.walk(st.path):
+            for f in files:
+                try:
+                    size += os.path.getsize(os.path.join(root, f))
+                except OSError:
+                    pass
+        return {
+            "count": count, "width": 64, "k": plan.k, "blocks": plan.blocks,
+            "tables": plan.ntables, "shards": plan.shards,
+            "runs": int(sum(len(s[1]) for s in states)),
+            "entries": int(sum(int(s[1]["count"].sum()) for s in states)),
+            "stale": stale, "last_seq": last,
+            "pending": int(max(0, last - min(s[0] for s in states))),
+            "prefix_bits": plan.prefix_bits, "bytes": size,
+            "scheme": st.manifest.get("scheme"), "format": st.manifest["format"],
+        }
+
+    def verify(self):
+        """Check every table of every shard against the records; returns the problems found.
+
+        Reads every block (checksums included); an empty list means the index is sound.
+        """
+        st = self._s()
+        plan = st.plan
+        problems = []
+        with st.snapshot() as (rtxn, stxns):
+            seqs, fps = _core.read_tail(rtxn, _store.SEQS_DB, 0)
+            n_ids = rtxn.entries(_store.IDS_DB)
+            if n_ids != len(seqs):
+                problems.append(f"records: {n_ids} ids but {len(seqs)} records")
+            for s, txn in enumerate(stxns):
+                applied, runs, _ = _store.load_state(txn)
+                sel = seqs <= np.uint64(applied)
+                for t in range(plan.ntables):
+                    keys = plan.core.keys(t, fps[sel])
+                    mine = ((keys >> np.uint64(64 - plan.shard_bits)) == s
+                            if plan.shard_bits else np.ones(len(keys), bool))
+                    want = _sorted_pairs(keys[mine], seqs[sel][mine])
+                    got_k, got_s = [], []
+                    for (table, run, count) in runs:
+                        if table != t:
+                            continue
+                        try:
+                            kk, sq = _core.read_run(txn, _store.BLOCKS_DB, int(run),
+                                                    int(count), True)
+                        except CorruptError as e:
+                            problems.append(f"{_store.shard_dir(s)} table {t}: {e}")
+                            continue
+                        got_k.append(kk)
+                        got_s.append(sq)
+                    gk = np.concatenate(got_k) if got_k else np.empty(0, np.uint64)
+                    gs = np.concatenate(got_s) if got_s else np.empty(0, np.uint64)
+                    live = np.isin(gs, seqs)
+                    have = _sorted_pairs(gk[live], gs[live])
+                    if not np.array_equal(have, want):
+                        problems.append(
+                            f"{_store.shard_dir(s)} table {t}: holds {len(have)} live entries "
+                            f"for {len(want)} records, {len(_diff(want, have))} missing, "
+                            f"{len(_diff(have, want))} wrong")
+        return problems
+
+
+def _sorted_pairs(keys, seqs):
+    """(key, seq) rows sorted, as one structured array for exact comparison."""
+    out = np.empty(len(keys), dtype=[("k", "<u8"), ("s", "<u8")])
+    out["k"], out["s"] = keys, seqs
+    return np.sort(out, order=("k", "s"))
+
+
+def _diff(a, b):
+    return np.setdiff1d(a, b)

@@ -1,0 +1,75 @@
+"""The manifest: magic, format version and every parameter of an index, checked on open."""
+
+import os
+
+from ._version import __version__ as _version
+from .codec import pack, unpack
+from .errors import CorruptError, FormatError, ParameterError
+
+NAME = "manifest.msgpack"
+MAGIC = "simindex"
+FORMAT = 1
+LAYOUT = "packed-blocks-v1"
+_MAX_BYTES = 1 << 16
+
+
+def make(plan, scheme=None):
+    return {"magic": MAGIC, "format": FORMAT, "width": 64, "k": plan.k,
+            "blocks": plan.blocks, "shards": plan.shards, "tables": plan.ntables,
+            "layout": LAYOUT, "block_entries": 1022, "scheme": scheme,
+            "created_by": f"simindex {_version}"}
+
+
+def write(dirpath, manifest):
+    """Write atomically: a temporary file, fsync, rename, fsync of the directory."""
+    path = os.path.join(dirpath, NAME)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(pack(manifest))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(dirpath, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read(dirpath):
+    """The manifest of the index at `dirpath`, each field checked; raises with the reason."""
+    path = os.path.join(dirpath, NAME)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise CorruptError(f"{dirpath} is not a simindex index: {NAME} is missing") from None
+    except IsADirectoryError:
+        raise CorruptError(f"{path} is a directory, not a manifest") from None
+    if len(raw) > _MAX_BYTES:
+        raise CorruptError(f"{path} is larger than any manifest ({_MAX_BYTES} bytes)")
+    if not raw:
+        raise CorruptError(f"{path} is empty")
+    m = unpack(raw, what=f"manifest ({path})")
+    if not isinstance(m, dict) or m.get("magic") != MAGIC:
+        raise CorruptError(f"{path} is not a simindex manifest (bad magic)")
+    fmt = m.get("format")
+    if fmt != FORMAT:
+        raise FormatError(f"{path} has on-disk format {fmt!r}; this simindex reads format {FORMAT}")
+    if m.get("layout") != LAYOUT or m.get("block_entries") != 1022 or m.get("width") != 64:
+        raise FormatError(f"{path} names layout {m.get('layout')!r}, width {m.get('width')!r}; "
+                          f"this simindex reads {LAYOUT}, width 64")
+    for field in ("k", "blocks", "shards", "tables"):
+        v = m.get(field)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise CorruptError(f"{path}: field {field!r} is {v!r}, not a count")
+    return m
+
+
+def check_same(manifest, **given):
+    """Raise when a parameter passed on reopen differs from the stored one, naming both."""
+    for name, value in given.items():
+        if value is not None and manifest.get(name) != value:
+            raise ParameterError(
+                f"{name}={value!r} was given, but the index was built with "
+                f"{name}={manifest.get(name)!r}; reopen without it or with the stored value")

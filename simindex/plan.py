@@ -1,0 +1,97 @@
+"""Index parameters: k, blocks, shards, and the block-permutation tables they imply.
+
+Bits are cut into `blocks` contiguous blocks, most significant first (the first 64 % m
+blocks get one bit more). A table is a choice of `blocks - k` blocks; its permuted key puts
+the chosen blocks first, in their original order, then the rest. Two fingerprints within k
+bits differ in at most k blocks, so they agree on all chosen blocks of at least one table.
+"""
+
+from itertools import combinations
+from math import comb
+
+from . import _core
+from .errors import ParameterError
+
+WIDTH = 64
+MAX_TABLES = 1024
+
+
+def default_blocks(k):
+    """blocks=None picks k + 1: the fewest tables (k + 1) and the longest prefix that works.
+
+    That keeps the index small and inserts cheap; a planner that trades tables for shorter
+    scans at large sizes is a later refinement (see README).
+    """
+    return k + 1
+
+
+def _check_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ParameterError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    return value
+
+
+class Plan:
+    """The checked parameters of an index and the C form of its permutation tables."""
+
+    def __init__(self, k=3, blocks=None, shards=16):
+        k = _check_int("k", k)
+        if not 0 <= k < WIDTH:
+            raise ParameterError(f"k ({k}) must be between 0 and {WIDTH - 1}")
+        if blocks is None:
+            blocks = default_blocks(k)
+        blocks = _check_int("blocks", blocks)
+        if blocks <= k:
+            raise ParameterError(f"blocks ({blocks}) must be greater than k ({k})")
+        if blocks > WIDTH:
+            raise ParameterError(f"blocks ({blocks}) must be at most {WIDTH}")
+        ntables = comb(blocks, k)
+        if ntables > MAX_TABLES:
+            raise ParameterError(
+                f"blocks={blocks} with k={k} needs {ntables} tables; the limit is {MAX_TABLES} "
+                f"(use fewer blocks, blocks={k + 1} needs {k + 1})")
+        shards = _check_int("shards", shards)
+        if not 1 <= shards <= 256 or 256 % shards:
+            raise ParameterError(f"shards ({shards}) must divide 256 (1, 2, 4, ... 256)")
+        self.k = k
+        self.blocks = blocks
+        self.shards = shards
+        self.shard_bits = shards.bit_length() - 1
+        base, extra = divmod(WIDTH, blocks)
+        self.widths = [base + 1 if b < extra else base for b in range(blocks)]
+        self.chosen = [list(c) for c in combinations(range(blocks), blocks - k)]
+        self.orders = [c + [b for b in range(blocks) if b not in c] for c in self.chosen]
+        self.prefix_bits = [sum(self.widths[b] for b in c) for c in self.chosen]
+        self.core = _core.Plan(self.widths, self.orders, self.prefix_bits, self.shard_bits)
+        starts = [sum(self.widths[:b]) for b in range(blocks)]
+        # each table's prefix as a mask over the original (unpermuted) bits
+        self.orig_masks = []
+        for c in self.chosen:
+            m = 0
+            for b in c:
+                m |= ((1 << self.widths[b]) - 1) << (WIDTH - starts[b] - self.widths[b])
+            self.orig_masks.append(m)
+
+    @property
+    def ntables(self):
+        return len(self.chosen)
+
+    def key(self, table, fp):
+        return self.core.key(table, fp)
+
+    def shard_of(self, key):
+        return key >> (WIDTH - self.shard_bits) if self.shard_bits else 0
+
+    def earlier_masks(self, table):
+        """Prefix masks of tables before `table`, in `table`'s permuted bit order.
+
+        A pair that agrees on one of them was already found by that earlier table.
+        """
+        import numpy as np
+        return np.array([self.core.key(table, m) for m in self.orig_masks[:table]],
+                        dtype=np.uint64)
+
+    def describe(self):
+        return {"k": self.k, "blocks": self.blocks, "shards": self.shards,
+                "tables": self.ntables, "block_widths": self.widths,
+                "prefix_bits": self.prefix_bits}

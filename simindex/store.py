@@ -1,0 +1,482 @@
+"""The storage of one index in one process: its LMDB environments and the write protocol.
+
+Write protocol (see README, "Guarantees"):
+1. records/ commits first; that commit is the durability point.
+2. Each shard then applies the records it has not seen (seq > its applied seq) as new
+   sorted runs and advances its applied seq in the same shard transaction.
+3. After a crash, opening the index for writing replays what any shard missed. Until then
+   queries check the unapplied records directly, so answers stay exact.
+
+A process opens each index once: `acquire()` returns the shared store for a path, so LMDB
+never sees the same environment opened twice in one process.
+"""
+
+import fcntl
+import os
+import threading
+from contextlib import contextmanager
+
+import numpy as np
+
+from . import _core, manifest
+from .errors import (
+    ClosedError, CorruptError, MapFullError, MapResizedError, MissingIndexError,
+    ParameterError, ReadOnlyError, StorageError,
+)
+from .plan import Plan
+from .shard import BLOCKS_DB, STATE_DB, ShardWriter, load_state
+
+RECORDS = "records"
+IDS_DB, SEQS_DB, INFO_DB = "ids", "seqs", "info"
+INITIAL_MAP = 1 << 30
+RECORD_CHUNK = 1 << 18     # records per records/ transaction in add_many
+APPLY_CHUNK = 1 << 22      # records per shard application pass
+_KNOWN = {manifest.NAME, RECORDS, "lock"}
+
+
+def shard_dir(s):
+    return f"shard-{s:03d}"
+
+
+def _be(seq):
+    return int(seq).to_bytes(8, "big")
+
+
+class _Gate:
+    """Many calls inside at once, or one map resize alone (LMDB needs no live transaction)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._inside = 0
+        self._resizing = False
+
+    @contextmanager
+    def shared(self):
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._inside -= 1
+                if not self._inside:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self):
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._resizing = True
+            while self._inside:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._resizing = False
+                self._cond.notify_all()
+
+
+_registry = {}
+_registry_lock = threading.Lock()
+
+
+def acquire(path, *, k, blocks, shards, create, readonly, sync):
+    """The process's store for the index at `path`, opening or creating it if needed."""
+    path = os.path.abspath(os.fspath(path))
+    with _registry_lock:
+        key = _identity(path)
+        store = _registry.get(key) if key else None
+        if store is not None and store.pid != os.getpid():
+            _registry.clear()          # inherited from a parent process: never reuse
+            store = None
+        if store is not None:
+            manifest.check_same(store.manifest, k=k, blocks=blocks, shards=shards)
+            if store.readonly and not readonly:
+                raise ParameterError(
+                    f"{path} is already open read-only in this process; close it before "
+                    f"opening it for writing")
+            if store.sync != sync and not readonly:
+                raise ParameterError(
+                    f"{path} is already open in this process with sync={store.sync}; "
+                    f"open it with the same setting")
+            store.refs += 1
+            return store
+        store = Store(path, k=k, blocks=blocks, shards=shards, create=create,
+                      readonly=readonly, sync=sync)
+        _registry[_identity(path)] = store
+        return store
+
+
+def _identity(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def release(store):
+    with _registry_lock:
+        store.refs -= 1
+        if store.refs > 0:
+            return
+        for key, s in list(_registry.items()):
+            if s is store:
+                del _registry[key]
+    store.close()
+
+
+class Store:
+    """Records env + shard envs of one index, their locks, and the read-context pool."""
+
+    def __init__(self, path, *, k, blocks, shards, create, readonly, sync):
+        self.path = path
+        self.readonly = readonly
+        self.sync = sync
+        self.pid = os.getpid()
+        self.refs = 1
+        self.records = None
+        self.shards = []
+        self._pool = []
+        self._wlock = threading.RLock()
+        self._gate = _Gate()
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise CorruptError(f"{path} is a file, not an index directory")
+        if not os.path.exists(os.path.join(path, manifest.NAME)):
+            if readonly or not create:
+                why = "readonly=True" if readonly else "create=False"
+                raise MissingIndexError(f"no simindex index at {path} ({why} forbids making one)")
+            self._create(path, Plan(k=3 if k is None else k, blocks=blocks,
+                                    shards=16 if shards is None else shards))
+        self.manifest = manifest.read(path)
+        manifest.check_same(self.manifest, k=k, blocks=blocks, shards=shards)
+        m = self.manifest
+        try:
+            self.plan = Plan(k=m["k"], blocks=m["blocks"], shards=m["shards"])
+        except ParameterError as e:
+            raise CorruptError(f"{path}: the manifest holds impossible parameters: {e}") from None
+        if self.plan.ntables != m["tables"]:
+            raise CorruptError(f"{path}: the manifest's table count does not match k and blocks")
+        try:
+            self._open_envs()
+            if not readonly:
+                self.apply_pending()
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------ creation and opening
+    def _create(self, path, plan):
+        os.makedirs(path, exist_ok=True)
+        fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.path.exists(os.path.join(path, manifest.NAME)):
+                return                   # another process created it meanwhile
+            extra = [n for n in os.listdir(path)
+                     if n not in _KNOWN and not n.startswith("shard-")
+                     and not n.startswith(manifest.NAME + ".tmp")]
+            if extra:
+                raise CorruptError(
+                    f"{path} is a non-empty directory that is not a simindex index "
+                    f"(it holds {sorted(extra)[:3]})")
+            # environments first, the manifest last: its presence marks a complete index
+            for sub in [RECORDS] + [shard_dir(s) for s in range(plan.shards)]:
+                os.makedirs(os.path.join(path, sub), exist_ok=True)
+            self._open_envs(plan=plan, create=True)
+            self._close_envs()
+            manifest.write(path, manifest.make(plan))
+        finally:
+            os.close(fd)
+
+    def _open_envs(self, plan=None, create=False):
+        plan = plan or self.plan
+        ro = self.readonly and not create
+        for sub in [RECORDS] + [shard_dir(s) for s in range(plan.shards)]:
+            d = os.path.join(self.path, sub)
+            if not os.path.isdir(d):
+                raise CorruptError(f"{self.path}: {sub}/ is missing")
+            _check_data_file(d)
+        self.records = _core.Env(os.path.join(self.path, RECORDS), readonly=ro,
+                                 sync=self.sync, mapsize=INITIAL_MAP, maxdbs=4)
+        for name in (IDS_DB, SEQS_DB, INFO_DB):
+            self.records.open_db(name, create=not ro)
+        self.shards = []
+        for s in range(plan.shards):
+            # Shards are derived from records/: after an OS crash one may lose its last
+            # transactions (never its integrity), and replay restores them.
+            env = _core.Env(os.path.join(self.path, shard_dir(s)), readonly=ro,
+                            sync=self.sync, metasync=False, mapsize=INITIAL_MAP, maxdbs=4)
+            self.shards.append(env)
+            for name in (STATE_DB, BLOCKS_DB):
+                env.open_db(name, create=not ro)
+
+    def _close_envs(self):
+        for ctx in self._pool:
+            ctx.close()
+        self._pool = []
+        for env in self.shards:
+            env.close()
+        self.shards = []
+        if self.records is not None:
+            self.records.close()
+            self.records = None
+
+    def close(self):
+        if self.records is None:
+            return
+        if self.pid == os.getpid() and not self.readonly:
+            try:
+                with self._wlock:
+                    for env in [self.records] + self.shards:
+                        env.sync(True)
+            except StorageError:
+                pass
+        self._close_envs()
+
+    @property
+    def closed(self):
+        return self.records is None
+
+    def check_open(self):
+        if self.records is None:
+            raise ClosedError(f"index {self.path} is closed")
+        if self.pid != os.getpid():
+            raise ClosedError(f"index {self.path} was opened in process {self.pid} and cannot "
+                              f"be used after fork(); open it again in this process")
+
+    def check_writable(self):
+        self.check_open()
+        if self.readonly:
+            raise ReadOnlyError(f"index {self.path} is open read-only")
+
+    # ------------------------------------------------------------ map size
+    def _grow(self, env):
+        with self._gate.exclusive():
+            size = env.info()["mapsize"]
+            env.set_mapsize(size * 2)
+
+    def _adopt(self, env=None):
+        with self._gate.exclusive():
+            for e in ([env] if env is not None else [self.records] + self.shards):
+                e.set_mapsize(0)
+
+    def write(self, env, fn):
+        """Run fn(txn) in a write transaction on env, growing the map and retrying if full."""
+        while True:
+            try:
+                with self._gate.shared():
+                    with _core.Txn(env, write=True) as txn:
+                        return fn(txn)
+            except MapFullError:
+                self._grow(env)
+            except MapResizedError:
+                self._adopt(env)
+
+    def read(self, fn):
+        """Run fn(ctx) with a pooled read context, adopting a map another process grew."""
+        while True:
+            try:
+                with self._gate.shared():
+                    ctx = self._pool.pop() if self._pool else _core.ReadContext(
+                        self.records, self.shards)
+                    try:
+                        return fn(ctx)
+                    finally:
+                        self._pool.append(ctx)
+            except MapResizedError:
+                self._adopt()
+
+    def read_txn(self, env):
+        """A plain read transaction (callers use it inside `with`), retrying a resize."""
+        while True:
+            try:
+                return _core.Txn(env)
+            except MapResizedError:
+                self._adopt(env)
+
+    # ------------------------------------------------------------ records
+    @staticmethod
+    def next_seq(txn):
+        v = txn.get(INFO_DB, b"next_seq")
+        return int.from_bytes(v, "big") if v is not None else 1
+
+    @staticmethod
+    def _bump(txn, name, by):
+        v = txn.get(INFO_DB, name)
+        n = int.from_bytes(v, "big") if v is not None else 0
+        txn.put(INFO_DB, name, (n + by).to_bytes(8, "big"))
+
+    def put_records(self, txn, idkeys, fps, metas):
+        seq0 = self.next_seq(txn)
+        seq, replaced = _core.records_put(txn, IDS_DB, SEQS_DB, idkeys, fps, metas, seq0)
+        txn.put(INFO_DB, b"next_seq", seq.to_bytes(8, "big"))
+        if replaced:
+            self._bump(txn, b"stale", replaced)
+        return seq0
+
+    def add(self, idkeys, fps, metas):
+        """Commit records in chunks (each atomic and durable), then apply them to the shards."""
+        self.check_writable()
+        with self._wlock:
+            for i in range(0, len(idkeys), RECORD_CHUNK):
+                j = i + RECORD_CHUNK
+                self.write(self.records,
+                           lambda txn: self.put_records(txn, idkeys[i:j], fps[i:j], metas[i:j]))
+            self.apply_pending()
+
+    def remove(self, idkey):
+        self.check_writable()
+
+        def rm(txn):
+            old = txn.get(IDS_DB, idkey)
+            if old is None:
+                return False
+            txn.delete(IDS_DB, idkey)
+            txn.delete(SEQS_DB, old)
+            self._bump(txn, b"stale", 1)
+            return True
+        with self._wlock:
+            return self.write(self.records, rm)
+
+    def get(self, idkey):
+        self.check_open()
+        with self._gate.shared(), self.read_txn(self.records) as txn:
+            seq = txn.get(IDS_DB, idkey)
+            if seq is None:
+                return None
+            value = txn.get(SEQS_DB, seq)
+        if value is None:
+            raise CorruptError(f"{self.path}: an id points to a missing record")
+        return value
+
+    def count(self):
+        self.check_open()
+        with self._gate.shared(), self.read_txn(self.records) as txn:
+            return txn.entries(IDS_DB)
+
+    # ------------------------------------------------------------ shard application
+    def apply_pending(self):
+        """Bring every shard up to the last committed record (the replay after a crash)."""
+        with self._wlock:
+            while True:
+                applied = self.read(lambda ctx: ctx.applied(self.plan.ntables))
+                start = min(applied) + 1
+                with self._gate.shared(), self.read_txn(self.records) as txn:
+                    seqs, fps = _core.read_tail(txn, SEQS_DB, start, APPLY_CHUNK)
+                if len(seqs) == 0:
+                    return
+                self._apply(seqs, fps)
+                if len(seqs) < APPLY_CHUNK:
+                    return
+
+    def _apply(self, seqs, fps):
+        plan = self.plan
+        last = int(seqs[-1])
+        bounds = np.arange(plan.shards + 1, dtype=np.uint64)
+        per_table = []
+        for t in range(plan.ntables):
+            keys = plan.core.keys(t, fps)
+            order = np.lexsort((seqs, keys))
+            keys, sq = keys[order], seqs[order]
+            # keys are sorted, and a shard is a range of leading bits: split by search
+            if plan.shard_bits:
+                lead = keys >> np.uint64(64 - plan.shard_bits)
+                cuts = np.searchsorted(lead, bounds)
+            else:
+                cuts = np.array([0, len(keys)])
+            per_table.append((keys, sq, cuts))
+
+        for s, env in enumerate(self.shards):
+            def apply_shard(txn, s=s):
+                w = ShardWriter(txn)
+                if w.applied >= last:
+                    return                 # another writer got here first
+                for t, (keys, sq, cuts) in enumerate(per_table):
+                    k = keys[cuts[s]:cuts[s + 1]]
+                    q = sq[cuts[s]:cuts[s + 1]]
+                    if w.applied >= int(seqs[0]):
+                        keep = q > np.uint64(w.applied)
+                        k, q = k[keep], q[keep]
+                    w.add_run(t, np.ascontiguousarray(k), np.ascontiguousarray(q))
+                w.save(applied=last)
+            self.write(env, apply_shard)
+
+    # ------------------------------------------------------------ reads across shards
+    @contextmanager
+    def snapshot(self):
+        """Read transactions on records and every shard, for whole-index scans."""
+        self.check_open()
+        with self._gate.shared():
+            txns = []
+            try:
+                txns.append(self.read_txn(self.records))
+                for env in self.shards:
+                    txns.append(self.read_txn(env))
+                yield txns[0], txns[1:]
+            finally:
+                for t in txns:
+                    t.abort()
+
+    def compact(self):
+        """Merge each table's runs in each shard into one, dropping removed entries."""
+        self.check_writable()
+        with self._wlock:
+            self.apply_pending()
+            with self._gate.shared(), self.read_txn(self.records) as txn:
+                live, _ = _core.read_tail(txn, SEQS_DB, 0)
+            for env in self.shards:
+                def merge_all(txn):
+                    w = ShardWriter(txn)
+                    for t in range(self.plan.ntables):
+                        runs = [r for r, _ in w.table_runs(t)]
+                        if runs:
+                            w.merge(t, runs, live=live)
+                    w.save()
+                self.write(env, merge_all)
+            self.write(self.records, lambda txn: txn.put(INFO_DB, b"stale", _be(0)))
+
+    def flush(self):
+        self.check_writable()
+        with self._wlock:
+            self.apply_pending()
+            with self._gate.shared():
+                for env in [self.records] + self.shards:
+                    env.sync(True)
+
+
+def _check_data_file(d):
+    """Refuse a data.mdb too short for the pages its meta pages claim (LMDB would SIGBUS)."""
+    f = os.path.join(d, "data.mdb")
+    try:
+        size = os.path.getsize(f)
+    except FileNotFoundError:
+        return
+    if size == 0:
+        return
+    with open(f, "rb") as fh:
+        head = fh.read(2 * 65536)
+    # Each meta page: a 16-byte page header, then MDB_meta: magic u32, version u32,
+    # address, mapsize, two 48-byte MDB_db records (the first one's pad holds the page
+    # size), last page number, txn id. LMDB trusts the meta with the larger txn id.
+    psize = int.from_bytes(head[40:44], "little") if len(head) >= 44 else 0
+    if psize not in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536):
+        psize = 4096
+    best = None
+    for i in range(2):
+        page = head[i * psize:(i + 1) * psize]
+        if len(page) < 152 or int.from_bytes(page[16:20], "little") != 0xBEEFC0DE:
+            continue
+        last_pg = int.from_bytes(page[136:144], "little")
+        txnid = int.from_bytes(page[144:152], "little")
+        if best is None or txnid > best[0]:
+            best = (txnid, last_pg)
+    if best is None:
+        raise CorruptError(f"{f} is damaged or not an LMDB data file (no valid meta page)")
+    need = (best[1] + 1) * psize
+    if size < need:
+        raise CorruptError(f"{f} is truncated: {size} bytes, its meta page needs {need}")
