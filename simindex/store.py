@@ -43,26 +43,36 @@ def _be(seq):
 
 
 class _Gate:
-    """Many calls inside at once, or one map resize alone (LMDB needs no live transaction)."""
+    """Many calls inside at once, or one map resize alone (LMDB needs no live transaction).
+
+    Re-entrant per thread: a call already inside (add_unique queries inside its write)
+    never waits for a resize that is itself waiting for that call to leave.
+    """
 
     def __init__(self):
         self._cond = threading.Condition()
         self._inside = 0
         self._resizing = False
+        self._local = threading.local()
 
     @contextmanager
     def shared(self):
-        with self._cond:
-            while self._resizing:
-                self._cond.wait()
-            self._inside += 1
+        depth = getattr(self._local, "depth", 0)
+        if not depth:
+            with self._cond:
+                while self._resizing:
+                    self._cond.wait()
+                self._inside += 1
+        self._local.depth = depth + 1
         try:
             yield
         finally:
-            with self._cond:
-                self._inside -= 1
-                if not self._inside:
-                    self._cond.notify_all()
+            self._local.depth = depth
+            if not depth:
+                with self._cond:
+                    self._inside -= 1
+                    if not self._inside:
+                        self._cond.notify_all()
 
     @contextmanager
     def exclusive(self):
@@ -214,6 +224,9 @@ class Store:
             self.shards.append(env)
             for name in (STATE_DB, BLOCKS_DB):
                 env.open_db(name, create=not ro)
+        # free the reader slots of processes that died inside a read transaction
+        for env in [self.records] + self.shards:
+            env.reader_check()
 
     def _close_envs(self):
         for ctx in self._pool:

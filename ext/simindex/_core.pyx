@@ -97,6 +97,10 @@ DEF BLOCK_KEY = 16
 # A record's value in records/seqs: fp (u64 LE), id length (u16 LE), id key, msgpack(meta).
 DEF RECORD_HEADER = 10
 
+# Keys of a shard's state database read by the scan loop.
+cdef const char *KEY_APPLIED = b"applied"
+cdef const char *KEY_RUNS = b"runs"
+
 # Error codes of the nogil loops, beside LMDB's own.
 DEF SI_CORRUPT_BLOCK = -1001
 DEF SI_CORRUPT_STATE = -1002
@@ -1095,7 +1099,7 @@ cdef class ReadContext:
             sv.cur = NULL
             return rc
         k.mv_size = 7
-        k.mv_data = <void *>b"applied"
+        k.mv_data = <void *>KEY_APPLIED
         rc = mdb_get(sv.txn, self.state_dbi[s], &k, &v)
         if rc == MDB_NOTFOUND:
             sv.applied = 0
@@ -1106,7 +1110,7 @@ cdef class ReadContext:
         else:
             sv.applied = si_load64(v.mv_data)
         k.mv_size = 4
-        k.mv_data = <void *>b"runs"
+        k.mv_data = <void *>KEY_RUNS
         rc = mdb_get(sv.txn, self.state_dbi[s], &k, &v)
         if rc == MDB_NOTFOUND:
             v.mv_size = 0

@@ -1,0 +1,114 @@
+"""Shared test helpers: hypothesis profiles, a brute-force oracle, planted near-duplicates."""
+
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", max_examples=40, deadline=None, derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "dev", max_examples=25, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "deep", max_examples=500, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def popcount(x):
+    return bin(x).count("1")
+
+
+def brute(stored, q, k):
+    """{id: distance} of every stored (id -> fp) within k bits of q: the oracle."""
+    return {i: popcount(fp ^ q) for i, fp in stored.items() if popcount(fp ^ q) <= k}
+
+
+def brute_pairs(stored, k):
+    """{(id_a, id_b): d} over stored (id -> fp), ids ordered by insertion (dict order)."""
+    items = list(stored.items())
+    fps = np.array([fp for _, fp in items], dtype=np.uint64)
+    out = {}
+    for i, (ia, fa) in enumerate(items):
+        x = np.bitwise_xor(fps[i + 1:], np.uint64(fa))
+        d = np.unpackbits(x.view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1)
+        for j in np.nonzero(d <= k)[0]:
+            out[(ia, items[i + 1 + j][0])] = int(d[j])
+    return out
+
+
+def flip(fp, bits):
+    for b in bits:
+        fp ^= 1 << b
+    return fp
+
+
+def planted_family(rng, base, k, width=64):
+    """Fingerprints at every distance 0..k+1 from base: bits packed together, spread
+    across the word, and on the edge bits 0 and 63."""
+    out = []
+    for d in range(k + 2):
+        start = rng.randrange(0, width - d + 1) if d else 0
+        out.append(flip(base, range(start, start + d)))                    # packed
+        out.append(flip(base, rng.sample(range(width), d)))                # spread
+        edge = ([0, 63] + [b for b in range(1, 63)])[:d]
+        out.append(flip(base, edge))                                       # edge bits
+    return out
+
+
+def block_ranges(blocks, width=64):
+    """Bit ranges (low, high) of each block, most significant first (README's rule)."""
+    base, extra = divmod(width, blocks)
+    out, top = [], width
+    for b in range(blocks):
+        w = base + 1 if b < extra else base
+        out.append((top - w, top))
+        top -= w
+    return out
+
+
+def one_table_family(rng, base, k, blocks):
+    """For every set of k blocks, a fingerprint differing from base by one bit in each of
+    them: it shares base's prefix in exactly one table, so each table must do its part."""
+    from itertools import combinations
+    ranges = block_ranges(blocks)
+    out = []
+    for combo in combinations(range(blocks), k):
+        out.append(flip(base, [rng.randrange(*ranges[b]) for b in combo]))
+        if len(out) >= 64:
+            break
+    return out
+
+
+def shard_boundary_fps(k):
+    """Fingerprints straddling leading-byte (shard) boundaries and the all-0/all-1 words."""
+    out = []
+    for lead in (0x0F, 0x10, 0x7F, 0x80, 0xFF, 0x00):
+        base = (lead << 56) | ((1 << 56) - 1 if lead in (0x0F, 0x7F) else 0)
+        out.append(base)
+        for b in (56, 57, 59, 60, 63, 0, 1):
+            out.append(base ^ (1 << b))
+        out.append(flip(base, [56, 57, 58][:k]))
+    return out
+
+
+@pytest.fixture
+def rng():
+    return random.Random(1234)
+
+
+def run_py(code, *args, timeout=120, check=True, **kw):
+    """Run a Python snippet in a fresh interpreter (real processes, no shared state)."""
+    p = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True,
+                       text=True, timeout=timeout, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"subprocess failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return p

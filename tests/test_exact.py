@@ -1,0 +1,122 @@
+"""Exactness: query, query_many, pairs and find_all equal a brute-force popcount scan."""
+
+import random
+
+import numpy as np
+import pytest
+
+import simindex
+from conftest import brute, brute_pairs, one_table_family, planted_family, shard_boundary_fps
+
+PARAMS = [
+    # (k, blocks, shards)
+    (3, None, 16),      # the default plan: 4 tables of 16-bit prefixes
+    (3, 6, 4),          # 20 tables, uneven prefixes (32/33 bits)
+    (2, 5, 1),          # one shard
+    (0, None, 256),     # exact match only, 256 shards
+    (4, 5, 2),
+    (1, 64, 8),         # 64 one-bit blocks, 63-bit prefixes
+    (9, 10, 256),       # 6-7 bit prefixes: a table's range spans several shards
+]
+
+
+def build_data(k, seed, n_random=1500, n_bases=12, blocks=None):
+    rng = random.Random(seed)
+    stored = {}
+    for i in range(n_random):
+        stored[f"r{i}"] = rng.getrandbits(64)
+    bases = [rng.getrandbits(64) for _ in range(n_bases)] + [0, (1 << 64) - 1]
+    for b, base in enumerate(bases):
+        for j, fp in enumerate(planted_family(rng, base, k)):
+            stored[f"p{b}.{j}"] = fp
+        for j, fp in enumerate(one_table_family(rng, base, k, blocks or k + 1)):
+            stored[f"t{b}.{j}"] = fp
+    for j, fp in enumerate(shard_boundary_fps(k)):
+        stored[f"s{j}"] = fp
+    # exact duplicates under different ids
+    dup = rng.getrandbits(64)
+    for j in range(3):
+        stored[f"dup{j}"] = dup
+    queries = bases + list(shard_boundary_fps(k)) + [dup] + \
+        [rng.getrandbits(64) for _ in range(20)] + rng.sample(list(stored.values()), 40)
+    return stored, queries
+
+
+@pytest.mark.parametrize("k,blocks,shards", PARAMS)
+def test_query_equals_brute_force(tmp_path, k, blocks, shards):
+    stored, queries = build_data(k, seed=k * 100 + (blocks or 0), blocks=blocks)
+    with simindex.Index(tmp_path / "i", k=k, blocks=blocks, shards=shards) as idx:
+        # half in one columnar batch, the rest one by one and in small batches
+        items = list(stored.items())
+        half = len(items) // 2
+        idx.add_many([i for i, _ in items[:half]], np.array([f for _, f in items[:half]],
+                                                            dtype=np.uint64))
+        for n in range(half, len(items), 37):
+            idx.add_many(items[n:n + 37])
+        assert len(idx) == len(stored)
+        for q in queries:
+            for kq in sorted({0, k // 2, k}):
+                want = brute(stored, q, kq)
+                got = idx.query(q, k=kq)
+                assert {m.id: m.distance for m in got} == want
+                assert len(got) == len(want)                     # each id once
+                assert [m.distance for m in got] == sorted(m.distance for m in got)
+                for m in got:
+                    assert m.fingerprint == stored[m.id]
+        many = idx.query_many(queries)
+        assert [{m.id: m.distance for m in ms} for ms in many] == \
+            [brute(stored, q, k) for q in queries]
+        assert idx.verify() == []
+
+
+@pytest.mark.parametrize("k,blocks,shards", PARAMS)
+def test_pairs_equal_brute_force(tmp_path, k, blocks, shards):
+    stored, _ = build_data(k, seed=7 + k, n_random=800, blocks=blocks)
+    with simindex.Index(tmp_path / "i", k=k, blocks=blocks, shards=shards) as idx:
+        items = list(stored.items())
+        for n in range(0, len(items), 200):
+            idx.add_many(items[n:n + 200])
+        want = brute_pairs(stored, k)
+        got = list(idx.pairs())
+        assert len(got) == len(set((a, b) for a, b, _ in got))   # each pair once
+        assert {(a, b): d for a, b, d in got} == want
+        if k:
+            want_k1 = {p: d for p, d in want.items() if d <= k - 1}
+            assert {(a, b): d for a, b, d in idx.pairs(k=k - 1)} == want_k1
+
+
+def test_ties_sort_by_insertion_order(tmp_path):
+    with simindex.Index(tmp_path / "i") as idx:
+        idx.add("b", 0b1000)
+        idx.add("a", 0b0100)
+        idx.add("c", 0)
+        idx.add("d", 0b0010)
+        assert [m.id for m in idx.query(0)] == ["c", "b", "a", "d"]
+        idx.add("b", 0b1000)                      # re-adding moves b to the end of its tie
+        assert [m.id for m in idx.query(0)] == ["c", "a", "d", "b"]
+
+
+@pytest.mark.parametrize("k,blocks", [(3, None), (3, 5), (2, 8), (0, None), (5, 6)])
+def test_find_all_equals_brute_force(k, blocks):
+    stored, _ = build_data(k, seed=99 + k, n_random=700, blocks=blocks)
+    fps = list(stored.values())
+    want = {(i, j) for (i, j) in brute_pairs(dict(enumerate(fps)), k)}
+    got = simindex.find_all(fps, k=k, blocks=blocks)
+    assert got == sorted(want)
+    assert simindex.find_all(np.array(fps, dtype=np.uint64), k=k, blocks=blocks) == got
+
+
+def test_find_all_keeps_identical_fingerprints():
+    assert simindex.find_all([5, 5, 5, 1 << 63], k=0) == [(0, 1), (0, 2), (1, 2)]
+    assert simindex.find_all([], k=3) == []
+    assert simindex.find_all([7], k=3) == []
+
+
+def test_hamming():
+    assert simindex.hamming(0, 0) == 0
+    assert simindex.hamming(0, (1 << 64) - 1) == 64
+    assert simindex.hamming(1, 1 << 63) == 2
+    with pytest.raises(simindex.InputError):
+        simindex.hamming(-1, 0)
+    with pytest.raises(TypeError):
+        simindex.hamming(1.0, 0)
