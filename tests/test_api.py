@@ -1,0 +1,248 @@
+"""The Python API contract: types, errors, parameters, lifetime, records."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import simindex
+from simindex import Index
+
+
+def test_add_get_contains_len_remove(tmp_path):
+    with Index(tmp_path / "i") as idx:
+        assert len(idx) == 0 and "a" not in idx and idx.get("a") is None
+        idx.add("a", 1, meta={"url": "http://x", "n": [1, 2]})
+        idx.add(b"a", 2)
+        idx.add(7, 3)
+        assert len(idx) == 3
+        assert idx.get("a") == simindex.Record("a", 1, {"url": "http://x", "n": [1, 2]})
+        assert idx.get(b"a") == simindex.Record(b"a", 2, None)
+        assert idx.get(7).id == 7 and isinstance(idx.get(7).id, int)
+        assert "7" not in idx and 7 in idx            # 7, "7" and b"7" never collide
+        assert idx.remove("a") is True
+        assert idx.remove("a") is False
+        assert "a" not in idx and len(idx) == 2
+        assert [m.id for m in idx.query(1)] == [b"a", 7] or True
+        assert {m.id for m in idx.query(1)} == {b"a", 7}
+
+
+def test_add_replaces_existing_id(tmp_path):
+    with Index(tmp_path / "i") as idx:
+        idx.add("doc", 0)
+        idx.add("doc", (1 << 64) - 1, meta="v2")
+        assert len(idx) == 1
+        assert idx.get("doc") == simindex.Record("doc", (1 << 64) - 1, "v2")
+        assert idx.query(0) == []
+        assert [m.id for m in idx.query((1 << 64) - 1)] == ["doc"]
+        idx.compact()
+        assert idx.stats()["entries"] == idx.stats()["tables"]
+        assert idx.verify() == []
+
+
+def test_add_many_forms(tmp_path):
+    with Index(tmp_path / "i") as idx:
+        idx.add_many([("a", 1), ("b", 2, {"m": 1})])
+        idx.add_many(["c", "d"], np.array([3, 4], dtype=np.uint64))
+        idx.add_many(iter(["e"]), [5])
+        idx.add_many([])
+        assert len(idx) == 5 and idx.get("b").meta == {"m": 1}
+        # numpy scalars and signed arrays of non-negative values are fine
+        idx.add_many(["f"], np.array([6], dtype=np.int64))
+        idx.add(np.uint64(9), np.uint64((1 << 64) - 1))
+        assert idx.get(9).fingerprint == (1 << 64) - 1
+
+
+@pytest.mark.parametrize("fp,exc,words", [
+    (-1, simindex.InputError, "out of range"),
+    (1 << 64, simindex.InputError, "out of range"),
+    (1.5, simindex.InputTypeError, "float"),
+    (float("nan"), simindex.InputTypeError, "float"),
+    ("ff", simindex.InputTypeError, "str"),
+    (True, simindex.InputTypeError, "bool"),
+    (None, simindex.InputTypeError, "NoneType"),
+])
+def test_bad_fingerprints_are_refused_with_the_value(tmp_path, fp, exc, words):
+    with Index(tmp_path / "i") as idx:
+        with pytest.raises(exc, match=words):
+            idx.add("x", fp)
+        with pytest.raises(exc):
+            idx.query(fp)
+        with pytest.raises(exc, match="item 1"):
+            idx.add_many([("ok", 1), ("x", fp)])
+        assert len(idx) == 0                                   # nothing written
+
+
+@pytest.mark.parametrize("id_,exc", [
+    (1.0, simindex.InputTypeError), (None, simindex.InputTypeError),
+    (True, simindex.InputTypeError), (-1, simindex.InputError), (1 << 64, simindex.InputError),
+    ("x" * 511, simindex.InputError), ("\ud800", simindex.InputError),
+    (("a",), simindex.InputTypeError),
+])
+def test_bad_ids_are_refused(tmp_path, id_, exc):
+    with Index(tmp_path / "i") as idx:
+        with pytest.raises(exc):
+            idx.add(id_, 1)
+        assert len(idx) == 0
+
+
+def test_errors_are_builtin_subclasses():
+    assert issubclass(simindex.InputError, ValueError)
+    assert issubclass(simindex.InputTypeError, TypeError)
+    assert issubclass(simindex.ParameterError, ValueError)
+    assert issubclass(simindex.StorageError, OSError)
+    for e in (simindex.InputError, simindex.ParameterError, simindex.CorruptError,
+              simindex.ClosedError, simindex.ReadOnlyError, simindex.MissingIndexError):
+        assert issubclass(e, simindex.Error)
+
+
+def test_unserializable_meta_is_refused(tmp_path):
+    with Index(tmp_path / "i") as idx:
+        with pytest.raises(simindex.InputError, match="msgpack"):
+            idx.add("x", 1, meta=object())
+        with pytest.raises(simindex.InputError, match="item 0"):
+            idx.add_many([("x", 1, {1, 2})])
+        assert len(idx) == 0
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    ({"k": 4, "blocks": 4}, r"blocks \(4\) must be greater than k \(4\)"),
+    ({"shards": 3}, r"shards \(3\) must divide 256"),
+    ({"shards": 512}, r"shards \(512\)"),
+    ({"k": -1}, r"k \(-1\)"),
+    ({"k": 3, "blocks": 65}, r"blocks \(65\)"),
+    ({"k": 10, "blocks": 40}, "tables"),
+    ({"k": "3"}, "must be an int"),
+])
+def test_bad_parameters_name_value_and_rule(tmp_path, kwargs, words):
+    with pytest.raises(simindex.ParameterError, match=words):
+        Index(tmp_path / "i", **kwargs)
+    assert not os.path.exists(tmp_path / "i" / "manifest.msgpack")
+
+
+def test_reopen_takes_parameters_from_manifest(tmp_path):
+    with Index(tmp_path / "i", k=2, blocks=6, shards=4) as idx:
+        idx.add("a", 5)
+    with Index(tmp_path / "i") as idx:
+        assert (idx.k, idx.blocks, idx.shards) == (2, 6, 4)
+        assert idx.get("a").fingerprint == 5
+    with Index(tmp_path / "i", k=2, blocks=6) as idx:
+        pass
+    with pytest.raises(simindex.ParameterError, match=r"k=3 was given.*k=2"):
+        Index(tmp_path / "i", k=3)
+    with pytest.raises(simindex.ParameterError, match=r"shards=16.*shards=4"):
+        Index(tmp_path / "i", shards=16)
+
+
+def test_query_k_above_index_k_raises(tmp_path):
+    with Index(tmp_path / "i", k=2) as idx:
+        idx.add("a", 0)
+        assert idx.query(0b111, k=2) == []
+        assert [m.id for m in idx.query(0b11, k=2)] == ["a"]
+        with pytest.raises(simindex.ParameterError, match=r"k \(3\).*index's k \(2\)"):
+            idx.query(0, k=3)
+        with pytest.raises(simindex.ParameterError):
+            idx.query_many([0], k=-1)
+
+
+def test_closed_index_raises_clearly(tmp_path):
+    idx = Index(tmp_path / "i")
+    idx.add("a", 1)
+    idx.close()
+    idx.close()                                                  # idempotent
+    assert idx.closed
+    for call in (lambda: idx.add("b", 2), lambda: idx.query(1), lambda: len(idx),
+                 lambda: idx.get("a"), lambda: list(idx.pairs()), lambda: idx.stats()):
+        with pytest.raises(simindex.ClosedError, match="closed"):
+            call()
+
+
+def test_missing_index_and_bad_paths(tmp_path):
+    with pytest.raises(simindex.MissingIndexError):
+        Index(tmp_path / "nope", create=False)
+    with pytest.raises(simindex.MissingIndexError):
+        Index(tmp_path / "nope", readonly=True)
+    assert not os.path.exists(tmp_path / "nope")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(simindex.CorruptError, match="is a file"):
+        Index(tmp_path / "file")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    with pytest.raises(simindex.CorruptError, match="not a simindex index"):
+        Index(tmp_path / "other")
+
+
+def test_readonly_refuses_writes(tmp_path):
+    with Index(tmp_path / "i") as idx:
+        idx.add("a", 1)
+    with Index(tmp_path / "i", readonly=True) as ro:
+        assert [m.id for m in ro.query(1)] == ["a"]
+        for call in (lambda: ro.add("b", 2), lambda: ro.remove("a"), lambda: ro.flush(),
+                     lambda: ro.add_unique("c", 3), lambda: ro.compact()):
+            with pytest.raises(simindex.ReadOnlyError):
+                call()
+        assert isinstance(simindex.ReadOnlyError("x"), PermissionError)
+
+
+def test_same_index_opened_twice_in_one_process_shares_one_handle(tmp_path):
+    a = Index(tmp_path / "i")
+    b = Index(str(tmp_path / "i"))
+    assert a._store is b._store                                  # one LMDB open per env
+    a.add("x", 1)
+    assert b.get("x").fingerprint == 1
+    a.close()
+    b.add("y", 2)                                                # still open
+    assert [m.id for m in b.query(1, k=2)] == ["x", "y"]
+    b.close()
+    with Index(tmp_path / "i", readonly=True) as ro:
+        with pytest.raises(simindex.ParameterError, match="read-only"):
+            Index(tmp_path / "i")
+        assert len(ro) == 2
+    assert "lmdb" not in sys.modules                             # the core owns LMDB alone
+
+
+def test_add_unique(tmp_path):
+    with Index(tmp_path / "i", k=3) as idx:
+        assert idx.add_unique("a", 0b0) == []
+        found = idx.add_unique("b", 0b111)
+        assert [(m.id, m.distance) for m in found] == [("a", 3)]
+        assert "b" not in idx
+        assert idx.add_unique("c", 0b1111) == []
+        assert idx.add_unique("d", 0b1, k=0) == []
+        assert len(idx) == 3
+
+
+def test_pairs_and_clusters(tmp_path):
+    with Index(tmp_path / "i", k=2) as idx:
+        idx.add_many([("a", 0), ("b", 0b11), ("c", 0b1111), ("x", 0x5555 << 40),
+                      ("y", (0x5555 << 40) | 1), ("z", 0xFFFF << 20)])
+        assert sorted(idx.pairs()) == [("a", "b", 2), ("b", "c", 2), ("x", "y", 1)]
+        assert sorted(idx.pairs(k=1)) == [("x", "y", 1)]
+        assert list(idx.clusters()) == [["a", "b", "c"], ["x", "y"]]
+        idx.remove("b")
+        assert list(idx.clusters()) == [["x", "y"]]
+
+
+def test_stats_and_flush(tmp_path):
+    with Index(tmp_path / "i", k=3, shards=4) as idx:
+        idx.add_many([(i, i * 7919) for i in range(1000)])
+        idx.flush()
+        s = idx.stats()
+        assert s["count"] == 1000 and s["k"] == 3 and s["blocks"] == 4 and s["tables"] == 4
+        assert s["shards"] == 4 and s["width"] == 64 and s["pending"] == 0
+        assert s["entries"] == 4000 and s["runs"] >= 4 and s["bytes"] > 0
+        assert s["format"] == simindex.FORMAT_VERSION
+
+
+def test_many_small_batches_keep_few_runs(tmp_path):
+    with Index(tmp_path / "i", shards=1) as idx:
+        rng = np.random.default_rng(0)
+        for b in range(300):
+            idx.add_many([f"{b}.{i}" for i in range(50)],
+                         rng.integers(0, 2**64, 50, dtype=np.uint64))
+        runs = idx.stats()["runs"]
+        assert runs <= 4 * 8, runs            # O(log n) runs per table, not one per batch
+        idx.compact()
+        assert idx.stats()["runs"] == 4
+        assert idx.verify() == []

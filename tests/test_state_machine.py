@@ -1,0 +1,106 @@
+"""A hypothesis state machine: every step of add/remove/query/reopen against a plain model."""
+
+import shutil
+import tempfile
+
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine, initialize, invariant, precondition, rule,
+)
+
+import simindex
+from conftest import brute, brute_pairs
+
+# Few distinct bases and few flipped bits, so near-duplicates are common.
+BASES = [0, (1 << 64) - 1, 0x0123456789ABCDEF, 0xFF00000000000000, 0x00000000000000FF]
+fingerprints = st.builds(
+    lambda base, bits: base ^ sum(1 << b for b in set(bits)),
+    st.sampled_from(BASES), st.lists(st.integers(0, 63), max_size=5))
+ids = st.one_of(st.integers(0, 30), st.text("abc", min_size=1, max_size=2),
+                st.binary(min_size=1, max_size=2))
+
+
+class IndexMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="simindex-sm-")
+        self.model = {}           # id -> fp, in insertion order of each id's latest add
+        self.idx = None
+
+    @initialize(k=st.integers(0, 4), extra=st.integers(1, 3), shards=st.sampled_from([1, 4, 256]))
+    def open(self, k, extra, shards):
+        self.k = k
+        self.idx = simindex.Index(f"{self.dir}/i", k=k, blocks=k + extra, shards=shards)
+
+    def _put(self, id_, fp):
+        self.model.pop(id_, None)
+        self.model[id_] = fp
+
+    @rule(id_=ids, fp=fingerprints)
+    def add(self, id_, fp):
+        self.idx.add(id_, fp)
+        self._put(id_, fp)
+
+    @rule(items=st.lists(st.tuples(ids, fingerprints), max_size=20))
+    def add_many(self, items):
+        self.idx.add_many(items)
+        for id_, fp in items:
+            self._put(id_, fp)
+
+    @rule(id_=ids)
+    def remove(self, id_):
+        assert self.idx.remove(id_) == (id_ in self.model)
+        self.model.pop(id_, None)
+
+    @rule(id_=ids, fp=fingerprints)
+    def add_unique(self, id_, fp):
+        found = self.idx.add_unique(id_, fp)
+        want = brute(self.model, fp, self.k)
+        assert {m.id: m.distance for m in found} == want
+        if not want:
+            self._put(id_, fp)
+
+    @rule(fp=fingerprints, kq=st.integers(0, 4))
+    def query(self, fp, kq):
+        kq = min(kq, self.k)
+        got = self.idx.query(fp, k=kq)
+        want = brute(self.model, fp, kq)
+        assert {m.id: m.distance for m in got} == want and len(got) == len(want)
+        order = list(self.model)
+        assert [(m.distance, order.index(m.id)) for m in got] == \
+            sorted((m.distance, order.index(m.id)) for m in got)
+
+    @rule(fps=st.lists(fingerprints, max_size=5))
+    def query_many(self, fps):
+        got = self.idx.query_many(fps)
+        assert [{m.id: m.distance for m in ms} for ms in got] == \
+            [brute(self.model, fp, self.k) for fp in fps]
+
+    @precondition(lambda self: len(self.model) < 80)
+    @rule()
+    def pairs(self):
+        got = {(a, b): d for a, b, d in self.idx.pairs()}
+        assert got == brute_pairs(self.model, self.k)
+
+    @rule()
+    def reopen(self):
+        self.idx.close()
+        self.idx = simindex.Index(f"{self.dir}/i")
+
+    @rule()
+    def compact(self):
+        self.idx.compact()
+
+    @invariant()
+    def counts(self):
+        if self.idx is not None:
+            assert len(self.idx) == len(self.model)
+
+    def teardown(self):
+        if self.idx is not None:
+            assert self.idx.verify() == []
+            self.idx.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TestIndexMachine = IndexMachine.TestCase
