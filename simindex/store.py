@@ -194,6 +194,7 @@ class Store:
                 raise CorruptError(
                     f"{path} is a non-empty directory that is not a simindex index "
                     f"(it holds {sorted(extra)[:3]})")
+            self._check_unfinished(path, plan)
             # environments first, the manifest last: its presence marks a complete index
             for sub in [RECORDS] + [shard_dir(s) for s in range(plan.shards)]:
                 os.makedirs(os.path.join(path, sub), exist_ok=True)
@@ -202,6 +203,30 @@ class Store:
             manifest.write(path, manifest.make(plan))
         finally:
             os.close(fd)
+
+    @staticmethod
+    def _check_unfinished(path, plan):
+        """Only finish a creation that crashed; never rebuild an index whose manifest is lost."""
+        shards = [n for n in os.listdir(path) if n.startswith("shard-")]
+        if any(n not in {shard_dir(s) for s in range(plan.shards)} for n in shards):
+            raise CorruptError(f"{path} has shard directories but no manifest; restore "
+                               f"{manifest.NAME} (nothing was changed)")
+        rec = os.path.join(path, RECORDS)
+        if not os.path.exists(os.path.join(rec, "data.mdb")):
+            return
+        env = _core.Env(rec, readonly=True, mapsize=INITIAL_MAP, maxdbs=4)
+        try:
+            try:
+                env.open_db(INFO_DB)
+            except CorruptError:
+                return                            # databases never made: an early crash
+            with _core.Txn(env) as txn:
+                used = txn.get(INFO_DB, b"next_seq") is not None
+        finally:
+            env.close()
+        if used:
+            raise CorruptError(f"{path} holds records but its manifest is missing; restore "
+                               f"{manifest.NAME} (nothing was changed)")
 
     def _open_envs(self, plan=None, create=False):
         plan = plan or self.plan
