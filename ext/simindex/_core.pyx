@@ -282,22 +282,6 @@ cdef class Env:
         mdb_reader_check(self.env, &dead)
         return dead
 
-    def max_key_size(self):
-        self.check()
-        return mdb_env_get_maxkeysize(self.env)
-
-    def copy(self, path, bint compact=True):
-        """Write a (compacted) copy of the environment into the existing directory `path`."""
-        cdef int rc
-        cdef bytes bpath = os.fsencode(path)
-        cdef const char *cpath = bpath
-        self.check()
-        with nogil:
-            rc = mdb_env_copy2(self.env, cpath, MDB_CP_COMPACT if compact else 0)
-        if rc:
-            raise _error(rc, f"{self.path}: copy to {os.fsdecode(path)} failed")
-
-
 # ---------------------------------------------------------------- transactions
 cdef class Txn:
     """A read or write transaction; a `with` block commits on success and aborts on error."""
@@ -404,51 +388,6 @@ cdef class Txn:
         if rc:
             raise _error(rc, f"{self.env.path}: stat of {db!r} failed")
         return st.ms_entries
-
-    def last_key(self, db):
-        """The largest key of the named database, or None when it is empty."""
-        cdef MDB_cursor *cur
-        cdef MDB_val k, v
-        cdef int rc
-        self.check()
-        rc = mdb_cursor_open(self.txn, self.env.dbi(db), &cur)
-        if rc:
-            raise _error(rc, f"{self.env.path}: cursor on {db!r} failed")
-        rc = mdb_cursor_get(cur, &k, &v, MDB_LAST)
-        mdb_cursor_close(cur)
-        if rc == MDB_NOTFOUND:
-            return None
-        if rc:
-            raise _error(rc, f"{self.env.path}: read from {db!r} failed")
-        return _bytes(k)
-
-    def items(self, db, bytes start=None, size_t limit=0):
-        """(key, value) pairs from `start` (or the first key) on, at most `limit` (0: all)."""
-        cdef MDB_cursor *cur
-        cdef MDB_val k, v
-        cdef int rc
-        cdef list out = []
-        self.check()
-        rc = mdb_cursor_open(self.txn, self.env.dbi(db), &cur)
-        if rc:
-            raise _error(rc, f"{self.env.path}: cursor on {db!r} failed")
-        try:
-            if start is None:
-                rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST)
-            else:
-                k = _val(start)
-                rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE)
-            while rc == 0:
-                out.append((_bytes(k), _bytes(v)))
-                if limit and len(out) >= limit:
-                    break
-                rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)
-            if rc and rc != MDB_NOTFOUND:
-                raise _error(rc, f"{self.env.path}: read from {db!r} failed")
-        finally:
-            mdb_cursor_close(cur)
-        return out
-
 
 # ---------------------------------------------------------------- permutation plan
 cdef class Plan:
@@ -941,19 +880,6 @@ def pairs_sorted(const uint64_t[::1] keys, const uint64_t[::1] ids, uint64_t pma
 cdef void _copy_u8(arr, const uint8_t *src, size_t n):
     cdef uint8_t[::1] m = arr
     memcpy(&m[0], src, n)
-
-
-def within(const uint64_t[::1] fps, uint64_t q, int k):
-    """Positions of the fingerprints within `k` bits of `q` (a brute-force scan)."""
-    cdef Py_ssize_t i, n = fps.shape[0], c = 0
-    out = np.empty(n, dtype=np.int64)
-    cdef long long[::1] o = out
-    with nogil:
-        for i in range(n):
-            if si_popcount(fps[i] ^ q) <= k:
-                o[c] = i
-                c += 1
-    return out[:c]
 
 
 # ---------------------------------------------------------------- batch queries
