@@ -7,13 +7,15 @@ compiled core. Every stored fingerprint within k bits of a query is returned, no
 from ._version import __version__
 from .errors import (
     ClosedError, CorruptError, Error, FormatError, InputError, InputTypeError, MapFullError,
-    MissingIndexError, ParameterError, ReadOnlyError, StorageError,
+    MissingIndexError, NotAnIndexError, ParameterError, ParameterTypeError, ReadOnlyError,
+    StorageError,
 )
 from .index import Index, Match, Record, find_all, hamming
 from .manifest import FORMAT as FORMAT_VERSION
 
 __all__ = [
     "Index", "Match", "Record", "find_all", "hamming", "__version__", "FORMAT_VERSION",
-    "Error", "ParameterError", "InputError", "InputTypeError", "ClosedError", "ReadOnlyError",
-    "StorageError", "MapFullError", "CorruptError", "FormatError", "MissingIndexError",
+    "Error", "ParameterError", "ParameterTypeError", "InputError", "InputTypeError",
+    "ClosedError", "ReadOnlyError", "StorageError", "MapFullError", "CorruptError",
+    "FormatError", "MissingIndexError", "NotAnIndexError",
 ]

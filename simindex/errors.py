@@ -14,6 +14,10 @@ class ParameterError(Error, ValueError):
     """An index parameter (k, blocks, shards, ...) breaks a rule, or differs from the stored one."""
 
 
+class ParameterTypeError(ParameterError, TypeError):
+    """An index parameter or flag has the wrong type (k="3", sync="yes")."""
+
+
 class InputError(Error, ValueError):
     """A fingerprint, id or meta value given by the caller is out of range or malformed."""
 
@@ -52,3 +56,7 @@ class FormatError(CorruptError):
 
 class MissingIndexError(Error, FileNotFoundError):
     """No index exists at the path, and create=False (or readonly=True) forbids making one."""
+
+
+class NotAnIndexError(CorruptError):
+    """The path holds something that is not a simindex index (a file, another directory)."""

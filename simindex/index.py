@@ -81,9 +81,9 @@ class Index:
     def __init__(self, path, *, k=None, blocks=None, shards=None, create=True,
                  readonly=False, sync=True):
         self._store = None
-        self._readonly = bool(readonly)
+        self._readonly = readonly
         self._store = _store.acquire(path, k=k, blocks=blocks, shards=shards, create=create,
-                                     readonly=bool(readonly), sync=bool(sync))
+                                     readonly=readonly, sync=sync)
         self.path = self._store.path
 
     # ------------------------------------------------------------ lifetime

@@ -4,7 +4,7 @@ import os
 
 from ._version import __version__ as _version
 from .codec import pack, unpack
-from .errors import CorruptError, FormatError, ParameterError
+from .errors import CorruptError, FormatError, NotAnIndexError, ParameterError
 
 NAME = "manifest.msgpack"
 MAGIC = "simindex"
@@ -43,7 +43,7 @@ def read(dirpath):
         with open(path, "rb") as f:
             raw = f.read(_MAX_BYTES + 1)
     except FileNotFoundError:
-        raise CorruptError(f"{dirpath} is not a simindex index: {NAME} is missing") from None
+        raise NotAnIndexError(f"{dirpath} is not a simindex index: {NAME} is missing") from None
     except IsADirectoryError:
         raise CorruptError(f"{path} is a directory, not a manifest") from None
     if len(raw) > _MAX_BYTES:

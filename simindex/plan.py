@@ -10,7 +10,7 @@ from itertools import combinations
 from math import comb
 
 from . import _core
-from .errors import ParameterError
+from .errors import ParameterError, ParameterTypeError
 
 WIDTH = 64
 MAX_TABLES = 1024
@@ -27,7 +27,7 @@ def default_blocks(k):
 
 def _check_int(name, value):
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ParameterError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        raise ParameterTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     return value
 
 

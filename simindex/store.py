@@ -21,14 +21,14 @@ import numpy as np
 from . import _core, manifest
 from .errors import (
     ClosedError, CorruptError, MapFullError, MapResizedError, MissingIndexError,
-    ParameterError, ReadOnlyError, StorageError,
+    NotAnIndexError, ParameterError, ParameterTypeError, ReadOnlyError, StorageError,
 )
 from .plan import Plan
 from .shard import BLOCKS_DB, STATE_DB, ShardWriter, load_state
 
 RECORDS = "records"
 IDS_DB, SEQS_DB, INFO_DB = "ids", "seqs", "info"
-INITIAL_MAP = 1 << 30
+INITIAL_MAP = 16 << 30    # address space only; grows by doubling when full
 RECORD_CHUNK = 1 << 18     # records per records/ transaction in add_many
 APPLY_CHUNK = 1 << 22      # records per shard application pass
 _KNOWN = {manifest.NAME, RECORDS, "lock"}
@@ -74,8 +74,14 @@ class _Gate:
                     if not self._inside:
                         self._cond.notify_all()
 
+    def nested(self):
+        """Whether this thread is already inside (a resize must then wait for the outer call)."""
+        return getattr(self._local, "depth", 0) > 0
+
     @contextmanager
     def exclusive(self):
+        if self.nested():
+            raise RuntimeError("a map resize was attempted from inside a gated call")
         with self._cond:
             while self._resizing:
                 self._cond.wait()
@@ -96,7 +102,13 @@ _registry_lock = threading.Lock()
 
 def acquire(path, *, k, blocks, shards, create, readonly, sync):
     """The process's store for the index at `path`, opening or creating it if needed."""
-    path = os.path.abspath(os.fspath(path))
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise ParameterTypeError(f"path must be a str, bytes or os.PathLike, got "
+                                 f"{type(path).__name__} {path!r:.60}")
+    for name, flag in (("create", create), ("readonly", readonly), ("sync", sync)):
+        if not isinstance(flag, bool):
+            raise ParameterTypeError(f"{name} must be True or False, got {flag!r:.60}")
+    path = os.path.abspath(os.fsdecode(os.fspath(path)))
     with _registry_lock:
         key = _identity(path)
         store = _registry.get(key) if key else None
@@ -155,7 +167,7 @@ class Store:
         self._wlock = threading.RLock()
         self._gate = _Gate()
         if os.path.exists(path) and not os.path.isdir(path):
-            raise CorruptError(f"{path} is a file, not an index directory")
+            raise NotAnIndexError(f"{path} is a file, not an index directory")
         if not os.path.exists(os.path.join(path, manifest.NAME)):
             if readonly or not create:
                 why = "readonly=True" if readonly else "create=False"
@@ -181,8 +193,23 @@ class Store:
 
     # ------------------------------------------------------------ creation and opening
     def _create(self, path, plan):
-        os.makedirs(path, exist_ok=True)
-        fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            raise MissingIndexError(
+                f"cannot create {path}: its parent directory {os.path.dirname(path)} does "
+                f"not exist") from None
+        except NotADirectoryError:
+            raise NotAnIndexError(f"cannot create {path}: {os.path.dirname(path)} is not a "
+                                  f"directory") from None
+        except OSError as e:
+            raise StorageError(e.errno, f"cannot create {path}: {e.strerror}") from e
+        try:
+            fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise StorageError(e.errno, f"cannot create {path}/lock: {e.strerror}") from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if os.path.exists(os.path.join(path, manifest.NAME)):
@@ -191,7 +218,7 @@ class Store:
                      if n not in _KNOWN and not n.startswith("shard-")
                      and not n.startswith(manifest.NAME + ".tmp")]
             if extra:
-                raise CorruptError(
+                raise NotAnIndexError(
                     f"{path} is a non-empty directory that is not a simindex index "
                     f"(it holds {sorted(extra)[:3]})")
             self._check_unfinished(path, plan)
@@ -303,6 +330,12 @@ class Store:
             for e in ([env] if env is not None else [self.records] + self.shards):
                 e.set_mapsize(0)
 
+    def _resized(self, env=None):
+        """Adopt another process's map growth, or leave it to the outermost call."""
+        if self._gate.nested():
+            raise MapResizedError(f"{self.path}: the map was grown by another process")
+        self._adopt(env)
+
     def write(self, env, fn):
         """Run fn(txn) in a write transaction on env, growing the map and retrying if full."""
         while True:
@@ -311,9 +344,11 @@ class Store:
                     with _core.Txn(env, write=True) as txn:
                         return fn(txn)
             except MapFullError:
+                if self._gate.nested():
+                    raise
                 self._grow(env)
             except MapResizedError:
-                self._adopt(env)
+                self._resized(env)
 
     def read(self, fn):
         """Run fn(ctx) with a pooled read context, adopting a map another process grew."""
@@ -327,15 +362,16 @@ class Store:
                     finally:
                         self._pool.append(ctx)
             except MapResizedError:
-                self._adopt()
+                self._resized()
 
-    def read_txn(self, env):
-        """A plain read transaction (callers use it inside `with`), retrying a resize."""
+    def with_txn(self, env, fn):
+        """Run fn(txn) in a read transaction on env."""
         while True:
             try:
-                return _core.Txn(env)
+                with self._gate.shared(), _core.Txn(env) as txn:
+                    return fn(txn)
             except MapResizedError:
-                self._adopt(env)
+                self._resized(env)
 
     # ------------------------------------------------------------ records
     @staticmethod
@@ -383,19 +419,20 @@ class Store:
 
     def get(self, idkey):
         self.check_open()
-        with self._gate.shared(), self.read_txn(self.records) as txn:
+
+        def lookup(txn):
             seq = txn.get(IDS_DB, idkey)
             if seq is None:
                 return None
             value = txn.get(SEQS_DB, seq)
-        if value is None:
-            raise CorruptError(f"{self.path}: an id points to a missing record")
-        return value
+            if value is None:
+                raise CorruptError(f"{self.path}: an id points to a missing record")
+            return value
+        return self.with_txn(self.records, lookup)
 
     def count(self):
         self.check_open()
-        with self._gate.shared(), self.read_txn(self.records) as txn:
-            return txn.entries(IDS_DB)
+        return self.with_txn(self.records, lambda txn: txn.entries(IDS_DB))
 
     # ------------------------------------------------------------ shard application
     def apply_pending(self):
@@ -404,8 +441,8 @@ class Store:
             while True:
                 applied = self.read(lambda ctx: ctx.applied(self.plan.ntables))
                 start = min(applied) + 1
-                with self._gate.shared(), self.read_txn(self.records) as txn:
-                    seqs, fps = _core.read_tail(txn, SEQS_DB, start, APPLY_CHUNK)
+                seqs, fps = self.with_txn(
+                    self.records, lambda txn: _core.read_tail(txn, SEQS_DB, start, APPLY_CHUNK))
                 if len(seqs) == 0:
                     return
                 self._apply(seqs, fps)
@@ -449,24 +486,33 @@ class Store:
     def snapshot(self):
         """Read transactions on records and every shard, for whole-index scans."""
         self.check_open()
-        with self._gate.shared():
+        outer = self._gate.nested()
+        while True:
             txns = []
-            try:
-                txns.append(self.read_txn(self.records))
-                for env in self.shards:
-                    txns.append(self.read_txn(env))
-                yield txns[0], txns[1:]
-            finally:
-                for t in txns:
-                    t.abort()
+            with self._gate.shared():
+                try:
+                    for env in [self.records] + self.shards:
+                        txns.append(_core.Txn(env))
+                except MapResizedError:
+                    for t in txns:
+                        t.abort()
+                    if outer:
+                        raise
+                else:
+                    try:
+                        yield txns[0], txns[1:]
+                    finally:
+                        for t in txns:
+                            t.abort()
+                    return
+            self._adopt()
 
     def compact(self):
         """Merge each table's runs in each shard into one, dropping removed entries."""
         self.check_writable()
         with self._wlock:
             self.apply_pending()
-            with self._gate.shared(), self.read_txn(self.records) as txn:
-                live, _ = _core.read_tail(txn, SEQS_DB, 0)
+            live, _ = self.with_txn(self.records, lambda txn: _core.read_tail(txn, SEQS_DB, 0))
             for env in self.shards:
                 def merge_all(txn):
                     w = ShardWriter(txn)

@@ -114,6 +114,7 @@ def test_unserializable_meta_is_refused(tmp_path):
     ({"k": 3, "blocks": 65}, r"blocks \(65\)"),
     ({"k": 10, "blocks": 40}, "tables"),
     ({"k": "3"}, "must be an int"),
+    ({"k": 3.0}, "must be an int"),
 ])
 def test_bad_parameters_name_value_and_rule(tmp_path, kwargs, words):
     with pytest.raises(simindex.ParameterError, match=words):
@@ -246,3 +247,22 @@ def test_many_small_batches_keep_few_runs(tmp_path):
         idx.compact()
         assert idx.stats()["runs"] == 4
         assert idx.verify() == []
+
+
+def test_paths_and_flags_are_checked(tmp_path):
+    with pytest.raises(simindex.MissingIndexError, match="parent directory"):
+        Index(tmp_path / "no" / "such" / "i")
+    assert not os.path.exists(tmp_path / "no")
+    with pytest.raises(simindex.ParameterTypeError, match="path must be"):
+        Index(None)
+    for flag in ("sync", "readonly", "create"):
+        with pytest.raises(simindex.ParameterTypeError, match=f"{flag} must be True or False"):
+            Index(tmp_path / "i", **{flag: "yes"})
+    with pytest.raises(TypeError):                     # a ParameterTypeError is a TypeError too
+        Index(tmp_path / "i", k=3.0)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(simindex.NotAnIndexError):
+        Index(tmp_path / "f" / "sub")
+    with Index(os.fsencode(tmp_path / "b")) as idx:     # bytes paths work
+        idx.add("a", 1)
+        assert idx.path == str(tmp_path / "b")

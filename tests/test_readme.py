@@ -30,5 +30,9 @@ def test_example_builds_and_finds_near_duplicates(tmp_path):
                         "--dir", str(corpus), "--index", str(tmp_path / "idx")],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert "indexed 3 copyright files" in p.stdout
+    assert "indexed 3 copyright files" in p.stdout and "(3 new or changed)" in p.stdout
     assert "1 groups of near-duplicates" in p.stdout and "a, b" in p.stdout
+    again = subprocess.run(p.args, capture_output=True, text=True, timeout=120)
+    assert "(0 new or changed)" in again.stdout                  # incremental across runs
+    bad = subprocess.run(p.args + ["--k", "5"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "k=5 was given" in bad.stderr and "Traceback" not in bad.stderr

@@ -51,12 +51,19 @@ def main(argv=None):
         if WORD.search(text):
             items.append((os.path.basename(os.path.dirname(f)), simhash(text),
                           {"bytes": len(text)}))
-    with simindex.Index(a.index, k=a.k) as idx:
-        idx.add_many(items)
+    try:
+        idx = simindex.Index(a.index, k=a.k)
+    except simindex.Error as e:
+        print(f"example: {e}", file=sys.stderr)
+        return 2
+    with idx:
+        # incremental across runs: only what is new or changed since the last run is written
+        fresh = [it for it in items if (r := idx.get(it[0])) is None or r.fingerprint != it[1]]
+        idx.add_many(fresh)
         built = time.perf_counter() - t
         groups = list(idx.clusters())
-        print(f"indexed {len(idx)} copyright files from {a.dir} in {built:.2f} s "
-              f"into {a.index}/ (k={idx.k})")
+        print(f"indexed {len(idx)} copyright files from {a.dir} ({len(fresh)} new or changed) "
+              f"in {built:.2f} s into {a.index}/ (k={idx.k})")
         print(f"{len(groups)} groups of near-duplicates (within {idx.k} bits):")
         for g in sorted(groups, key=len, reverse=True)[:10]:
             more = f" ... (+{len(g) - 6})" if len(g) > 6 else ""

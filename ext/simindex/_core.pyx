@@ -117,24 +117,24 @@ def lmdb_version():
 cdef object _error(int rc, str what):
     """Turn an LMDB or core return code into the matching simindex exception."""
     if rc == MDB_MAP_FULL:
-        return MapFullError(rc, f"{what}: the LMDB map is full")
+        return MapFullError(f"{what}: the LMDB map is full")
     if rc == MDB_MAP_RESIZED:
-        return MapResizedError(rc, f"{what}: another process grew the LMDB map")
+        return MapResizedError(f"{what}: another process grew the LMDB map")
     if rc in (MDB_CORRUPTED, MDB_PAGE_NOTFOUND, MDB_INVALID, MDB_VERSION_MISMATCH, MDB_PANIC):
-        return CorruptError(rc, f"{what}: {mdb_strerror(rc).decode(errors='replace')}")
+        return CorruptError(f"{what}: {mdb_strerror(rc).decode(errors='replace')}")
     if rc == SI_CORRUPT_BLOCK:
-        return CorruptError(rc, f"{what}: a table block is damaged (bad header, size or order)")
+        return CorruptError(f"{what}: a table block is damaged (bad header, size or order)")
     if rc == SI_CORRUPT_STATE:
-        return CorruptError(rc, f"{what}: a shard's state record is damaged")
+        return CorruptError(f"{what}: a shard's state record is damaged")
     if rc == SI_CORRUPT_RECORD:
-        return CorruptError(rc, f"{what}: a stored record is damaged")
+        return CorruptError(f"{what}: a stored record is damaged")
     if rc == SI_CORRUPT_KEY:
-        return CorruptError(rc, f"{what}: a table key has the wrong size")
+        return CorruptError(f"{what}: a table key has the wrong size")
     if rc == SI_NOMEM:
         return MemoryError(what)
     if rc > 0:
         return StorageError(rc, f"{what}: {os.strerror(rc)}")
-    return StorageError(rc, f"{what}: {mdb_strerror(rc).decode(errors='replace')}")
+    return StorageError(f"{what}: {mdb_strerror(rc).decode(errors='replace')} (LMDB {rc})")
 
 
 cdef inline MDB_val _val(bytes b):
@@ -234,7 +234,7 @@ cdef class Env:
         if rc:
             mdb_txn_abort(txn)
             if rc == MDB_NOTFOUND:
-                raise CorruptError(rc, f"{self.path}: database {name!r} is missing")
+                raise CorruptError(f"{self.path}: database {name!r} is missing")
             raise _error(rc, f"{self.path}: cannot open database {name!r}")
         rc = mdb_txn_commit(txn)
         if rc:
@@ -506,7 +506,7 @@ def write_run(Txn txn, str db, uint32_t run_id, const uint64_t[::1] keys,
             off += c
             blockno += 1
     if rc == MDB_KEYEXIST:
-        raise CorruptError(rc, f"{txn.env.path}: run {run_id} is not newer than the runs stored")
+        raise CorruptError(f"{txn.env.path}: run {run_id} is not newer than the runs stored")
     if rc:
         raise _error(rc, f"{txn.env.path}: writing run {run_id} failed")
     return blockno
@@ -598,7 +598,7 @@ def read_run(Txn txn, str db, uint32_t run_id, size_t count, bint check=False):
     if reason is None and got != count:
         reason = f"the run holds {got} entries, {count} recorded"
     if reason is not None:
-        raise CorruptError(SI_CORRUPT_BLOCK, f"{txn.env.path}: run {run_id}: {reason}")
+        raise CorruptError(f"{txn.env.path}: run {run_id}: {reason}")
     return keys, seqs
 
 
@@ -664,7 +664,7 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys, const uint64_t[::
         rc = mdb_get(txn.txn, ids, &k, &v)
         if rc == 0:
             if v.mv_size != 8:
-                raise CorruptError(SI_CORRUPT_RECORD, f"{txn.env.path}: id entry has a bad size")
+                raise CorruptError(f"{txn.env.path}: id entry has a bad size")
             memcpy(oldbuf, v.mv_data, 8)
             sk.mv_size = 8
             sk.mv_data = oldbuf
@@ -684,7 +684,7 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys, const uint64_t[::
         v.mv_data = NULL
         rc = mdb_put(txn.txn, sq, &sk, &v, MDB_APPEND | MDB_RESERVE)
         if rc == MDB_KEYEXIST:
-            raise CorruptError(rc, f"{txn.env.path}: record sequence {next_seq} already used")
+            raise CorruptError(f"{txn.env.path}: record sequence {next_seq} already used")
         if rc:
             raise _error(rc, f"{txn.env.path}: writing a record failed")
         p = <uint8_t *>v.mv_data
@@ -703,10 +703,10 @@ def split_record(bytes value):
     cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(value)
     cdef size_t idlen
     if n < RECORD_HEADER:
-        raise CorruptError(SI_CORRUPT_RECORD, "a stored record is shorter than its header")
+        raise CorruptError("a stored record is shorter than its header")
     idlen = p[8] | (<size_t>p[9] << 8)
     if RECORD_HEADER + idlen > <size_t>n:
-        raise CorruptError(SI_CORRUPT_RECORD, "a stored record's id runs past its end")
+        raise CorruptError("a stored record's id runs past its end")
     return si_load64(p), value[RECORD_HEADER:RECORD_HEADER + idlen], value[RECORD_HEADER + idlen:]
 
 

@@ -1,0 +1,43 @@
+"""The map size grows by itself, in the writing process and in processes reading along."""
+
+import numpy as np
+
+import simindex
+from conftest import run_py
+
+GROW = r"""
+import sys, numpy as np, simindex
+simindex.store.INITIAL_MAP = 1 << 20
+idx = simindex.Index(sys.argv[1])
+fps = np.random.default_rng(int(sys.argv[2])).integers(0, 2**64, 60000, dtype=np.uint64)
+idx.add_many([f"{sys.argv[2]}.{i}" for i in range(60000)], fps)
+print(idx._store.records.info()["mapsize"], idx._store.shards[0].info()["mapsize"])
+"""
+
+
+def test_map_grows_when_full(tmp_path, monkeypatch):
+    monkeypatch.setattr(simindex.store, "INITIAL_MAP", 1 << 20)
+    path = tmp_path / "i"
+    with simindex.Index(path, shards=2) as idx:
+        fps = np.random.default_rng(0).integers(0, 2**64, 60000, dtype=np.uint64)
+        idx.add_many([f"d{i}" for i in range(60000)], fps)
+        assert idx._store.records.info()["mapsize"] > 1 << 20
+        assert idx._store.shards[0].info()["mapsize"] > 1 << 20
+        assert len(idx) == 60000 and idx.verify() == []
+        assert all(ms for ms in idx.query_many(fps[:1000], k=0))
+
+
+def test_reader_adopts_a_map_grown_by_another_process(tmp_path, monkeypatch):
+    monkeypatch.setattr(simindex.store, "INITIAL_MAP", 1 << 20)
+    path = str(tmp_path / "i")
+    simindex.Index(path, shards=2).close()
+    with simindex.Index(path, readonly=True) as ro:
+        assert ro.query(0) == []
+        sizes = run_py(GROW, path, 1).stdout.split()
+        assert int(sizes[0]) > 1 << 20
+        fps = np.random.default_rng(1).integers(0, 2**64, 60000, dtype=np.uint64)
+        assert len(ro) == 60000
+        assert all(ms for ms in ro.query_many(fps[:2000], k=0))
+        run_py(GROW, path, 2)
+        assert len(ro) == 120000
+        assert len(list(ro.pairs(k=0))) == 0
