@@ -120,3 +120,29 @@ def test_hamming():
         simindex.hamming(-1, 0)
     with pytest.raises(TypeError):
         simindex.hamming(1.0, 0)
+
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+clustered = st.lists(
+    st.builds(lambda base, bits: base ^ sum(1 << b for b in set(bits)),
+              st.sampled_from([0, (1 << 64) - 1, 0xDEADBEEFCAFEF00D, 1 << 63, 1]),
+              st.lists(st.integers(0, 63), max_size=6)),
+    max_size=60)
+
+
+@given(fps=clustered, k=st.integers(0, 5), extra=st.integers(1, 4))
+def test_find_all_property(fps, k, extra):
+    want = sorted(brute_pairs(dict(enumerate(fps)), k))
+    assert simindex.find_all(fps, k=k, blocks=k + extra) == want
+
+
+@given(fps=clustered, q=clustered, k=st.integers(0, 4), extra=st.integers(1, 3),
+       shards=st.sampled_from([1, 2, 16, 256]))
+def test_query_property(tmp_path_factory, fps, q, k, extra, shards):
+    path = tmp_path_factory.mktemp("p") / "i"
+    stored = {f"id{i}": fp for i, fp in enumerate(fps)}
+    with simindex.Index(path, k=k, blocks=k + extra, shards=shards) as idx:
+        idx.add_many(list(stored.items()))
+        got = idx.query_many(q)
+        assert [{m.id: m.distance for m in ms} for ms in got] == [brute(stored, x, k) for x in q]
