@@ -1,4 +1,4 @@
-"""Build of the compiled core: ext/_core.pyx, linked against the system LMDB and zlib."""
+"""Build of the compiled modules: ext/simindex/_core.pyx (LMDB, zlib) and _fingerprint.pyx (xxh3)."""
 import platform
 
 from Cython.Build import cythonize
@@ -17,9 +17,16 @@ core = Extension(
     extra_compile_args=extra,
 )
 
+# xxh3 comes from the system header (Debian libxxhash-dev), compiled inline.
+fingerprint = Extension(
+    "simindex._fingerprint",
+    sources=["ext/simindex/_fingerprint.pyx"],
+    extra_compile_args=extra,
+)
+
 setup(
     ext_modules=cythonize(
-        [core],
+        [core, fingerprint],
         include_path=["ext", "ext/simindex"],
         compiler_directives={
             "language_level": 3,

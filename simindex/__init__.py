@@ -10,11 +10,13 @@ from .errors import (
     MissingIndexError, NotAnIndexError, ParameterError, ParameterTypeError, ReadOnlyError,
     StorageError,
 )
+from .fingerprints import Scheme, compute, fingerprint, schemes, shingles, simhash, tokenize
 from .index import Index, Match, Record, find_all, hamming
 from .manifest import FORMAT as FORMAT_VERSION
 
 __all__ = [
     "Index", "Match", "Record", "find_all", "hamming", "__version__", "FORMAT_VERSION",
+    "simhash", "compute", "shingles", "tokenize", "fingerprint", "schemes", "Scheme",
     "Error", "ParameterError", "ParameterTypeError", "InputError", "InputTypeError",
     "ClosedError", "ReadOnlyError", "StorageError", "MapFullError", "CorruptError",
     "FormatError", "MissingIndexError", "NotAnIndexError",

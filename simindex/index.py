@@ -8,6 +8,7 @@ import numpy as np
 from . import _core, store as _store
 from .codec import check_fp, decode_id, encode_id, fp_array, pack_meta, unpack
 from .errors import CorruptError, InputError, InputTypeError, ParameterError
+from .fingerprints import fingerprint
 from .plan import Plan
 
 Id = Union[str, bytes, int]
@@ -47,6 +48,18 @@ def _match(hit):
     return Match(id_, fp, dist, meta)
 
 
+def _check_verify(verify):
+    if not callable(verify):
+        raise InputTypeError(f"verify must be callable, got {type(verify).__name__}")
+
+
+def _verified(matches, verify):
+    if verify is None:
+        return matches
+    _check_verify(verify)
+    return [m for m in matches if verify(m)]
+
+
 def find_all(fingerprints, k=3, blocks=None):
     """Every pair of positions (i, j), i < j, whose fingerprints are within k bits, sorted.
 
@@ -79,11 +92,11 @@ class Index:
     """
 
     def __init__(self, path, *, k=None, blocks=None, shards=None, create=True,
-                 readonly=False, sync=True):
+                 readonly=False, sync=True, scheme=None):
         self._store = None
         self._readonly = readonly
         self._store = _store.acquire(path, k=k, blocks=blocks, shards=shards, create=create,
-                                     readonly=readonly, sync=sync)
+                                     readonly=readonly, sync=sync, scheme=scheme)
         self.path = self._store.path
 
     # ------------------------------------------------------------ lifetime
@@ -147,6 +160,15 @@ class Index:
     @property
     def readonly(self):
         return self._readonly
+
+    @property
+    def scheme(self):
+        """The fingerprint scheme the *_text calls use (recorded at creation)."""
+        return self._s().manifest.get("scheme")
+
+    def fingerprint(self, text):
+        """The fingerprint of `text` under this index's scheme."""
+        return fingerprint(text, scheme=self.scheme)
 
     def _k(self, k):
         plan = self._s().plan
@@ -248,24 +270,48 @@ class Index:
     def __len__(self):
         return self._s().count()
 
-    def query(self, fingerprint, k=None):
+    def query(self, fingerprint, k=None, verify=None):
         """Stored records within k bits (default: the index's k) of `fingerprint`.
 
         Sorted by distance, then by insertion order (the order of each record's latest add).
+        `verify(match) -> bool`, when given, drops the matches it rejects (for example a
+        Jaccard check of stored shingles against the query document's).
         """
         st = self._s()
         k = self._k(k)
         q = np.array([check_fp(fingerprint)], dtype=np.uint64)
         hits = st.read(lambda ctx: ctx.query(st.plan.core, q, k))[0]
-        return [_match(h) for h in hits]
+        return _verified([_match(h) for h in hits], verify)
 
-    def query_many(self, fingerprints, k=None):
-        """query() for each fingerprint, as one batch scanned without the GIL."""
+    def query_many(self, fingerprints, k=None, verify=None):
+        """query() for each fingerprint, as one batch scanned without the GIL.
+
+        `verify(query_index, match) -> bool` drops the matches it rejects.
+        """
         st = self._s()
         k = self._k(k)
         q = fp_array(fingerprints)
         res = st.read(lambda ctx: ctx.query(st.plan.core, q, k))
-        return [[_match(h) for h in hits] for hits in res]
+        out = [[_match(h) for h in hits] for hits in res]
+        if verify is not None:
+            _check_verify(verify)
+            out = [[m for m in ms if verify(i, m)] for i, ms in enumerate(out)]
+        return out
+
+    # ------------------------------------------------------------ text
+    def add_text(self, id, text, meta=None):
+        """add() the fingerprint of `text` under the index's scheme; returns it."""
+        fp = self.fingerprint(text)
+        self.add(id, fp, meta)
+        return fp
+
+    def query_text(self, text, k=None, verify=None):
+        """query() with the fingerprint of `text` under the index's scheme."""
+        return self.query(self.fingerprint(text), k=k, verify=verify)
+
+    def add_unique_text(self, id, text, meta=None, k=None):
+        """add_unique() with the fingerprint of `text` under the index's scheme."""
+        return self.add_unique(id, self.fingerprint(text), meta=meta, k=k)
 
     def _pair_seqs(self, k):
         """(seq_a, seq_b, distance, id_a, id_b) of every stored pair within k, once each."""

@@ -59,6 +59,11 @@ def read(dirpath):
     if m.get("layout") != LAYOUT or m.get("block_entries") != 1022 or m.get("width") != 64:
         raise FormatError(f"{path} names layout {m.get('layout')!r}, width {m.get('width')!r}; "
                           f"this simindex reads {LAYOUT}, width 64")
+    scheme = m.get("scheme")
+    from .fingerprints import schemes
+    if scheme is not None and scheme not in schemes:
+        raise FormatError(f"{path}: the index uses fingerprint scheme {scheme!r}, which this "
+                          f"simindex does not know (known: {', '.join(schemes)})")
     for field in ("k", "blocks", "shards", "tables"):
         v = m.get(field)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:

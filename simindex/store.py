@@ -23,10 +23,12 @@ from .errors import (
     ClosedError, CorruptError, MapFullError, MapResizedError, MissingIndexError,
     NotAnIndexError, ParameterError, ParameterTypeError, ReadOnlyError, StorageError,
 )
+from .fingerprints import _scheme
 from .plan import Plan
 from .shard import BLOCKS_DB, STATE_DB, ShardWriter, load_state
 
 RECORDS = "records"
+DEFAULT_SCHEME = "simindex-v1"
 IDS_DB, SEQS_DB, INFO_DB = "ids", "seqs", "info"
 INITIAL_MAP = 16 << 30    # address space only; grows by doubling when full
 RECORD_CHUNK = 1 << 18     # records per records/ transaction in add_many
@@ -100,8 +102,10 @@ _registry = {}
 _registry_lock = threading.Lock()
 
 
-def acquire(path, *, k, blocks, shards, create, readonly, sync):
+def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None):
     """The process's store for the index at `path`, opening or creating it if needed."""
+    if scheme is not None:
+        scheme = _scheme(scheme).name              # a clear error for an unknown name
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise ParameterTypeError(f"path must be a str, bytes or os.PathLike, got "
                                  f"{type(path).__name__} {path!r:.60}")
@@ -116,7 +120,8 @@ def acquire(path, *, k, blocks, shards, create, readonly, sync):
             _registry.clear()          # inherited from a parent process: never reuse
             store = None
         if store is not None:
-            manifest.check_same(store.manifest, k=k, blocks=blocks, shards=shards)
+            manifest.check_same(store.manifest, k=k, blocks=blocks, shards=shards,
+                                scheme=scheme)
             if store.readonly and not readonly:
                 raise ParameterError(
                     f"{path} is already open read-only in this process; close it before "
@@ -128,7 +133,7 @@ def acquire(path, *, k, blocks, shards, create, readonly, sync):
             store.refs += 1
             return store
         store = Store(path, k=k, blocks=blocks, shards=shards, create=create,
-                      readonly=readonly, sync=sync)
+                      readonly=readonly, sync=sync, scheme=scheme)
         _registry[_identity(path)] = store
         return store
 
@@ -155,7 +160,7 @@ def release(store):
 class Store:
     """Records env + shard envs of one index, their locks, and the read-context pool."""
 
-    def __init__(self, path, *, k, blocks, shards, create, readonly, sync):
+    def __init__(self, path, *, k, blocks, shards, create, readonly, sync, scheme=None):
         self.path = path
         self.readonly = readonly
         self.sync = sync
@@ -172,10 +177,11 @@ class Store:
             if readonly or not create:
                 why = "readonly=True" if readonly else "create=False"
                 raise MissingIndexError(f"no simindex index at {path} ({why} forbids making one)")
-            self._create(path, Plan(k=3 if k is None else k, blocks=blocks,
-                                    shards=16 if shards is None else shards))
+            plan = Plan(k=3 if k is None else k, blocks=blocks,
+                        shards=16 if shards is None else shards)
+            self._create(path, plan, scheme or DEFAULT_SCHEME)
         self.manifest = manifest.read(path)
-        manifest.check_same(self.manifest, k=k, blocks=blocks, shards=shards)
+        manifest.check_same(self.manifest, k=k, blocks=blocks, shards=shards, scheme=scheme)
         m = self.manifest
         try:
             self.plan = Plan(k=m["k"], blocks=m["blocks"], shards=m["shards"])
@@ -192,7 +198,7 @@ class Store:
             raise
 
     # ------------------------------------------------------------ creation and opening
-    def _create(self, path, plan):
+    def _create(self, path, plan, scheme):
         try:
             os.mkdir(path)
         except FileExistsError:
@@ -227,7 +233,7 @@ class Store:
                 os.makedirs(os.path.join(path, sub), exist_ok=True)
             self._open_envs(plan=plan, create=True)
             self._close_envs()
-            manifest.write(path, manifest.make(plan))
+            manifest.write(path, manifest.make(plan, scheme))
         finally:
             os.close(fd)
 

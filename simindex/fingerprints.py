@@ -1,0 +1,247 @@
+"""Text to fingerprints: simhash over weighted features, with frozen, named schemes.
+
+The bit rule, for every scheme: bit i (value 2**i) of the fingerprint is set when the sum,
+over features, of +w (the feature's token hash has bit i set) or -w (it has not) is
+strictly positive. A tie (sum exactly 0) leaves the bit clear.
+"""
+
+import hashlib
+import math
+import numbers
+import re
+import unicodedata
+from collections import Counter
+from types import MappingProxyType
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _fingerprint
+from .errors import InputError, InputTypeError, ParameterError
+
+WIDTHS = (64,)
+_MAX_INT_WEIGHT_SUM = 1 << 62
+
+
+class Scheme(NamedTuple):
+    """Everything that decides a scheme's fingerprints; frozen once released."""
+    name: str
+    version: int
+    tokenizer: str
+    shingle_width: int
+    joiner: str
+    hash: str
+    weighting: str
+    bit_rule: str
+    short_text: str
+
+
+_BIT_RULE = "bit i set when sum(+w if bit i of the token hash else -w) > 0; ties clear"
+
+schemes = MappingProxyType({
+    "simindex-v1": Scheme(
+        name="simindex-v1", version=1,
+        tokenizer="NFKC normalization, then str.casefold(); tokens are runs of word "
+                  "characters (regex \\w), except that each Han, Hiragana or Katakana "
+                  "character is a token of its own",
+        shingle_width=3, joiner="single space",
+        hash="xxh3-64 (seed 0) of the UTF-8 shingle, as an unsigned integer",
+        weighting="each shingle occurrence counts 1 (repeats add up)",
+        bit_rule=_BIT_RULE,
+        short_text="fewer than 3 tokens: one shingle of all of them; no token: InputError"),
+    "1e0ng": Scheme(
+        name="1e0ng", version=1,
+        tokenizer="str.lower(); keep the runs of regex [\\w\\u4e00-\\u9fcc]+ and join them "
+                  "without spaces; tokens are the characters",
+        shingle_width=4, joiner="none (character 4-grams)",
+        hash="MD5 of the UTF-8 shingle, last 8 bytes, big-endian",
+        weighting="count of each distinct 4-gram",
+        bit_rule=_BIT_RULE + " (the same as PyPI simhash 2.1.2's weighted majority)",
+        short_text="1 to 3 characters: one shingle of them all; none: InputError "
+                   "(PyPI simhash would hash the empty string)"),
+    "seomoz": Scheme(
+        name="seomoz", version=1,
+        tokenizer="str.split() (runs of whitespace); no case folding",
+        shingle_width=4, joiner="single space",
+        hash="MD5 of the UTF-8 shingle, first 8 bytes, big-endian (simhash-py unsigned_hash)",
+        weighting="each shingle occurrence counts 1 (simhash-py compute)",
+        bit_rule=_BIT_RULE,
+        short_text="fewer than 4 tokens: InputError (simhash-py would return 0)"),
+})
+
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f"
+_V1_TOKEN = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+")
+_1E0NG_TOKEN = re.compile("[\\w\u4e00-\u9fcc]+")
+_HASHES = ("xxh3", "md5-last8", "md5-first8")
+
+
+def _scheme(scheme):
+    if isinstance(scheme, Scheme):
+        scheme = scheme.name
+    try:
+        return schemes[scheme]
+    except (KeyError, TypeError):
+        raise ParameterError(
+            f"unknown fingerprint scheme {scheme!r}; known: {', '.join(schemes)}") from None
+
+
+def _text(text):
+    if not isinstance(text, str):
+        raise InputTypeError(f"text must be str, got {type(text).__name__} {text!r:.60}")
+    return text
+
+
+def tokenize(text, *, scheme="simindex-v1"):
+    """The tokens a scheme shingles, hashes and votes over (see `schemes`)."""
+    s = _scheme(scheme)
+    text = _text(text)
+    if s.name == "simindex-v1":
+        return _V1_TOKEN.findall(unicodedata.normalize("NFKC", text).casefold())
+    if s.name == "1e0ng":
+        return list("".join(_1E0NG_TOKEN.findall(text.lower())))
+    return text.split()
+
+
+def shingles(tokens, width=3):
+    """Every window of `width` consecutive tokens, as tuples.
+
+    Fewer tokens than `width` (but at least one) make one shingle of them all, so a short
+    text still has a fingerprint; no tokens make none.
+    """
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ParameterError(f"shingle width must be an int >= 1, got {width!r}")
+    tokens = list(tokens)
+    if 0 < len(tokens) < width:
+        yield tuple(tokens)
+        return
+    for i in range(len(tokens) - width + 1):
+        yield tuple(tokens[i:i + width])
+
+
+def _check_width(width, hash_bits=64):
+    if isinstance(width, bool) or not isinstance(width, int):
+        raise ParameterError(f"width must be an int, got {width!r}")
+    if width > hash_bits:
+        raise ParameterError(f"width ({width}) is larger than the {hash_bits}-bit token hash")
+    if width not in WIDTHS:
+        raise ParameterError(f"width {width} is not supported; supported: "
+                             f"{', '.join(map(str, WIDTHS))}")
+
+
+def _token_hashes(features, hash):
+    """uint64 token hashes of a list of str/bytes features under the named hash."""
+    raw = [f.encode("utf-8") if isinstance(f, str) else f for f in features]
+    if hash == "xxh3":
+        return _fingerprint.xxh3_many(raw)
+    if hash == "md5-last8":
+        return np.array([int.from_bytes(hashlib.md5(b).digest()[-8:], "big") for b in raw],
+                        dtype=np.uint64)
+    return np.array([int.from_bytes(hashlib.md5(b).digest()[:8], "big") for b in raw],
+                    dtype=np.uint64)
+
+
+def _feature(f, n):
+    if isinstance(f, str):
+        try:
+            f.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(f"feature {n} is not valid Unicode text: {e.reason}") from None
+        return f
+    if isinstance(f, (bytes, bytearray, memoryview)):
+        return bytes(f)
+    raise InputTypeError(f"feature {n} must be str or bytes, got {type(f).__name__} {f!r:.60}")
+
+
+def _weight(w, n):
+    if isinstance(w, bool) or not isinstance(w, numbers.Real):
+        raise InputTypeError(f"weight of feature {n} must be an int or float, got "
+                             f"{type(w).__name__} {w!r:.60}")
+    if isinstance(w, numbers.Integral):
+        w = int(w)
+    else:
+        w = float(w)
+        if not math.isfinite(w):
+            raise InputError(f"weight of feature {n} is {w}; weights must be finite")
+    if w < 0:
+        raise InputError(f"weight of feature {n} is {w}; weights must be >= 0")
+    return w
+
+
+def simhash(features, *, width=64, hash="xxh3"):
+    """The simhash of weighted features.
+
+    `features`: an iterable of str/bytes (weight 1 each; repeats add up), an iterable of
+    (feature, weight) pairs with int or float weights >= 0, or a dict feature -> weight.
+    `hash`: "xxh3" (default), "md5-last8" (PyPI simhash) or "md5-first8" (simhash-py).
+    Integer weights are summed exactly; float weights in float64, in the given order.
+    """
+    if hash not in _HASHES:
+        raise ParameterError(f"unknown token hash {hash!r}; known: {', '.join(_HASHES)}")
+    _check_width(width)
+    if features is None or isinstance(features, (str, bytes)):
+        raise InputTypeError(
+            f"features must be an iterable of features, (feature, weight) pairs or a dict, "
+            f"got {type(features).__name__}" +
+            (" (did you mean fingerprint(text)?)" if isinstance(features, str) else ""))
+    items = features.items() if isinstance(features, dict) else features
+    feats, weights, weighted = [], [], None
+    try:
+        iterator = iter(items)
+    except TypeError:
+        raise InputTypeError(f"features must be iterable, got {type(features).__name__}") \
+            from None
+    for n, item in enumerate(iterator):
+        pair = isinstance(item, tuple)
+        if weighted is None:
+            weighted = pair
+        elif weighted != pair:
+            raise InputTypeError(f"feature {n} mixes weighted and unweighted features")
+        if pair:
+            if len(item) != 2:
+                raise InputTypeError(f"feature {n} must be a (feature, weight) pair, got "
+                                     f"{item!r:.60}")
+            feats.append(_feature(item[0], n))
+            weights.append(_weight(item[1], n))
+        else:
+            feats.append(_feature(item, n))
+    if not feats:
+        raise InputError("no features: an empty feature set has no fingerprint")
+    hashes = _token_hashes(feats, hash)
+    if not weighted:
+        return _fingerprint.vote(hashes)
+    if all(isinstance(w, int) for w in weights):
+        if sum(weights) > _MAX_INT_WEIGHT_SUM:
+            raise InputError(f"integer weights sum to {sum(weights)}; the limit is 2**62")
+        return _fingerprint.vote(hashes, np.array(weights, dtype=np.int64))
+    return _fingerprint.vote(hashes, np.array(weights, dtype=np.float64))
+
+
+def compute(hashes, *, width=64):
+    """The simhash of precomputed unsigned token hashes, each counting 1 (simhash-py's
+    compute). Hashes must be ints in [0, 2**width)."""
+    from .codec import fp_array
+    _check_width(width)
+    arr = fp_array(hashes)
+    if len(arr) == 0:
+        raise InputError("no hashes: an empty hash list has no fingerprint")
+    return _fingerprint.vote(arr)
+
+
+def fingerprint(text, *, scheme="simindex-v1"):
+    """The 64-bit fingerprint of `text` under a frozen scheme (see `schemes`)."""
+    s = _scheme(scheme)
+    tokens = tokenize(text, scheme=s)
+    if not tokens:
+        raise InputError(f"text has no tokens under scheme {s.name!r} (empty, or no word "
+                         f"characters): it has no fingerprint")
+    if s.name == "simindex-v1":
+        fp, _ = _fingerprint.shingle_vote(" ".join(tokens).encode("utf-8"), s.shingle_width)
+        return fp
+    if s.name == "1e0ng":
+        content = "".join(tokens)
+        grams = Counter(content[i:i + 4] for i in range(max(len(content) - 3, 1)))
+        return simhash(list(grams.items()), hash="md5-last8")
+    if len(tokens) < s.shingle_width:
+        raise InputError(f"text has {len(tokens)} tokens; scheme 'seomoz' needs at least "
+                         f"{s.shingle_width} (simhash-py would give 0)")
+    return simhash([" ".join(w) for w in shingles(tokens, s.shingle_width)], hash="md5-first8")
