@@ -5,7 +5,7 @@ from typing import Any, NamedTuple, Union
 
 import numpy as np
 
-from . import _core, store as _store
+from . import _core, shard as _shard, store as _store
 from .codec import check_fp, decode_id, encode_id, fp_array, pack_meta, unpack
 from .errors import CorruptError, InputError, InputTypeError, ParameterError
 from .fingerprints import fingerprint
@@ -248,7 +248,7 @@ class Index:
         with st._wlock:
             found = st.write(st.records, admit)
             if not found:
-                st.apply_pending()
+                st.apply_pending(force=False)
         return found
 
     # ------------------------------------------------------------ reads
@@ -314,12 +314,19 @@ class Index:
         return self.add_unique(id, self.fingerprint(text), meta=meta, k=k)
 
     def _pair_seqs(self, k):
-        """(seq_a, seq_b, distance, id_a, id_b) of every stored pair within k, once each."""
+        """(seq_a, seq_b, distance, id_a, id_b) of every stored pair within k, once each.
+
+        Computed whole inside one snapshot, so iterating never holds the index open.
+        Records above the lowest applied seq (not yet in every shard) join each table's
+        entries directly, so the answer is exact for the snapshot.
+        """
         st = self._s()
         plan = st.plan
+        found = []
         with st.snapshot() as (rtxn, stxns):
             states = [_store.load_state(t) for t in stxns]
             a_min = min(s[0] for s in states)
+            tseqs, tfps = _core.read_tail(rtxn, _store.SEQS_DB, a_min + 1)
             cache = {}
 
             def resolve(seq):
@@ -336,6 +343,9 @@ class Index:
             for t in range(plan.ntables):
                 earlier = plan.earlier_masks(t)
                 pmask = plan.core.prefix_mask(t)
+                tkeys = plan.core.keys(t, tfps)
+                tshard = (tkeys >> np.uint64(64 - plan.shard_bits)) if plan.shard_bits \
+                    else np.zeros(len(tkeys), np.uint64)
                 if plan.prefix_bits[t] >= plan.shard_bits:
                     groups = [[s] for s in range(plan.shards)]
                 else:
@@ -343,47 +353,35 @@ class Index:
                 for group in groups:
                     ks, ss = [], []
                     for s in group:
-                        for (table, run, count) in states[s][1]:
-                            if table == t:
-                                kk, sq = _core.read_run(stxns[s], _store.BLOCKS_DB,
-                                                        int(run), int(count))
-                                ks.append(kk)
-                                ss.append(sq)
-                    if not ks:
-                        continue
+                        for run, count in _shard.runs_of(states[s][1], t):
+                            kk, sq = _core.read_run(stxns[s], _store.BLOCKS_DB, run, count)
+                            applied = sq <= np.uint64(a_min)   # newer ones come from the tail
+                            ks.append(kk[applied])
+                            ss.append(sq[applied])
+                        mine = tshard == np.uint64(s) if len(group) == 1 else slice(None)
+                        ks.append(tkeys[mine])
+                        ss.append(tseqs[mine])
                     keys = np.concatenate(ks)
+                    if len(keys) < 2:
+                        continue
                     seqs = np.concatenate(ss)
-                    if len(ks) > 1:
-                        order = np.lexsort((seqs, keys))
-                        keys, seqs = keys[order], seqs[order]
-                    a, b, d = _core.pairs_sorted(keys, seqs, pmask, earlier, k)
-                    keep = (a <= np.uint64(a_min)) & (b <= np.uint64(a_min))
-                    for sa, sb, dd in zip(a[keep].tolist(), b[keep].tolist(), d[keep].tolist()):
+                    order = np.lexsort((seqs, keys))
+                    a, b, d = _core.pairs_sorted(keys[order], seqs[order], pmask, earlier, k)
+                    for sa, sb, dd in zip(a.tolist(), b.tolist(), d.tolist()):
                         fa, ia = resolve(sa)
                         fb, ib = resolve(sb)
                         if fa is None or fb is None or _core.hamming(fa, fb) != dd:
-                            continue
-                        yield sa, sb, dd, ia, ib
-            # records not yet in every shard: ask for their partners directly
-            tseqs, tfps = _core.read_tail(rtxn, _store.SEQS_DB, a_min + 1)
-            if len(tseqs):
-                res = st.read(lambda ctx: ctx.query(plan.core, tfps, k, rtxn))
-                for sq, hits in zip(tseqs.tolist(), res):
-                    for dist, _fp, hseq, _tail in hits:
-                        if hseq == sq or (hseq > a_min and hseq < sq):
-                            continue
-                        sa, sb = min(sq, hseq), max(sq, hseq)
-                        fa, ia = resolve(sa)
-                        fb, ib = resolve(sb)
-                        if fa is None or fb is None:
-                            continue
-                        yield sa, sb, dist, ia, ib
+                            continue           # removed or replaced since indexed
+                        found.append((sa, sb, dd, ia, ib))
+        return found
 
     def pairs(self, k=None):
-        """Every stored pair within k bits, once: (id_a, id_b, distance), a added before b."""
+        """Every stored pair within k bits, once: (id_a, id_b, distance), a added before b.
+
+        The pairs of one snapshot, computed before the first is returned.
+        """
         k = self._k(k)
-        for _sa, _sb, d, ia, ib in self._pair_seqs(k):
-            yield ia, ib, d
+        return iter([(ia, ib, d) for _sa, _sb, d, ia, ib in self._pair_seqs(k)])
 
     def clusters(self, k=None):
         """Groups of ids linked by pairs within k bits (connected components of size >= 2).
@@ -471,12 +469,9 @@ class Index:
                             if plan.shard_bits else np.ones(len(keys), bool))
                     want = _sorted_pairs(keys[mine], seqs[sel][mine])
                     got_k, got_s = [], []
-                    for (table, run, count) in runs:
-                        if table != t:
-                            continue
+                    for run, count in _shard.runs_of(runs, t):
                         try:
-                            kk, sq = _core.read_run(txn, _store.BLOCKS_DB, int(run),
-                                                    int(count), True)
+                            kk, sq = _core.read_run(txn, _store.BLOCKS_DB, run, count, True)
                         except CorruptError as e:
                             problems.append(f"{_store.shard_dir(s)} table {t}: {e}")
                             continue

@@ -10,7 +10,7 @@ import numpy as np
 from . import _core
 
 STATE_DB, BLOCKS_DB = "state", "blocks"
-RUN_DTYPE = np.dtype([("table", "<u4"), ("run", "<u4"), ("count", "<u8")])
+RUN_DTYPE = np.dtype([("run", "<u8"), ("count", "<u8"), ("table", "<u4"), ("pad", "<u4")])
 BLOCK_ENTRIES = _core.BLOCK_ENTRIES
 
 
@@ -29,7 +29,7 @@ def save_state(txn, applied, runs, next_run):
     runs = np.sort(runs, order=("table", "run"))
     txn.put(STATE_DB, b"applied", int(applied).to_bytes(8, "little"))
     txn.put(STATE_DB, b"runs", runs.astype(RUN_DTYPE).tobytes())
-    txn.put(STATE_DB, b"next_run", int(next_run).to_bytes(4, "little"))
+    txn.put(STATE_DB, b"next_run", int(next_run).to_bytes(8, "little"))
 
 
 class ShardWriter:
@@ -38,7 +38,7 @@ class ShardWriter:
     def __init__(self, txn):
         self.txn = txn
         self.applied, runs, self.next_run = load_state(txn)
-        self.runs = [tuple(int(x) for x in r) for r in runs]
+        self.runs = [(int(r["table"]), int(r["run"]), int(r["count"])) for r in runs]
 
     def table_runs(self, table):
         return [(run, count) for (t, run, count) in self.runs if t == table]
@@ -54,8 +54,6 @@ class ShardWriter:
 
     def _new_run(self):
         run = self.next_run
-        if run >= 0xFFFFFFFF:
-            raise OverflowError("run ids exhausted; compact the index")
         self.next_run += 1
         return run
 
@@ -75,14 +73,19 @@ class ShardWriter:
     def read(self, run, count, check=False):
         return _core.read_run(self.txn, BLOCKS_DB, run, count, check)
 
-    def merge(self, table, run_ids, live=None):
-        """Replace the given runs of `table` by one; drop entries whose seq is not in `live`."""
+    def merge(self, table, run_ids, live=None, newest=0):
+        """Replace the given runs of `table` by one.
+
+        With `live` (the sorted seqs of a records snapshot whose newest seq is `newest`),
+        entries of records removed or replaced before that snapshot are dropped; entries
+        above `newest` belong to records added since and are kept.
+        """
         counts = {r: c for (t, r, c) in self.runs if t == table}
         parts = [self.read(r, counts[r]) for r in run_ids]
         keys = np.concatenate([p[0] for p in parts])
         seqs = np.concatenate([p[1] for p in parts])
         if live is not None:
-            keep = np.isin(seqs, live)
+            keep = np.isin(seqs, live) | (seqs > np.uint64(newest))
             keys, seqs = keys[keep], seqs[keep]
         order = np.lexsort((seqs, keys))
         for r in run_ids:
@@ -96,5 +99,13 @@ class ShardWriter:
     def save(self, applied=None):
         if applied is not None:
             self.applied = applied
-        arr = np.array(self.runs, dtype=RUN_DTYPE) if self.runs else np.empty(0, RUN_DTYPE)
+        arr = np.zeros(len(self.runs), dtype=RUN_DTYPE)
+        for i, (t, run, count) in enumerate(self.runs):
+            arr[i] = (run, count, t, 0)
         save_state(self.txn, self.applied, arr, self.next_run)
+
+
+def runs_of(runs, table):
+    """(run, count) of each run of `table` in a runs array from load_state()."""
+    sel = runs[runs["table"] == table]
+    return [(int(r), int(c)) for r, c in zip(sel["run"], sel["count"])]

@@ -33,6 +33,7 @@ IDS_DB, SEQS_DB, INFO_DB = "ids", "seqs", "info"
 INITIAL_MAP = 16 << 30    # address space only; grows by doubling when full
 RECORD_CHUNK = 1 << 18     # records per records/ transaction in add_many
 APPLY_CHUNK = 1 << 22      # records per shard application pass
+LAG_LIMIT = 256            # records a shard with nothing new may stay behind
 _KNOWN = {manifest.NAME, RECORDS, "lock"}
 
 
@@ -99,7 +100,16 @@ class _Gate:
 
 
 _registry = {}
-_registry_lock = threading.Lock()
+_registry_lock = threading.RLock()     # re-entrant: a garbage-collected Index may release
+
+
+def _after_fork_in_child():
+    global _registry_lock
+    _registry_lock = threading.RLock()     # another thread may have held it at fork()
+    _registry.clear()                      # the parent's handles are never used here
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None):
@@ -147,6 +157,8 @@ def _identity(path):
 
 
 def release(store):
+    # Closed under the registry lock, so no new handle on the same path can open its
+    # environments a second time while these are still open.
     with _registry_lock:
         store.refs -= 1
         if store.refs > 0:
@@ -154,7 +166,7 @@ def release(store):
         for key, s in list(_registry.items()):
             if s is store:
                 del _registry[key]
-    store.close()
+        store.close()
 
 
 class Store:
@@ -192,6 +204,7 @@ class Store:
         try:
             self._open_envs()
             if not readonly:
+                self._fix_next_seq()
                 self.apply_pending()
         except BaseException:
             self.close()
@@ -246,6 +259,10 @@ class Store:
                                f"{manifest.NAME} (nothing was changed)")
         rec = os.path.join(path, RECORDS)
         if not os.path.exists(os.path.join(rec, "data.mdb")):
+            if any(os.path.getsize(os.path.join(path, n, "data.mdb")) > 0 for n in shards
+                   if os.path.exists(os.path.join(path, n, "data.mdb"))):
+                raise CorruptError(f"{path} has shard data but no records/ and no manifest; "
+                                   f"it cannot be rebuilt (nothing was changed)")
             return
         env = _core.Env(rec, readonly=True, mapsize=INITIAL_MAP, maxdbs=4)
         try:
@@ -298,16 +315,23 @@ class Store:
             self.records = None
 
     def close(self):
+        """Wait for calls in progress, flush, and close every environment."""
         if self.records is None:
             return
-        if self.pid == os.getpid() and not self.readonly:
-            try:
-                with self._wlock:
+        if self.pid != os.getpid():
+            # A forked child's copy: the handles are the parent's; drop them untouched.
+            self._pool, self.shards, self.records = [], [], None
+            return
+        with self._wlock, self._gate.exclusive():
+            if self.records is None:
+                return
+            if not self.readonly:
+                try:
                     for env in [self.records] + self.shards:
                         env.sync(True)
-            except StorageError:
-                pass
-        self._close_envs()
+                except StorageError:
+                    pass
+            self._close_envs()
 
     @property
     def closed(self):
@@ -319,6 +343,10 @@ class Store:
         if self.pid != os.getpid():
             raise ClosedError(f"index {self.path} was opened in process {self.pid} and cannot "
                               f"be used after fork(); open it again in this process")
+
+    def _inside_open(self):
+        if self.records is None:
+            raise ClosedError(f"index {self.path} is closed")
 
     def check_writable(self):
         self.check_open()
@@ -347,6 +375,7 @@ class Store:
         while True:
             try:
                 with self._gate.shared():
+                    self._inside_open()
                     with _core.Txn(env, write=True) as txn:
                         return fn(txn)
             except MapFullError:
@@ -354,13 +383,14 @@ class Store:
                     raise
                 self._grow(env)
             except MapResizedError:
-                self._resized(env)
+                self._resized()          # fn may have read other environments too
 
     def read(self, fn):
         """Run fn(ctx) with a pooled read context, adopting a map another process grew."""
         while True:
             try:
                 with self._gate.shared():
+                    self._inside_open()
                     ctx = self._pool.pop() if self._pool else _core.ReadContext(
                         self.records, self.shards)
                     try:
@@ -374,8 +404,10 @@ class Store:
         """Run fn(txn) in a read transaction on env."""
         while True:
             try:
-                with self._gate.shared(), _core.Txn(env) as txn:
-                    return fn(txn)
+                with self._gate.shared():
+                    self._inside_open()
+                    with _core.Txn(env) as txn:
+                        return fn(txn)
             except MapResizedError:
                 self._resized(env)
 
@@ -389,7 +421,7 @@ class Store:
     def _bump(txn, name, by):
         v = txn.get(INFO_DB, name)
         n = int.from_bytes(v, "big") if v is not None else 0
-        txn.put(INFO_DB, name, (n + by).to_bytes(8, "big"))
+        txn.put(INFO_DB, name, max(0, n + by).to_bytes(8, "big"))
 
     def put_records(self, txn, idkeys, fps, metas):
         seq0 = self.next_seq(txn)
@@ -407,7 +439,7 @@ class Store:
                 j = i + RECORD_CHUNK
                 self.write(self.records,
                            lambda txn: self.put_records(txn, idkeys[i:j], fps[i:j], metas[i:j]))
-            self.apply_pending()
+            self.apply_pending(force=False)
 
     def remove(self, idkey):
         self.check_writable()
@@ -441,8 +473,12 @@ class Store:
         return self.with_txn(self.records, lambda txn: txn.entries(IDS_DB))
 
     # ------------------------------------------------------------ shard application
-    def apply_pending(self):
-        """Bring every shard up to the last committed record (the replay after a crash)."""
+    def apply_pending(self, force=True):
+        """Bring the shards up to the last committed record (the replay after a crash).
+
+        With force=False a shard that none of the new records touch is left behind by up
+        to LAG_LIMIT records (queries check those directly), saving its commit and fsync.
+        """
         with self._wlock:
             while True:
                 applied = self.read(lambda ctx: ctx.applied(self.plan.ntables))
@@ -451,11 +487,21 @@ class Store:
                     self.records, lambda txn: _core.read_tail(txn, SEQS_DB, start, APPLY_CHUNK))
                 if len(seqs) == 0:
                     return
-                self._apply(seqs, fps)
+                self._apply(seqs, fps, applied, force)
                 if len(seqs) < APPLY_CHUNK:
                     return
 
-    def _apply(self, seqs, fps):
+    def _fix_next_seq(self):
+        """After an OS crash with sync=False a shard may have applied seqs the records lost:
+        never hand those seqs out again, or their stale table entries would come back."""
+        top = max(self.read(lambda ctx: ctx.applied(self.plan.ntables)))
+
+        def bump(txn):
+            if self.next_seq(txn) <= top:
+                txn.put(INFO_DB, b"next_seq", (top + 1).to_bytes(8, "big"))
+        self.write(self.records, bump)
+
+    def _apply(self, seqs, fps, applied, force):
         plan = self.plan
         last = int(seqs[-1])
         bounds = np.arange(plan.shards + 1, dtype=np.uint64)
@@ -473,6 +519,10 @@ class Store:
             per_table.append((keys, sq, cuts))
 
         for s, env in enumerate(self.shards):
+            if not force and last - applied[s] < LAG_LIMIT and \
+                    all(cuts[s] == cuts[s + 1] for _k, _q, cuts in per_table):
+                continue
+
             def apply_shard(txn, s=s):
                 w = ShardWriter(txn)
                 if w.applied >= last:
@@ -496,8 +546,10 @@ class Store:
         while True:
             txns = []
             with self._gate.shared():
+                self._inside_open()
                 try:
-                    for env in [self.records] + self.shards:
+                    # shards first, records last (see ReadContext.query)
+                    for env in self.shards + [self.records]:
                         txns.append(_core.Txn(env))
                 except MapResizedError:
                     for t in txns:
@@ -506,7 +558,7 @@ class Store:
                         raise
                 else:
                     try:
-                        yield txns[0], txns[1:]
+                        yield txns[-1], txns[:-1]
                     finally:
                         for t in txns:
                             t.abort()
@@ -518,17 +570,23 @@ class Store:
         self.check_writable()
         with self._wlock:
             self.apply_pending()
-            live, _ = self.with_txn(self.records, lambda txn: _core.read_tail(txn, SEQS_DB, 0))
+            def live_state(txn):
+                v = txn.get(INFO_DB, b"stale")
+                return _core.read_tail(txn, SEQS_DB, 0)[0], int.from_bytes(v or b"", "big")
+            live, stale = self.with_txn(self.records, live_state)
+            # seqs above the snapshot's newest may belong to records added meanwhile
+            newest = int(live[-1]) if len(live) else 0
             for env in self.shards:
                 def merge_all(txn):
                     w = ShardWriter(txn)
                     for t in range(self.plan.ntables):
                         runs = [r for r, _ in w.table_runs(t)]
                         if runs:
-                            w.merge(t, runs, live=live)
+                            w.merge(t, runs, live=live, newest=newest)
                     w.save()
                 self.write(env, merge_all)
-            self.write(self.records, lambda txn: txn.put(INFO_DB, b"stale", _be(0)))
+            # removals made meanwhile stay counted
+            self.write(self.records, lambda txn: self._bump(txn, b"stale", -stale))
 
     def flush(self):
         self.check_writable()

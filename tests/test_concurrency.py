@@ -169,3 +169,49 @@ def test_fork_child_must_reopen(tmp_path):
     assert os.WEXITSTATUS(status) == 0
     assert [m.id for m in idx.query(1)] == ["a"]
     idx.close()
+
+
+def test_child_closing_its_inherited_copy_leaves_the_parent_working(tmp_path):
+    idx = simindex.Index(tmp_path / "i")
+    idx.add("a", 1)
+    assert [m.id for m in idx.query(1)] == ["a"]        # the parent holds reader slots now
+    for how in ("close", "with"):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                if how == "close":
+                    idx.close()
+                else:
+                    with idx:
+                        pass
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert [m.id for m in idx.query(1)] == ["a"]
+        assert [[m.id for m in ms] for ms in idx.query_many([1, 1])] == [["a"], ["a"]]
+    idx.close()
+
+
+def test_close_waits_for_queries_in_other_threads(tmp_path):
+    idx = simindex.Index(tmp_path / "i")
+    fps = np.random.default_rng(2).integers(0, 2**64, 5000, dtype=np.uint64)
+    idx.add_many([f"d{i}" for i in range(5000)], fps)
+    outcomes = []
+
+    def reader():
+        try:
+            while True:
+                assert all(idx.query_many(fps, k=0))
+        except simindex.ClosedError:
+            outcomes.append("closed")
+        except Exception as e:                     # anything else is a failure
+            outcomes.append(e)
+
+    ts = [threading.Thread(target=reader) for _ in range(2)]
+    for t in ts:
+        t.start()
+    time.sleep(0.3)
+    idx.close()
+    for t in ts:
+        t.join(timeout=30)
+    assert outcomes == ["closed", "closed"]

@@ -148,3 +148,39 @@ def test_kill_during_replay(tmp_path):
             assert all(f"t9.{i}" in {m.id for m in ms} for i, ms in enumerate(found))
     with simindex.Index(path) as idx:
         assert idx.stats()["pending"] == 0 and idx.verify() == []
+
+
+def test_compact_keeps_records_added_by_another_process_meanwhile(tmp_path, monkeypatch):
+    path = str(tmp_path / "i")
+    adder = "import sys, simindex\nwith simindex.Index(sys.argv[1]) as i: i.add('new', 777)"
+    with simindex.Index(path, shards=1) as idx:
+        idx.add_many([(f"d{i}", i * 7919) for i in range(100)])
+        idx.remove("d5")
+        st = idx._store
+        real = st.with_txn
+        calls = []
+
+        def with_txn(env, fn):
+            out = real(env, fn)
+            if not calls:                       # right after compact() read its snapshot
+                calls.append(1)
+                run_py(adder, path)
+            return out
+        monkeypatch.setattr(st, "with_txn", with_txn)
+        idx.compact()
+        monkeypatch.setattr(st, "with_txn", real)
+        assert calls and [m.id for m in idx.query(777, k=0)] == ["new"]
+        assert idx.verify() == [] and "d5" not in idx
+
+
+def test_reopen_never_reuses_seqs_a_shard_already_applied(tmp_path):
+    path = str(tmp_path / "i")
+    with simindex.Index(path, shards=1) as idx:
+        idx.add_many([("a", 1), ("b", 2)])
+        st = idx._store
+        # as after an OS crash with sync=False: the shard is ahead of the records
+        st.write(st.records, lambda txn: txn.put("info", b"next_seq", (2).to_bytes(8, "big")))
+    with simindex.Index(path) as idx:
+        idx.add("c", 3)
+        assert idx.verify() == []
+        assert [m.id for m in idx.query(3, k=0)] == ["c"]

@@ -25,10 +25,10 @@ for s in range(m["shards"]):
         db = e.open_db(b"blocks", txn=txn)
         for key, val in txn.cursor(db):
             magic, count = struct.unpack_from("<II", val)
-            assert magic == 0x31424953 and len(val) == 16 + 16 * count and len(key) == 16
+            assert magic == 0x31424953 and len(val) == 16 + 16 * count and len(key) == 20
             keys = struct.unpack_from(f"<{count}Q", val, 16)
             assert list(keys) == sorted(keys)
-            assert struct.unpack(">Q", key[4:12])[0] == keys[-1]
+            assert struct.unpack(">Q", key[8:16])[0] == keys[-1]
             entries += count
 print(m["k"], m["blocks"], m["tables"], ids, seqs, entries)
 """

@@ -41,3 +41,25 @@ def test_reader_adopts_a_map_grown_by_another_process(tmp_path, monkeypatch):
         run_py(GROW, path, 2)
         assert len(ro) == 120000
         assert len(list(ro.pairs(k=0))) == 0
+
+
+def test_add_unique_adopts_a_map_grown_by_another_process(tmp_path, monkeypatch):
+    monkeypatch.setattr(simindex.store, "INITIAL_MAP", 1 << 20)
+    path = str(tmp_path / "i")
+    with simindex.Index(path, shards=2) as idx:
+        idx.add("first", 12345)
+        run_py(GROW, path, 3)                       # grows records/ and the shards
+        assert idx.add_unique("new", 1 << 40) == []
+        assert [m.id for m in idx.add_unique("again", 12345)] == ["first"]
+        assert len(idx) == 60002
+
+
+def test_a_pending_pairs_iterator_does_not_block_growth(tmp_path, monkeypatch):
+    monkeypatch.setattr(simindex.store, "INITIAL_MAP", 1 << 20)
+    with simindex.Index(tmp_path / "i", shards=2) as idx:
+        idx.add_many([("a", 0), ("b", 1)])
+        it = idx.pairs()
+        fps = np.random.default_rng(4).integers(0, 2**64, 60000, dtype=np.uint64)
+        idx.add_many([f"d{i}" for i in range(60000)], fps)     # needs to grow the map
+        assert list(it) == [("a", "b", 1)]
+        assert len(idx) == 60002

@@ -39,7 +39,7 @@ cdef struct ShardView:
     MDB_cursor *cur
     int state              # 0 never begun, 1 reset, 2 active (runs parsed)
     uint64_t applied
-    uint32_t *run_ids
+    uint64_t *run_ids
     uint32_t *table_start  # ntables + 1 offsets into run_ids
     size_t run_cap
 
@@ -75,6 +75,6 @@ cdef class ReadContext:
     cdef int _begin_records(self) noexcept nogil
     cdef int _activate(self, int s, int ntables) noexcept nogil
     cdef void _release(self) noexcept nogil
-    cdef int _scan_run(self, MDB_cursor *cur, uint32_t run_id, uint64_t lo, uint64_t hi,
+    cdef int _scan_run(self, MDB_cursor *cur, uint64_t run_id, uint64_t lo, uint64_t hi,
                        uint64_t pk, int k, HitBuf *hits) noexcept nogil
     cdef int _finish(self, MDB_txn *rtxn, uint64_t q, HitBuf *hits, size_t start) noexcept nogil

@@ -16,6 +16,7 @@ from libc.string cimport memcpy, memset
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 
 from clmdb cimport *
+from posix.unistd cimport getpid
 from simindex.errors import (
     StorageError, MapFullError, MapResizedError, CorruptError, ReadOnlyError, ClosedError,
 )
@@ -91,12 +92,14 @@ DEF BLOCK_HEADER = 16
 DEF BLOCK_MAGIC = 0x31424953     # b"SIB1" read little-endian
 BLOCK_ENTRIES = 1022
 DEF C_BLOCK_ENTRIES = 1022
-# A block's LMDB key: run id (u32 BE), last permuted key of the block (u64 BE), block number
+# A block's LMDB key: run id (u64 BE), last permuted key of the block (u64 BE), block number
 # in the run (u32 BE). Seeking (run, lo, 0) lands on the first block that can hold keys >= lo.
-DEF BLOCK_KEY = 16
+DEF BLOCK_KEY = 20
 # A record's value in records/seqs: fp (u64 LE), id length (u16 LE), id key, msgpack(meta).
 DEF RECORD_HEADER = 10
 
+# A shard's state "runs" value: per run (run id u64, entry count u64, table u32, 0 u32), LE.
+DEF RUN_ENTRY = 24
 # Keys of a shard's state database read by the scan loop.
 cdef const char *KEY_APPLIED = b"applied"
 cdef const char *KEY_RUNS = b"runs"
@@ -302,15 +305,15 @@ cdef class Txn:
         env.deps.add(self)
 
     def __dealloc__(self):
-        if self.txn is not NULL and self.env is not None and self.env.env is not NULL \
-                and self.env.pid == os.getpid():
-            mdb_txn_abort(self.txn)
-        self.txn = NULL
+        self._invalidate()
 
     cdef void _invalidate(self) noexcept:
-        if self.txn is not NULL:
+        # In a forked child the handle is the parent's: aborting would free the parent's
+        # reader slot in the shared lock file, so the pointer is only dropped.
+        if self.txn is not NULL and self.env is not None and self.env.env is not NULL \
+                and self.env.pid == getpid():
             mdb_txn_abort(self.txn)
-            self.txn = NULL
+        self.txn = NULL
 
     cdef int check(self) except -1:
         if self.txn is NULL:
@@ -343,12 +346,10 @@ cdef class Txn:
             raise _error(rc, f"{self.env.path}: commit failed")
 
     def abort(self):
-        if self.txn is not NULL:
-            mdb_txn_abort(self.txn)
-            self.txn = NULL
+        self._invalidate()
         self.env.deps.discard(self)
 
-    def get(self, db, bytes key):
+    def get(self, db, bytes key not None):
         cdef MDB_val k = _val(key), v
         cdef int rc
         self.check()
@@ -359,7 +360,7 @@ cdef class Txn:
             raise _error(rc, f"{self.env.path}: read from {db!r} failed")
         return _bytes(v)
 
-    def put(self, db, bytes key, bytes value, bint append=False):
+    def put(self, db, bytes key not None, bytes value not None, bint append=False):
         cdef MDB_val k = _val(key), v = _val(value)
         cdef int rc
         self.check()
@@ -367,7 +368,7 @@ cdef class Txn:
         if rc:
             raise _error(rc, f"{self.env.path}: write to {db!r} failed")
 
-    def delete(self, db, bytes key):
+    def delete(self, db, bytes key not None):
         """Delete `key`; returns whether it was there."""
         cdef MDB_val k = _val(key)
         cdef int rc
@@ -458,11 +459,13 @@ cdef class Plan:
         return out
 
     def prefix_mask(self, int t):
+        if not 0 <= t < self.ntables:
+            raise IndexError(t)
         return self.pmask[t]
 
 
 # ---------------------------------------------------------------- runs of blocks
-def write_run(Txn txn, str db, uint32_t run_id, const uint64_t[::1] keys,
+def write_run(Txn txn, str db, uint64_t run_id, const uint64_t[::1] keys,
               const uint64_t[::1] seqs):
     """Append sorted (key, seq) entries as run `run_id` in blocks; returns the block count.
 
@@ -485,9 +488,9 @@ def write_run(Txn txn, str db, uint32_t run_id, const uint64_t[::1] keys,
             c = n - off
             if c > C_BLOCK_ENTRIES:
                 c = C_BLOCK_ENTRIES
-            si_store_be32(kbuf, run_id)
-            si_store_be64(kbuf + 4, keys[off + c - 1])
-            si_store_be32(kbuf + 12, blockno)
+            si_store_be64(kbuf, run_id)
+            si_store_be64(kbuf + 8, keys[off + c - 1])
+            si_store_be32(kbuf + 16, blockno)
             k.mv_size = BLOCK_KEY
             k.mv_data = kbuf
             v.mv_size = BLOCK_HEADER + 16 * c
@@ -527,7 +530,7 @@ cdef inline int _check_block(MDB_val *k, MDB_val *v) noexcept nogil:
     return 0
 
 
-def read_run(Txn txn, str db, uint32_t run_id, size_t count, bint check=False):
+def read_run(Txn txn, str db, uint64_t run_id, size_t count, bint check=False):
     """All (keys, seqs) of run `run_id` as uint64 arrays, checking structure (and crc if asked).
 
     `count` is the entry count the shard state records for the run; a mismatch is damage.
@@ -550,7 +553,7 @@ def read_run(Txn txn, str db, uint32_t run_id, size_t count, bint check=False):
     if rc:
         raise _error(rc, f"{txn.env.path}: cursor failed")
     memset(kbuf, 0, BLOCK_KEY)
-    si_store_be32(kbuf, run_id)
+    si_store_be64(kbuf, run_id)
     k.mv_size = BLOCK_KEY
     k.mv_data = kbuf
     try:
@@ -559,12 +562,12 @@ def read_run(Txn txn, str db, uint32_t run_id, size_t count, bint check=False):
             if k.mv_size != BLOCK_KEY:
                 reason = "a block key has the wrong size"
                 break
-            if si_load_be32(k.mv_data) != run_id:
+            if si_load_be64(k.mv_data) != run_id:
                 break
             if _check_block(&k, &v):
                 reason = f"block {blockno} has a bad header or size"
                 break
-            if si_load_be32(<uint8_t *>k.mv_data + 12) != blockno:
+            if si_load_be32(<uint8_t *>k.mv_data + 16) != blockno:
                 reason = f"block {blockno} is missing"
                 break
             p = <const uint8_t *>v.mv_data
@@ -585,7 +588,7 @@ def read_run(Txn txn, str db, uint32_t run_id, size_t count, bint check=False):
                 so[got + i] = si_load64(p + BLOCK_HEADER + 8 * (c + i))
             if reason is not None:
                 break
-            if si_load_be64(<uint8_t *>k.mv_data + 4) != prev:
+            if si_load_be64(<uint8_t *>k.mv_data + 8) != prev:
                 reason = f"block {blockno}'s key does not match its last entry"
                 break
             got += c
@@ -602,7 +605,7 @@ def read_run(Txn txn, str db, uint32_t run_id, size_t count, bint check=False):
     return keys, seqs
 
 
-def delete_run(Txn txn, str db, uint32_t run_id):
+def delete_run(Txn txn, str db, uint64_t run_id):
     """Delete every block of run `run_id`; returns how many were deleted."""
     cdef MDB_cursor *cur
     cdef MDB_val k, v
@@ -614,7 +617,7 @@ def delete_run(Txn txn, str db, uint32_t run_id):
     if rc:
         raise _error(rc, f"{txn.env.path}: cursor failed")
     memset(kbuf, 0, BLOCK_KEY)
-    si_store_be32(kbuf, run_id)
+    si_store_be64(kbuf, run_id)
     k.mv_size = BLOCK_KEY
     k.mv_data = kbuf
     with nogil:
@@ -623,7 +626,7 @@ def delete_run(Txn txn, str db, uint32_t run_id):
             k.mv_size = BLOCK_KEY
             k.mv_data = kbuf
             rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE)
-            if rc or k.mv_size < 4 or si_load_be32(k.mv_data) != run_id:
+            if rc or k.mv_size < 8 or si_load_be64(k.mv_data) != run_id:
                 break
             rc = mdb_cursor_del(cur, 0)
             if rc:
@@ -636,8 +639,8 @@ def delete_run(Txn txn, str db, uint32_t run_id):
 
 
 # ---------------------------------------------------------------- records
-def records_put(Txn txn, str ids_db, str seqs_db, list idkeys, const uint64_t[::1] fps,
-                list metas, uint64_t next_seq):
+def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
+                const uint64_t[::1] fps, list metas not None, uint64_t next_seq):
     """Store records under fresh seqs, replacing an id's earlier record.
 
     Returns (next_seq, replaced). `metas[i]` is the msgpack encoding of the meta value.
@@ -658,6 +661,8 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys, const uint64_t[::
     for i in range(n):
         idk = idkeys[i]
         mb = metas[i]
+        if idk is None or mb is None:
+            raise TypeError("id keys and metas must be bytes")
         idlen = PyBytes_GET_SIZE(idk)
         mlen = PyBytes_GET_SIZE(mb)
         k = _val(idk)
@@ -697,7 +702,7 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys, const uint64_t[::
     return next_seq, replaced
 
 
-def split_record(bytes value):
+def split_record(bytes value not None):
     """(fingerprint, id key, meta bytes) of a stored record value, checking its sizes."""
     cdef Py_ssize_t n = PyBytes_GET_SIZE(value)
     cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(value)
@@ -961,13 +966,16 @@ cdef class ReadContext:
 
     cdef void _invalidate(self) noexcept:
         cdef int s
+        cdef bint mine = self.records is not None and self.records.pid == getpid()
         if self.views != NULL:
             for s in range(self.nshards):
                 if self.views[s].cur != NULL:
-                    mdb_cursor_close(self.views[s].cur)
+                    if mine:
+                        mdb_cursor_close(self.views[s].cur)
                     self.views[s].cur = NULL
                 if self.views[s].txn != NULL:
-                    mdb_txn_abort(self.views[s].txn)
+                    if mine:
+                        mdb_txn_abort(self.views[s].txn)
                     self.views[s].txn = NULL
                 free(self.views[s].run_ids)
                 free(self.views[s].table_start)
@@ -975,7 +983,8 @@ cdef class ReadContext:
                 self.views[s].table_start = NULL
                 self.views[s].state = 0
         if self.rec_txn != NULL:
-            mdb_txn_abort(self.rec_txn)
+            if mine:
+                mdb_txn_abort(self.rec_txn)
             self.rec_txn = NULL
         self.rec_state = 0
 
@@ -1043,28 +1052,29 @@ cdef class ReadContext:
             v.mv_data = NULL
         elif rc:
             return rc
-        if v.mv_size % 16:
+        if v.mv_size % RUN_ENTRY:
             return SI_CORRUPT_STATE
-        nruns = v.mv_size // 16
+        nruns = v.mv_size // RUN_ENTRY
         if sv.table_start == NULL:
             sv.table_start = <uint32_t *>calloc(ntables + 1, sizeof(uint32_t))
             if sv.table_start == NULL:
                 return SI_NOMEM
         if nruns > sv.run_cap or sv.run_ids == NULL:
-            tmp = realloc(sv.run_ids, (nruns + 1) * sizeof(uint32_t))
+            tmp = realloc(sv.run_ids, (nruns + 1) * sizeof(uint64_t))
             if tmp == NULL:
                 return SI_NOMEM
-            sv.run_ids = <uint32_t *>tmp
+            sv.run_ids = <uint64_t *>tmp
             sv.run_cap = nruns + 1
         memset(sv.table_start, 0, (ntables + 1) * sizeof(uint32_t))
         p = <const uint8_t *>v.mv_data
-        # entries are (table u32, run u32, count u64), sorted by table then run
+        # entries are (run u64, count u64, table u32, reserved u32), sorted by table then run
         for i in range(nruns):
-            table = si_load32(p + 16 * i)
-            if table >= <uint32_t>ntables or (i and table < si_load32(p + 16 * (i - 1))):
+            table = si_load32(p + RUN_ENTRY * i + 16)
+            if table >= <uint32_t>ntables or \
+                    (i and table < si_load32(p + RUN_ENTRY * (i - 1) + 16)):
                 return SI_CORRUPT_STATE
             sv.table_start[table + 1] += 1
-            sv.run_ids[i] = si_load32(p + 16 * i + 4)
+            sv.run_ids[i] = si_load64(p + RUN_ENTRY * i)
         for t in range(ntables):
             sv.table_start[t + 1] += sv.table_start[t]
         return 0
@@ -1082,7 +1092,7 @@ cdef class ReadContext:
             mdb_txn_reset(self.rec_txn)
             self.rec_state = 1
 
-    cdef int _scan_run(self, MDB_cursor *cur, uint32_t run_id, uint64_t lo, uint64_t hi,
+    cdef int _scan_run(self, MDB_cursor *cur, uint64_t run_id, uint64_t lo, uint64_t hi,
                        uint64_t pk, int k, HitBuf *hits) noexcept nogil:
         cdef uint8_t kbuf[BLOCK_KEY]
         cdef MDB_val key, val
@@ -1093,16 +1103,16 @@ cdef class ReadContext:
         cdef const uint8_t *seqs
         cdef uint64_t x
         cdef int d
-        si_store_be32(kbuf, run_id)
-        si_store_be64(kbuf + 4, lo)
-        si_store_be32(kbuf + 12, 0)
+        si_store_be64(kbuf, run_id)
+        si_store_be64(kbuf + 8, lo)
+        si_store_be32(kbuf + 16, 0)
         key.mv_size = BLOCK_KEY
         key.mv_data = kbuf
         rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE)
         while rc == 0:
             if key.mv_size != BLOCK_KEY:
                 return SI_CORRUPT_KEY
-            if si_load_be32(key.mv_data) != run_id:
+            if si_load_be64(key.mv_data) != run_id:
                 return 0
             rc = _check_block(&key, &val)
             if rc:
@@ -1215,6 +1225,7 @@ cdef class ReadContext:
         cdef Hit *hh
         cdef str where = self.records.path
         cdef bint own = txn is None
+        cdef int active
         cdef MDB_txn *given = NULL
         memset(&hits, 0, sizeof(HitBuf))
         if txn is not None:
@@ -1228,10 +1239,31 @@ cdef class ReadContext:
             raise MemoryError()
         try:
             with nogil:
-                if own:
+                # Shard snapshots first, the records snapshot after: anything a shard
+                # snapshot lacks is then either in the records' unapplied tail or gone
+                # from the records too (compaction only drops what was already removed).
+                active = 0
+                qi = 0
+                while qi < n and rc == 0 and active < self.nshards:
+                    q = queries[qi]
+                    for t in range(T):
+                        lo = plan.permute(t, q) & plan.pmask[t]
+                        hi = lo | ~plan.pmask[t]
+                        s0 = <int>(lo >> (64 - sb)) if sb else 0
+                        s1 = <int>(hi >> (64 - sb)) if sb else 0
+                        for s in range(s0, s1 + 1):
+                            if self.views[s].state != 2:
+                                rc = self._activate(s, T)
+                                if rc:
+                                    break
+                                active += 1
+                        if rc:
+                            break
+                    qi += 1
+                if rc == 0 and own:
                     rc = self._begin_records()
                     rtxn = self.rec_txn
-                else:
+                elif rc == 0:
                     rtxn = given
                 if rc == 0:
                     rc = mdb_cursor_open(rtxn, self.seqs_dbi, &rc_cur)
