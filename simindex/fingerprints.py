@@ -230,13 +230,18 @@ def compute(hashes, *, width=64):
 def fingerprint(text, *, scheme="simindex-v1"):
     """The 64-bit fingerprint of `text` under a frozen scheme (see `schemes`)."""
     s = _scheme(scheme)
+    if s.name == "simindex-v1":
+        # the compiled pass: tokens, shingles, hashes and votes without a Python object each
+        fp, windows = _fingerprint.word_vote(
+            unicodedata.normalize("NFKC", _text(text)).casefold(), s.shingle_width)
+        if not windows:
+            raise InputError("text has no tokens under scheme 'simindex-v1' (empty, or no "
+                             "word characters): it has no fingerprint")
+        return fp
     tokens = tokenize(text, scheme=s)
     if not tokens:
         raise InputError(f"text has no tokens under scheme {s.name!r} (empty, or no word "
                          f"characters): it has no fingerprint")
-    if s.name == "simindex-v1":
-        fp, _ = _fingerprint.shingle_vote(" ".join(tokens).encode("utf-8"), s.shingle_width)
-        return fp
     if s.name == "1e0ng":
         content = "".join(tokens)
         grams = Counter(content[i:i + 4] for i in range(max(len(content) - 3, 1)))

@@ -302,3 +302,13 @@ def test_query_verify_drops_rejected_candidates(tmp_path):
         assert [[m.id for m in ms] for ms in res] == [["keep"], ["keep"]]
         with pytest.raises(simindex.InputTypeError):
             idx.query(0, verify=3)
+
+
+@given(st.text(max_size=300))
+def test_v1_compiled_tokenizer_equals_the_regex_reference(text):
+    tokens = simindex.tokenize(text)
+    if not tokens:
+        with pytest.raises(simindex.InputError):
+            simindex.fingerprint(text)
+    else:
+        assert simindex.fingerprint(text) == ref_v1(text)

@@ -9,9 +9,12 @@ per token.
 
 import numpy as np
 
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.unicode cimport (
+    PyUnicode_KIND, PyUnicode_DATA, PyUnicode_READ, Py_UNICODE_ISALNUM,
+)
 
 cdef extern from *:
     """
@@ -44,7 +47,7 @@ cdef inline void _add(int64_t *v, uint64_t h, int64_t w) noexcept nogil:
             v[i] -= w
 
 
-def xxh3(bytes data):
+def xxh3(bytes data not None):
     """The xxh3-64 hash (seed 0) of `data`, as an unsigned int."""
     return si_xxh3(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
 
@@ -113,7 +116,46 @@ def vote(const uint64_t[::1] hashes, weights=None):
     return r
 
 
-def shingle_vote(bytes joined, int width):
+cdef int _shingle_vote_buf(const char *p, Py_ssize_t n, int width, uint64_t *out,
+                           Py_ssize_t *windows) noexcept nogil:
+    """The vote over the xxh3 of every `width`-token window of space-separated tokens."""
+    cdef Py_ssize_t i, t, ntok = 0
+    cdef Py_ssize_t *start = <Py_ssize_t *>malloc((n // 2 + 2) * sizeof(Py_ssize_t))
+    cdef Py_ssize_t *end = <Py_ssize_t *>malloc((n // 2 + 2) * sizeof(Py_ssize_t))
+    cdef int64_t v[WIDTH]
+    cdef int k
+    if start == NULL or end == NULL:
+        free(start)
+        free(end)
+        return -1
+    for k in range(WIDTH):
+        v[k] = 0
+    i = 0
+    while i < n:
+        while i < n and p[i] == b' ':
+            i += 1
+        if i >= n:
+            break
+        start[ntok] = i
+        while i < n and p[i] != b' ':
+            i += 1
+        end[ntok] = i
+        ntok += 1
+    windows[0] = 0
+    if ntok > 0 and ntok < width:
+        _add(v, si_xxh3(p + start[0], end[ntok - 1] - start[0]), 1)
+        windows[0] = 1
+    else:
+        for t in range(ntok - width + 1):
+            _add(v, si_xxh3(p + start[t], end[t + width - 1] - start[t]), 1)
+            windows[0] += 1
+    out[0] = _vote(v)
+    free(start)
+    free(end)
+    return 0
+
+
+def shingle_vote(bytes joined not None, int width):
     """simhash of the xxh3-64 hashes of every `width`-token window of `joined`.
 
     `joined` is the tokens (none containing a space) joined by single spaces, so a window
@@ -121,46 +163,85 @@ def shingle_vote(bytes joined, int width):
     " ".join(window) would give. Fewer tokens than `width` make one window of them all.
     Returns (fingerprint, number of windows); 0 windows when there are no tokens.
     """
-    cdef const char *p = PyBytes_AS_STRING(joined)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(joined), i, t = 0, ntok = 0
-    cdef Py_ssize_t *start
-    cdef Py_ssize_t *end
-    cdef int64_t v[WIDTH]
-    cdef Py_ssize_t windows = 0
     cdef uint64_t r = 0
-    cdef int k
+    cdef Py_ssize_t windows = 0
+    cdef int rc
+    cdef const char *p = PyBytes_AS_STRING(joined)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(joined)
     if width < 1:
         raise ValueError("width must be at least 1")
-    for k in range(WIDTH):
-        v[k] = 0
-    start = <Py_ssize_t *>malloc((n // 2 + 2) * sizeof(Py_ssize_t))
-    end = <Py_ssize_t *>malloc((n // 2 + 2) * sizeof(Py_ssize_t))
-    if start == NULL or end == NULL:
-        free(start)
-        free(end)
+    with nogil:
+        rc = _shingle_vote_buf(p, n, width, &r, &windows)
+    if rc:
+        raise MemoryError()
+    return r, windows
+
+
+cdef inline bint _is_cjk(uint32_t c) noexcept nogil:
+    return (0x3040 <= c <= 0x30FF or 0x3400 <= c <= 0x4DBF or 0x4E00 <= c <= 0x9FFF or
+            0xF900 <= c <= 0xFAFF or 0x20000 <= c <= 0x2FA1F)
+
+
+cdef inline Py_ssize_t _utf8(uint32_t c, char *o) noexcept nogil:
+    if c < 0x80:
+        o[0] = <char>c
+        return 1
+    if c < 0x800:
+        o[0] = <char>(0xC0 | (c >> 6))
+        o[1] = <char>(0x80 | (c & 0x3F))
+        return 2
+    if c < 0x10000:
+        o[0] = <char>(0xE0 | (c >> 12))
+        o[1] = <char>(0x80 | ((c >> 6) & 0x3F))
+        o[2] = <char>(0x80 | (c & 0x3F))
+        return 3
+    o[0] = <char>(0xF0 | (c >> 18))
+    o[1] = <char>(0x80 | ((c >> 12) & 0x3F))
+    o[2] = <char>(0x80 | ((c >> 6) & 0x3F))
+    o[3] = <char>(0x80 | (c & 0x3F))
+    return 4
+
+
+def word_vote(str text not None, int width):
+    """simindex-v1's tokenize + shingle + hash + vote in one pass over normalized text.
+
+    Tokens are runs of word characters (what regex \\w matches: str.isalnum() or "_"),
+    each Han/Kana character a token of its own; they are written as UTF-8 joined by
+    single spaces and voted on as in shingle_vote(). Returns (fingerprint, windows).
+    """
+    cdef Py_ssize_t n = len(text), i, o = 0
+    cdef int kind = PyUnicode_KIND(text)
+    cdef const void *data = PyUnicode_DATA(text)
+    cdef char *buf = <char *>malloc(4 * n + n + 1)
+    cdef uint32_t c
+    cdef bint in_word = False, word
+    cdef uint64_t r = 0
+    cdef Py_ssize_t windows = 0
+    cdef int rc
+    if buf == NULL:
         raise MemoryError()
     try:
-        with nogil:
-            i = 0
-            while i < n:
-                while i < n and p[i] == b' ':
-                    i += 1
-                if i >= n:
-                    break
-                start[ntok] = i
-                while i < n and p[i] != b' ':
-                    i += 1
-                end[ntok] = i
-                ntok += 1
-            if ntok > 0 and ntok < width:
-                _add(v, si_xxh3(p + start[0], end[ntok - 1] - start[0]), 1)
-                windows = 1
+        for i in range(n):
+            c = PyUnicode_READ(kind, data, i)
+            word = Py_UNICODE_ISALNUM(c) or c == 0x5F
+            if word and _is_cjk(c):
+                if o:
+                    buf[o] = b' '
+                    o += 1
+                o += _utf8(c, buf + o)
+                in_word = False
+            elif word:
+                if not in_word and o:
+                    buf[o] = b' '
+                    o += 1
+                o += _utf8(c, buf + o)
+                in_word = True
             else:
-                for t in range(ntok - width + 1):
-                    _add(v, si_xxh3(p + start[t], end[t + width - 1] - start[t]), 1)
-                    windows += 1
-            r = _vote(v)
+                in_word = False
+        with nogil:
+            rc = _shingle_vote_buf(buf, o, width, &r, &windows)
+        if rc:
+            raise MemoryError()
+        return r, windows
     finally:
-        free(start)
-        free(end)
-    return r, windows
+        free(buf)
