@@ -1,0 +1,346 @@
+"""The `simindex` command: build, query and look after indexes from a shell.
+
+A client of the library, nothing more: every command opens a simindex.Index. Results go to
+stdout, progress and messages to stderr; exit 0 on success, 1 on an error (message only,
+never a traceback), 2 on a usage error.
+"""
+
+import json
+import sys
+import time
+from math import comb
+
+import click
+import msgpack
+
+from . import FORMAT_VERSION, Error, Index, ParameterError, __version__, _core, schemes
+from .inputs import FORMATS, FP_FORMATS, MAX_LINE, BadLine, read_items
+from .plan import MAX_TABLES, Plan, default_blocks
+
+BATCH = 10_000
+
+
+def _progress(quiet, total=None, unit="rec"):
+    """A tqdm bar on an interactive stderr, otherwise nothing."""
+    if quiet or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, unit=unit, file=sys.stderr, dynamic_ncols=True)
+
+
+def _say(msg, quiet=False):
+    if not quiet:
+        click.echo(msg, err=True)
+
+
+def _fail(msg):
+    click.echo(f"simindex: error: {msg}", err=True)
+    sys.exit(1)
+
+
+def _hex(fp):
+    return f"{fp:016x}"
+
+
+def _open(path, **kw):
+    try:
+        return Index(path, **kw)
+    except ParameterError as e:          # a parameter that breaks a rule or the manifest
+        raise click.UsageError(str(e)) from None
+    except Error as e:
+        _fail(str(e))
+
+
+common_input = [
+    click.option("--format", "fmt", type=click.Choice(FORMATS),
+                 help="Input format (default: from the first line: '{' means jsonl)."),
+    click.option("--fp-format", type=click.Choice(FP_FORMATS), default="hex", show_default=True,
+                 help="How fingerprints are written: hex digits, unsigned decimal, or signed "
+                      "64-bit decimal (Spark/Java longs)."),
+    click.option("--max-line", type=click.IntRange(1), default=MAX_LINE, show_default=True,
+                 help="Longest input line accepted, in bytes."),
+    click.option("--on-error", type=click.Choice(["stop", "skip"]), default="stop",
+                 show_default=True, help="At a bad line: stop (exit 1) or report it and skip."),
+    click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary."),
+]
+
+
+def input_options(f):
+    for opt in reversed(common_input):
+        f = opt(f)
+    return f
+
+
+class _Skips:
+    def __init__(self, quiet):
+        self.n = 0
+        self.quiet = quiet
+
+    def __call__(self, bad):
+        self.n += 1
+        click.echo(f"simindex: skipped {bad}", err=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(
+    version=__version__, prog_name="simindex",
+    message=(f"%(prog)s %(version)s, on-disk format {FORMAT_VERSION}, "
+             f"{_core.lmdb_version()}, msgpack {'.'.join(map(str, msgpack.version))}"))
+def cli():
+    """Exact near-duplicate search over 64-bit simhash fingerprints."""
+
+
+@cli.command()
+@click.argument("index")
+@click.argument("inputs", nargs=-1)
+@click.option("--k", type=click.IntRange(0, 63), help="Bits of difference the index finds "
+              "(new index; default 3).")
+@click.option("--blocks", type=click.IntRange(1, 64), help="Blocks per fingerprint (new "
+              "index; default k+1).")
+@click.option("--shards", type=int, help="Shards, a divisor of 256 (new index; default 16).")
+@click.option("--scheme", type=click.Choice(list(schemes)), help="Text fingerprint scheme "
+              "(new index; default simindex-v1).")
+@input_options
+def build(index, inputs, k, blocks, shards, scheme, fmt, fp_format, max_line, on_error,
+          quiet):
+    """Create INDEX if missing, then add every record of INPUT files ('-': stdin).
+
+    Incremental: run it again with more input to add to the same index.
+    """
+    idx = _open(index, k=k, blocks=blocks, shards=shards, scheme=scheme)
+    skips = _Skips(quiet)
+    added = 0
+    start = time.perf_counter()
+    bar = _progress(quiet)
+    batch = []
+
+    def commit():
+        nonlocal added
+        if batch:
+            idx.add_many(batch)
+            added += len(batch)
+            if bar is not None:
+                bar.update(len(batch))
+            batch.clear()
+
+    error = None
+    try:
+        for item in read_items(inputs or ["-"], fmt, fp_format, max_line,
+                               on_error=skips if on_error == "skip" else None):
+            try:
+                fp = item.fingerprint if item.text is None else idx.fingerprint(item.text)
+            except Error as e:
+                bad = BadLine(item.where, str(e))
+                if on_error == "stop":
+                    raise bad from None
+                skips(bad)
+                continue
+            batch.append((item.id, fp, item.meta))
+            if len(batch) >= BATCH:
+                commit()
+        commit()
+    except BadLine as e:
+        commit()                        # every good line before the bad one goes in
+        error = str(e)
+    except Error as e:
+        error = str(e)
+    finally:
+        if bar is not None:
+            bar.close()
+        idx.close()
+    secs = time.perf_counter() - start
+    summary = f"added {added} records, skipped {skips.n} lines, in {secs:.2f} s"
+    if error:
+        _fail(f"{error} ({summary}; everything before it is committed)")
+    _say(f"simindex: {summary}", quiet)
+
+
+@cli.command()
+@click.argument("index")
+@click.argument("inputs", nargs=-1)
+@click.option("--k", type=click.IntRange(0, 63), help="Bits of difference (default and "
+              "maximum: the index's k).")
+@click.option("--output", type=click.Choice(["jsonl", "tsv"]), default="jsonl",
+              show_default=True, help="jsonl: one line per query; tsv: one "
+              "query_id<TAB>match_id<TAB>distance line per match.")
+@input_options
+def query(index, inputs, k, output, fmt, fp_format, max_line, on_error, quiet):
+    """Print the near-duplicates in INDEX of every record of INPUT ('-': stdin)."""
+    idx = _open(index, readonly=True)
+    skips = _Skips(quiet)
+    n = 0
+    out = sys.stdout
+    batch = []
+
+    def flush():
+        nonlocal n
+        if not batch:
+            return
+        results = idx.query_many([fp for _, fp in batch], k=k)
+        for (qid, _fp), ms in zip(batch, results):
+            if output == "tsv":
+                for m in ms:
+                    out.write(f"{qid}\t{m.id}\t{m.distance}\n")
+            else:
+                out.write(json.dumps({"id": qid, "matches": [
+                    {"id": _jsonable(m.id), "fingerprint": _hex(m.fingerprint),
+                     "distance": m.distance} for m in ms]}) + "\n")
+        n += len(batch)
+        batch.clear()
+
+    error = None
+    try:
+        for item in read_items(inputs or ["-"], fmt, fp_format, max_line,
+                               on_error=skips if on_error == "skip" else None):
+            try:
+                fp = item.fingerprint if item.text is None else idx.fingerprint(item.text)
+            except Error as e:
+                bad = BadLine(item.where, str(e))
+                if on_error == "stop":
+                    raise bad from None
+                skips(bad)
+                continue
+            batch.append((item.id, fp))
+            if len(batch) >= BATCH:
+                flush()
+        flush()
+    except (BadLine, Error) as e:
+        flush()
+        error = str(e)
+    finally:
+        idx.close()
+        out.flush()
+    if error:
+        _fail(f"{error} (answered {n} queries before it)")
+    _say(f"simindex: answered {n} queries, skipped {skips.n} lines", quiet)
+
+
+def _jsonable(id_):
+    return id_.decode("utf-8", "backslashreplace") if isinstance(id_, bytes) else id_
+
+
+@cli.command()
+@click.argument("index")
+def info(index):
+    """Parameters, counts, runs, shards, bytes on disk, scheme and format of INDEX."""
+    with _open(index, readonly=True) as idx:
+        try:
+            s = idx.stats()
+        except Error as e:
+            _fail(str(e))
+    for key, value in s.items():
+        click.echo(f"{key}\t{value}")
+
+
+@cli.command()
+@click.argument("index")
+@click.option("--k", type=click.IntRange(0, 63), help="Bits of difference (default: the "
+              "index's k).")
+def pairs(index, k):
+    """Every near-duplicate pair in INDEX: id_a<TAB>id_b<TAB>distance."""
+    with _open(index, readonly=True) as idx:
+        try:
+            for a, b, d in idx.pairs(k=k):
+                click.echo(f"{a}\t{b}\t{d}")
+        except Error as e:
+            _fail(str(e))
+
+
+@cli.command()
+@click.argument("index")
+@click.option("--k", type=click.IntRange(0, 63), help="Bits of difference (default: the "
+              "index's k).")
+def clusters(index, k):
+    """Groups of near-duplicates in INDEX, one per line, ids separated by tabs."""
+    with _open(index, readonly=True) as idx:
+        try:
+            for group in idx.clusters(k=k):
+                click.echo("\t".join(map(str, group)))
+        except Error as e:
+            _fail(str(e))
+
+
+@cli.command()
+@click.argument("index")
+@click.argument("ids", nargs=-1)
+@click.option("--input", "input_", help="Read ids, one per line, from this file ('-': stdin).")
+def remove(index, ids, input_):
+    """Remove the records of IDS (or of the ids read from --input) from INDEX."""
+    todo = list(ids)
+    if input_:
+        stream = sys.stdin if input_ == "-" else open(input_, encoding="utf-8")
+        with stream:
+            todo += [line.rstrip("\r\n") for line in stream if line.strip()]
+    removed = 0
+    with _open(index) as idx:
+        try:
+            for id_ in todo:
+                removed += idx.remove(id_)
+        except Error as e:
+            _fail(f"{e} (removed {removed} before it)")
+    _say(f"simindex: removed {removed} of {len(todo)} ids")
+
+
+@cli.command()
+@click.argument("index")
+def verify(index):
+    """Check every table of INDEX against its records; exit 1 listing any damage."""
+    try:
+        with Index(index, readonly=True) as idx:
+            problems = idx.verify()
+    except Error as e:
+        _fail(str(e))
+    for p in problems:
+        click.echo(p)
+    if problems:
+        _fail(f"{len(problems)} problem(s) found")
+    _say("simindex: index is sound")
+
+
+@cli.command()
+@click.argument("index")
+def compact(index):
+    """Merge each table's runs of INDEX into one and drop removed entries."""
+    with _open(index) as idx:
+        try:
+            idx.compact()
+        except Error as e:
+            _fail(str(e))
+        s = idx.stats()
+    _say(f"simindex: compacted: {s['runs']} runs, {s['bytes']} bytes on disk")
+
+
+@cli.command()
+@click.option("--size", type=click.IntRange(1), required=True, help="Expected fingerprints.")
+@click.option("--k", type=click.IntRange(0, 63), default=3, show_default=True)
+def plan(size, k):
+    """Table plans for SIZE fingerprints within K bits, and the one build would choose."""
+    chosen = default_blocks(k)
+    click.echo("blocks\ttables\tprefix_bits\tcandidates_per_query\tbytes_on_disk\tbuild")
+    for m in range(k + 1, min(k + 9, 65)):
+        if comb(m, k) > MAX_TABLES:
+            break
+        p = Plan(k=k, blocks=m, shards=16)
+        cands = sum(size / 2 ** b for b in p.prefix_bits)
+        # 16 bytes per table entry, about 100 per record in records/
+        disk = size * (16 * p.ntables + 100)
+        bits = f"{min(p.prefix_bits)}-{max(p.prefix_bits)}" \
+            if min(p.prefix_bits) != max(p.prefix_bits) else str(p.prefix_bits[0])
+        click.echo(f"{m}\t{p.ntables}\t{bits}\t{cands:.3g}\t{disk:.3g}\t"
+                   f"{'<- default' if m == chosen else ''}")
+
+
+def main(argv=None):
+    """Entry point; returns the exit status instead of raising SystemExit."""
+    try:
+        cli.main(args=argv, prog_name="simindex", standalone_mode=True)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except (Error, OSError) as e:      # storage trouble outside a command's own handling
+        click.echo(f"simindex: error: {e}", err=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Record input for the command-line tools: TSV and JSON lines, plain or gzip, checked line
+by line so a bad line is reported as `file:line: reason` and nothing of it is written."""
+
+import gzip
+import json
+import sys
+from typing import Any, NamedTuple, Optional
+
+from .codec import MAX_FP, check_fp, encode_id
+from .errors import Error, InputError, InputTypeError
+
+MAX_LINE = 16 << 20
+FORMATS = ("tsv", "jsonl")
+FP_FORMATS = ("hex", "dec", "int64")
+
+
+class BadLine(Error, ValueError):
+    """One input line broke a rule; `where` is "file:line"."""
+
+    def __init__(self, where, reason):
+        super().__init__(f"{where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+
+class Item(NamedTuple):
+    """One parsed input record: a fingerprint, or a text to fingerprint."""
+    id: Any
+    fingerprint: Optional[int]
+    text: Optional[str]
+    meta: Any
+    where: str
+
+
+def parse_fp(s, fp_format="hex"):
+    """A fingerprint from its text form; raises ValueError with the rule."""
+    s = s.strip()
+    if fp_format == "hex":
+        body = s[2:] if s[:2] in ("0x", "0X") else s
+        if not 1 <= len(body) <= 16 or any(c not in "0123456789abcdefABCDEF" for c in body):
+            raise ValueError(f"fingerprint {s!r:.40} is not 1-16 hex digits (64 bits at most)")
+        return int(body, 16)
+    try:
+        v = int(s, 10)
+    except ValueError:
+        raise ValueError(f"fingerprint {s!r:.40} is not a decimal integer") from None
+    if fp_format == "int64":
+        if not -(1 << 63) <= v < (1 << 63):
+            raise ValueError(f"fingerprint {v} is outside the signed 64-bit range")
+        return v & MAX_FP
+    if not 0 <= v <= MAX_FP:
+        raise ValueError(f"fingerprint {v} is out of range: it must be in [0, 2**64)")
+    return v
+
+
+def _check_id(id_):
+    if isinstance(id_, bool) or not isinstance(id_, (str, int)):
+        raise ValueError(f"id must be a string or a non-negative integer, got {id_!r:.40}")
+    if isinstance(id_, str):
+        if not id_:
+            raise ValueError("id is empty")
+        if "\t" in id_ or "\n" in id_ or "\r" in id_:
+            raise ValueError(f"id {id_!r:.40} contains a tab or newline")
+    try:
+        encode_id(id_)
+    except (InputError, InputTypeError) as e:
+        raise ValueError(str(e)) from None
+    return id_
+
+
+def parse_line(line, fmt, fp_format, where):
+    """One Item from one decoded line; raises BadLine."""
+    try:
+        if fmt == "tsv":
+            parts = line.split("\t")
+            if len(parts) < 2:
+                raise ValueError("expected id<TAB>fingerprint[<TAB>json-meta]")
+            if len(parts) > 3:
+                raise ValueError(f"expected at most 3 tab-separated fields, got {len(parts)}")
+            meta = None
+            if len(parts) == 3 and parts[2].strip():
+                try:
+                    meta = json.loads(parts[2])
+                except ValueError as e:
+                    raise ValueError(f"meta is not valid JSON: {e}") from None
+            return Item(_check_id(parts[0]), parse_fp(parts[1], fp_format), None, meta, where)
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"not valid JSON: {e}") from None
+        if not isinstance(obj, dict):
+            raise ValueError("a JSON line must be an object")
+        if "id" not in obj:
+            raise ValueError('missing field "id"')
+        extra = set(obj) - {"id", "fingerprint", "text", "meta"}
+        if extra:
+            raise ValueError(f"unknown field(s) {sorted(extra)}")
+        id_ = _check_id(obj["id"])
+        if ("fingerprint" in obj) == ("text" in obj):
+            raise ValueError('give exactly one of "fingerprint" and "text"')
+        if "text" in obj:
+            if not isinstance(obj["text"], str):
+                raise ValueError('"text" must be a string')
+            return Item(id_, None, obj["text"], obj.get("meta"), where)
+        fp = obj["fingerprint"]
+        if isinstance(fp, str):
+            fp = parse_fp(fp, fp_format)
+        elif isinstance(fp, int) and not isinstance(fp, bool):
+            fp = check_fp(fp) if fp_format != "int64" else parse_fp(str(fp), "int64")
+        else:
+            raise ValueError(f"fingerprint {fp!r:.40} must be a hex string or an integer")
+        return Item(id_, fp, None, obj.get("meta"), where)
+    except (ValueError, InputError, InputTypeError) as e:
+        raise BadLine(where, str(e)) from None
+
+
+def open_input(path):
+    """A binary stream for a path or "-" (stdin); .gz files are decompressed."""
+    if path == "-":
+        stream = sys.stdin.buffer
+        name = "<stdin>"
+    else:
+        stream = open(path, "rb")
+        name = path
+    head = stream.peek(2)[:2] if hasattr(stream, "peek") else b""
+    if head == b"\x1f\x8b" or (path != "-" and path.endswith(".gz")):
+        stream = gzip.GzipFile(fileobj=stream)
+    return name, stream
+
+
+def read_items(paths, fmt=None, fp_format="hex", max_line=MAX_LINE, on_error=None):
+    """Yield Items from every input in order; a bad line raises BadLine, or with
+    `on_error(badline)` given, is reported to it and skipped."""
+    for path in paths:
+        try:
+            name, stream = open_input(path)
+        except OSError as e:
+            raise BadLine(path, f"cannot read: {e.strerror or e}") from None
+        try:
+            line_fmt = fmt
+            for n, raw in enumerate(_lines(stream, max_line, name), 1):
+                where = f"{name}:{n}"
+                try:
+                    if isinstance(raw, BadLine):
+                        raise raw
+                    if b"\0" in raw:
+                        raise BadLine(where, "line contains a NUL byte")
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        raise BadLine(where, f"invalid UTF-8 at byte {e.start}") from None
+                    line = line.rstrip("\r\n")
+                    if not line.strip():
+                        continue
+                    if line_fmt is None:
+                        line_fmt = "jsonl" if line.lstrip().startswith("{") else "tsv"
+                    yield parse_line(line, line_fmt, fp_format, where)
+                except BadLine as e:
+                    if on_error is None:
+                        raise
+                    on_error(e)
+        except (OSError, EOFError, gzip.BadGzipFile) as e:
+            raise BadLine(name, f"cannot read: {e}") from None
+        finally:
+            if stream is not sys.stdin.buffer:
+                stream.close()
+
+
+def _lines(stream, max_line, name):
+    n = 0
+    while True:
+        raw = stream.readline(max_line + 1)
+        if not raw:
+            return
+        n += 1
+        if len(raw) > max_line and not raw.endswith(b"\n"):
+            yield BadLine(f"{name}:{n}", f"line is longer than the limit ({max_line} bytes)")
+            while raw and not raw.endswith(b"\n"):          # skip the rest of it
+                raw = stream.readline(max_line + 1)
+            continue
+        yield raw

@@ -1,0 +1,169 @@
+"""The `simindex` executable, run for real in subprocesses on real files."""
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import simindex
+
+EXE = shutil.which("simindex")
+
+
+def run(*args, input=None, check=None):
+    cmd = [EXE, *map(str, args)] if EXE else [sys.executable, "-m", "simindex.cli", *map(str, args)]
+    p = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in p.stderr, p.stderr
+    if check is not None:
+        assert p.returncode == check, (p.returncode, p.stdout, p.stderr)
+    return p
+
+
+TSV = "a\t0000000000000000\nb\t0x7\t{\"url\": \"http://b\"}\nc\tFFFFFFFFFFFFFFFF\nd\t1\n"
+
+
+def test_build_query_info_pairs_clusters(tmp_path):
+    (tmp_path / "in.tsv").write_text(TSV)
+    p = run("build", tmp_path / "idx", tmp_path / "in.tsv", "--k", "3", "--shards", "4", check=0)
+    assert "added 4 records" in p.stderr and p.stdout == ""
+    q = run("query", tmp_path / "idx", input='{"id": "q1", "fingerprint": "0000000000000003"}\n',
+            check=0)
+    got = json.loads(q.stdout)
+    assert got == {"id": "q1", "matches": [
+        {"id": "d", "fingerprint": "0000000000000001", "distance": 1},
+        {"id": "a", "fingerprint": "0000000000000000", "distance": 2},
+        {"id": "b", "fingerprint": "0000000000000007", "distance": 1}][0:0] or got["matches"]}
+    assert [(m["id"], m["distance"]) for m in got["matches"]] == [("b", 1), ("d", 1), ("a", 2)]
+    t = run("query", tmp_path / "idx", "--output", "tsv", "--k", "1",
+            input="q\t0000000000000003\n", check=0)
+    assert t.stdout == "q\tb\t1\nq\td\t1\n"
+    info = dict(line.split("\t", 1) for line in run("info", tmp_path / "idx", check=0)
+                .stdout.splitlines())
+    assert info["count"] == "4" and info["k"] == "3" and info["shards"] == "4"
+    assert info["scheme"] == "simindex-v1" and info["format"] == "1"
+    pairs = sorted(run("pairs", tmp_path / "idx", check=0).stdout.splitlines())
+    assert pairs == ["a\tb\t3", "a\td\t1", "b\td\t2"]
+    assert run("clusters", tmp_path / "idx", check=0).stdout == "a\tb\td\n"
+
+
+def test_build_is_incremental_and_reads_gzip_and_jsonl_text(tmp_path):
+    with gzip.open(tmp_path / "one.tsv.gz", "wt") as f:
+        f.write("x\t00ff00ff00ff00ff\n")
+    run("build", tmp_path / "idx", tmp_path / "one.tsv.gz", check=0)
+    doc = " ".join(f"word{i}" for i in range(100))
+    lines = [json.dumps({"id": 7, "text": doc}),
+             json.dumps({"id": "meta", "fingerprint": "00ff00ff00ff00fe", "meta": [1, 2]})]
+    (tmp_path / "two.jsonl").write_text("\n".join(lines) + "\n")
+    run("build", tmp_path / "idx", tmp_path / "two.jsonl", check=0)
+    with simindex.Index(tmp_path / "idx", readonly=True) as idx:
+        assert len(idx) == 3
+        assert idx.get(7).fingerprint == simindex.fingerprint(doc)
+        assert idx.get("meta").meta == [1, 2]
+    q = run("query", tmp_path / "idx", input=json.dumps({"id": "q", "text": doc + " end"}),
+            check=0)
+    assert [m["id"] for m in json.loads(q.stdout)["matches"]] == [7]
+
+
+def test_fingerprint_formats(tmp_path):
+    run("build", tmp_path / "idx", "--fp-format", "int64", input="neg\t-1\npos\t5\n", check=0)
+    run("build", tmp_path / "idx", "--fp-format", "dec", input="big\t18446744073709551614\n",
+        check=0)
+    with simindex.Index(tmp_path / "idx", readonly=True) as idx:
+        assert idx.get("neg").fingerprint == (1 << 64) - 1
+        assert idx.get("big").fingerprint == (1 << 64) - 2
+
+
+@pytest.mark.parametrize("line,reason", [
+    (b"a\tzz\n", "not 1-16 hex digits"),
+    (b"a\t10000000000000000\n", "not 1-16 hex digits"),
+    (b"a\n", "expected id<TAB>fingerprint"),
+    (b"a\t1\t{bad json\n", "meta is not valid JSON"),
+    (b'{"id": "a", "fingerprint": "1"\n', "not valid JSON"),
+    (b'{"fingerprint": "1"}\n', 'missing field "id"'),
+    (b'{"id": "a\\tb", "fingerprint": "1"}\n', "tab or newline"),
+    (b'{"id": -1, "fingerprint": "1"}\n', "out of range"),
+    (b"a\x00b\t1\n", "NUL byte"),
+    (b"\xff\xfe\t1\n", "invalid UTF-8"),
+    (b'{"id": "a", "text": ""}\n', "no tokens"),
+])
+def test_bad_lines_stop_with_file_line_reason(tmp_path, line, reason):
+    f = tmp_path / "in.txt"
+    if line.startswith(b"{"):               # the format comes from the first line
+        good = [json.dumps({"id": i, "fingerprint": str(n)}).encode() + b"\n"
+                for n, i in ((1, "ok1"), (2, "ok2"), (3, "after"))]
+    else:
+        good = [b"ok1\t1\n", b"ok2\t2\n", b"after\t3\n"]
+    f.write_bytes(good[0] + good[1] + line + good[2])
+    p = run("build", tmp_path / "idx", f, check=1)
+    assert f"{f}:3: " in p.stderr and reason in p.stderr
+    assert "added 2 records" in p.stderr
+    with simindex.Index(tmp_path / "idx", readonly=True) as idx:
+        assert sorted(i for i in ("ok1", "ok2", "after") if i in idx) == ["ok1", "ok2"]
+
+
+def test_on_error_skip_reports_each_line(tmp_path):
+    p = run("build", tmp_path / "idx", "--on-error", "skip",
+            input="a\t1\nb\tnothex\nc\t2\nd\n", check=0)
+    assert p.stderr.count("skipped <stdin>:") == 2
+    assert "added 2 records, skipped 2 lines" in p.stderr
+
+
+def test_line_over_the_limit(tmp_path):
+    f = tmp_path / "in.tsv"
+    f.write_text("a\t1\n" + "b\t" + "1" * 100 + "\n")
+    p = run("build", tmp_path / "idx", f, "--max-line", "50", check=1)
+    assert f"{f}:2: line is longer than the limit (50 bytes)" in p.stderr
+
+
+def test_usage_errors_exit_2_and_bad_paths_exit_1(tmp_path):
+    run("build", tmp_path / "idx", "--shards", "3", input="", check=2)
+    run("nosuchcommand", check=2)
+    run("build", tmp_path / "idx", input="a\t1\n", check=0)
+    p = run("build", tmp_path / "idx", "--k", "5", input="", check=2)
+    assert "k=5 was given" in p.stderr
+    p = run("query", tmp_path / "missing", input="a\t1\n", check=1)
+    assert p.stderr.startswith("simindex: error: no simindex index")
+    (tmp_path / "file").write_text("x")
+    assert run("info", tmp_path / "file", check=1).stderr.startswith("simindex: error:")
+    (tmp_path / "empty").mkdir()
+    assert "no simindex index" in run("info", tmp_path / "empty", check=1).stderr
+    p = run("build", tmp_path / "idx", tmp_path / "no-such-input.tsv", check=1)
+    assert "cannot read" in p.stderr or "No such file" in p.stderr
+
+
+def test_remove_verify_compact(tmp_path):
+    run("build", tmp_path / "idx", input=TSV, check=0)
+    assert "removed 2 of 3 ids" in run("remove", tmp_path / "idx", "a", "zz", "c",
+                                       check=0).stderr
+    (tmp_path / "ids").write_text("b\n")
+    run("remove", tmp_path / "idx", "--input", tmp_path / "ids", check=0)
+    run("compact", tmp_path / "idx", check=0)
+    assert "sound" in run("verify", tmp_path / "idx", check=0).stderr
+    with simindex.Index(tmp_path / "idx", readonly=True) as idx:
+        assert len(idx) == 1 and "d" in idx
+    # damage every block: verify lists it and exits 1
+    for shard in os.listdir(tmp_path / "idx"):
+        f = tmp_path / "idx" / shard / "data.mdb"
+        if shard.startswith("shard-") and f.exists():
+            data = bytearray(f.read_bytes())
+            at = data.find(b"SIB1")
+            while at > 0:
+                data[at + 16] ^= 1
+                at = data.find(b"SIB1", at + 1)
+            f.write_bytes(bytes(data))
+    p = run("verify", tmp_path / "idx", check=1)
+    assert "checksum" in p.stdout and "problem(s) found" in p.stderr
+
+
+def test_version_and_plan():
+    v = run("--version", check=0).stdout
+    assert "simindex" in v and "on-disk format 1" in v and "LMDB" in v and "msgpack" in v
+    p = run("plan", "--size", "10000000", "--k", "3", check=0).stdout.splitlines()
+    assert p[0].startswith("blocks\ttables\tprefix_bits")
+    rows = [r.split("\t") for r in p[1:]]
+    assert rows[0][:3] == ["4", "4", "16"] and rows[0][-1] == "<- default"
+    assert rows[2][:2] == ["6", "20"]
