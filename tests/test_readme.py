@@ -22,7 +22,7 @@ def test_example_builds_and_finds_near_duplicates(tmp_path):
     import subprocess
     import sys
     corpus = tmp_path / "doc"
-    base = " ".join(f"word{i}" for i in range(300))
+    base = " ".join(f"word{i}" for i in range(5000))
     for name, text in [("a", base), ("b", base + " tail"), ("c", "entirely different " * 40)]:
         (corpus / name).mkdir(parents=True)
         (corpus / name / "copyright").write_text(text)
@@ -31,7 +31,8 @@ def test_example_builds_and_finds_near_duplicates(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "indexed 3 copyright files" in p.stdout and "(3 new or changed)" in p.stdout
-    assert "1 groups of near-duplicates" in p.stdout and "a, b" in p.stdout
+    assert "1 groups of near-duplicates" in p.stdout
+    assert "2: a (0), b (" in p.stdout or "2: b (0), a (" in p.stdout
     again = subprocess.run(p.args, capture_output=True, text=True, timeout=120)
     assert "(0 new or changed)" in again.stdout                  # incremental across runs
     bad = subprocess.run(p.args + ["--k", "5"], capture_output=True, text=True, timeout=120)

@@ -1,36 +1,30 @@
-"""The main job on a real corpus: index every Debian copyright file on this machine and
-report the near-duplicate groups, then ask the index about one document.
+"""The main job on a real corpus: index every Debian copyright file on this machine by its
+text and print the largest groups of near-duplicates with their distances.
 
-    python tools/example.py [--dir DIR] [--k 3] [--index PATH]
+    python tools/example.py [--dir /usr/share/doc] [--k 3] [--index example-index]
+    python tools/example.py --emit-jsonl > docs.jsonl     # the corpus, for `simindex build`
 
-Fingerprints here are a plain simhash (word 3-shingles, 64-bit BLAKE2b token hashes, bit i
-set when more shingles have it set than not). The package's own text fingerprint schemes
-are a separate piece of work; this script only needs a stable 64-bit simhash per file.
+Fingerprints use the package's default scheme, simindex-v1. Nothing here is random: the
+same machine gives the same output every run.
 """
 
 import argparse
 import glob
-import hashlib
+import json
 import os
-import re
 import sys
 import time
 
-import numpy as np
-
 import simindex
 
-WORD = re.compile(r"\w+", re.UNICODE)
 
-
-def simhash(text):
-    words = WORD.findall(text.lower())
-    shingles = [" ".join(words[i:i + 3]) for i in range(max(1, len(words) - 2))]
-    hashes = np.array([int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(),
-                                      "little") for s in shingles], dtype=np.uint64)
-    bits = (hashes[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)
-    votes = bits.sum(axis=0) * 2 > len(hashes)
-    return int(sum(1 << i for i in range(64) if votes[i]))
+def documents(root):
+    """(package name, text) of every */copyright file under root that has words in it."""
+    for f in sorted(glob.glob(os.path.join(root, "*", "copyright"))):
+        with open(f, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+        if simindex.tokenize(text):
+            yield os.path.basename(os.path.dirname(f)), text
 
 
 def main(argv=None):
@@ -38,19 +32,18 @@ def main(argv=None):
     ap.add_argument("--dir", default="/usr/share/doc", help="corpus root (default %(default)s)")
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--index", default="example-index", help="index directory to build")
+    ap.add_argument("--emit-jsonl", action="store_true",
+                    help='write {"id", "text"} lines to stdout instead of building')
     a = ap.parse_args(argv)
-    files = sorted(glob.glob(os.path.join(a.dir, "*", "copyright")))
-    if not files:
-        print(f"no */copyright files under {a.dir}", file=sys.stderr)
+    docs = list(documents(a.dir))
+    if not docs:
+        print(f"example: no */copyright files with text under {a.dir}", file=sys.stderr)
         return 1
+    if a.emit_jsonl:
+        for name, text in docs:
+            print(json.dumps({"id": name, "text": text}))
+        return 0
     t = time.perf_counter()
-    items = []
-    for f in files:
-        with open(f, encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
-        if WORD.search(text):
-            items.append((os.path.basename(os.path.dirname(f)), simhash(text),
-                          {"bytes": len(text)}))
     try:
         idx = simindex.Index(a.index, k=a.k)
     except simindex.Error as e:
@@ -58,16 +51,25 @@ def main(argv=None):
         return 2
     with idx:
         # incremental across runs: only what is new or changed since the last run is written
+        items = [(name, idx.fingerprint(text), {"bytes": len(text)}) for name, text in docs]
         fresh = [it for it in items if (r := idx.get(it[0])) is None or r.fingerprint != it[1]]
         idx.add_many(fresh)
         built = time.perf_counter() - t
-        groups = list(idx.clusters())
+        fps = {name: fp for name, fp, _ in items}
+        groups = []
+        for g in idx.clusters():
+            # each member with its distance to the group's first member, nearest first
+            dist = sorted((simindex.hamming(fps[g[0]], fps[m]), m) for m in g)
+            groups.append((dist[-1][0] == 0, -len(g), dist))
+        groups.sort()                    # groups holding near (not identical) copies first
         print(f"indexed {len(idx)} copyright files from {a.dir} ({len(fresh)} new or changed) "
-              f"in {built:.2f} s into {a.index}/ (k={idx.k})")
-        print(f"{len(groups)} groups of near-duplicates (within {idx.k} bits):")
-        for g in sorted(groups, key=len, reverse=True)[:10]:
-            more = f" ... (+{len(g) - 6})" if len(g) > 6 else ""
-            print(f"  {len(g):4d}  {', '.join(map(str, g[:6]))}{more}")
+              f"in {built:.2f} s into {a.index}/ (k={idx.k}, scheme {idx.scheme})")
+        print(f"{len(groups)} groups of near-duplicates (within {idx.k} bits); a few, each "
+              f"member with its distance in bits to the first:")
+        for _same, _size, dist in groups[:6]:
+            members = ", ".join(f"{m} ({d})" for d, m in dist[:6])
+            more = f" ... (+{len(dist) - 6})" if len(dist) > 6 else ""
+            print(f"  {len(dist):3d}: {members}{more}")
         name, fp, _ = items[len(items) // 2]
         print(f"documents within {idx.k} bits of {name!r} ({fp:016x}):")
         for m in idx.query(fp):
