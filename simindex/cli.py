@@ -17,7 +17,7 @@ from . import FORMAT_VERSION, Error, Index, ParameterError, __version__, _core, 
 from .inputs import FORMATS, FP_FORMATS, MAX_LINE, BadLine, read_items
 from .plan import MAX_TABLES, Plan, default_blocks
 
-BATCH = 10_000
+BATCH = 100_000
 
 
 def _progress(quiet, total=None, unit="rec"):
@@ -100,8 +100,10 @@ def cli():
 @click.option("--shards", type=int, help="Shards, a divisor of 256 (new index; default 16).")
 @click.option("--scheme", type=click.Choice(list(schemes)), help="Text fingerprint scheme "
               "(new index; default simindex-v1).")
+@click.option("--jobs", "-j", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Shards written at once.")
 @input_options
-def build(index, inputs, k, blocks, shards, scheme, fmt, fp_format, max_line, on_error,
+def build(index, inputs, k, blocks, shards, scheme, jobs, fmt, fp_format, max_line, on_error,
           quiet):
     """Create INDEX if missing, then add every record of INPUT files ('-': stdin).
 
@@ -117,7 +119,7 @@ def build(index, inputs, k, blocks, shards, scheme, fmt, fp_format, max_line, on
     def commit():
         nonlocal added
         if batch:
-            idx.add_many(batch)
+            idx.add_many(batch, jobs=jobs)
             added += len(batch)
             if bar is not None:
                 bar.update(len(batch))

@@ -189,12 +189,13 @@ class Index:
         fp = check_fp(fingerprint)
         self._w().add([idk], np.array([fp], dtype=np.uint64), [pack_meta(meta, id)])
 
-    def add_many(self, items, fingerprints=None):
+    def add_many(self, items, fingerprints=None, *, jobs=1):
         """Store many records: `add_many([(id, fp), (id, fp, meta), ...])` or, columnar,
         `add_many(ids, fingerprints)` (fingerprints may be a numpy uint64 array).
 
         Everything is checked before anything is written. Records commit in atomic chunks
-        of 262,144; a call that returns is durable (with sync=True).
+        of 262,144; a call that returns is durable (with sync=True). `jobs` shards are
+        written at once (threads).
         """
         st = self._w()
         if fingerprints is not None:
@@ -218,8 +219,10 @@ class Index:
                 except (InputError, InputTypeError) as e:
                     raise type(e)(f"item {n}: {e}") from None
             fps = np.array(fpl, dtype=np.uint64)
+        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+            raise ParameterError(f"jobs must be an int >= 1, got {jobs!r}")
         if idks:
-            st.add(idks, fps, metas)
+            st.add(idks, fps, metas, jobs=jobs)
 
     def remove(self, id):
         """Remove the record of `id`; returns whether there was one."""

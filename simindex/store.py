@@ -14,6 +14,7 @@ never sees the same environment opened twice in one process.
 import fcntl
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numpy as np
@@ -431,15 +432,16 @@ class Store:
             self._bump(txn, b"stale", replaced)
         return seq0
 
-    def add(self, idkeys, fps, metas):
-        """Commit records in chunks (each atomic and durable), then apply them to the shards."""
+    def add(self, idkeys, fps, metas, jobs=1):
+        """Commit records in chunks (each atomic and durable), then apply them to the shards
+        (`jobs` shards at once)."""
         self.check_writable()
         with self._wlock:
             for i in range(0, len(idkeys), RECORD_CHUNK):
                 j = i + RECORD_CHUNK
                 self.write(self.records,
                            lambda txn: self.put_records(txn, idkeys[i:j], fps[i:j], metas[i:j]))
-            self.apply_pending(force=False)
+            self.apply_pending(force=False, jobs=jobs)
 
     def remove(self, idkey):
         self.check_writable()
@@ -473,7 +475,7 @@ class Store:
         return self.with_txn(self.records, lambda txn: txn.entries(IDS_DB))
 
     # ------------------------------------------------------------ shard application
-    def apply_pending(self, force=True):
+    def apply_pending(self, force=True, jobs=1):
         """Bring the shards up to the last committed record (the replay after a crash).
 
         With force=False a shard that none of the new records touch is left behind by up
@@ -487,7 +489,7 @@ class Store:
                     self.records, lambda txn: _core.read_tail(txn, SEQS_DB, start, APPLY_CHUNK))
                 if len(seqs) == 0:
                     return
-                self._apply(seqs, fps, applied, force)
+                self._apply(seqs, fps, applied, force, jobs)
                 if len(seqs) < APPLY_CHUNK:
                     return
 
@@ -501,7 +503,7 @@ class Store:
                 txn.put(INFO_DB, b"next_seq", (top + 1).to_bytes(8, "big"))
         self.write(self.records, bump)
 
-    def _apply(self, seqs, fps, applied, force):
+    def _apply(self, seqs, fps, applied, force, jobs=1):
         plan = self.plan
         last = int(seqs[-1])
         bounds = np.arange(plan.shards + 1, dtype=np.uint64)
@@ -518,12 +520,8 @@ class Store:
                 cuts = np.array([0, len(keys)])
             per_table.append((keys, sq, cuts))
 
-        for s, env in enumerate(self.shards):
-            if not force and last - applied[s] < LAG_LIMIT and \
-                    all(cuts[s] == cuts[s + 1] for _k, _q, cuts in per_table):
-                continue
-
-            def apply_shard(txn, s=s):
+        def apply_shard(s):
+            def apply(txn):
                 w = ShardWriter(txn)
                 if w.applied >= last:
                     return                 # another writer got here first
@@ -535,7 +533,19 @@ class Store:
                         k, q = k[keep], q[keep]
                     w.add_run(t, np.ascontiguousarray(k), np.ascontiguousarray(q))
                 w.save(applied=last)
-            self.write(env, apply_shard)
+            self.write(self.shards[s], apply)
+
+        todo = [s for s in range(plan.shards)
+                if force or last - applied[s] >= LAG_LIMIT or
+                any(cuts[s] != cuts[s + 1] for _k, _q, cuts in per_table)]
+        if jobs > 1 and len(todo) > 1:
+            # each shard is its own environment with its own write lock, and the block
+            # writes and commits release the GIL
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                list(pool.map(apply_shard, todo))
+        else:
+            for s in todo:
+                apply_shard(s)
 
     # ------------------------------------------------------------ reads across shards
     @contextmanager

@@ -167,3 +167,15 @@ def test_version_and_plan():
     rows = [r.split("\t") for r in p[1:]]
     assert rows[0][:3] == ["4", "4", "16"] and rows[0][-1] == "<- default"
     assert rows[2][:2] == ["6", "20"]
+
+
+def test_build_with_jobs_matches_a_serial_build(tmp_path):
+    lines = "".join(f"d{i}\t{(i * 0x9E3779B97F4A7C15) % 2**64:016x}\n" for i in range(5000))
+    (tmp_path / "in.tsv").write_text(lines)
+    run("build", tmp_path / "a", tmp_path / "in.tsv", "--jobs", "1", check=0)
+    run("build", tmp_path / "b", tmp_path / "in.tsv", "-j", "4", check=0)
+    assert run("verify", tmp_path / "b", check=0)
+    qa = run("query", tmp_path / "a", tmp_path / "in.tsv", "--quiet", check=0).stdout
+    qb = run("query", tmp_path / "b", tmp_path / "in.tsv", "--quiet", check=0).stdout
+    assert qa == qb and qa.count("\n") == 5000
+    run("build", tmp_path / "c", "--jobs", "0", input="", check=2)
