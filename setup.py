@@ -17,10 +17,11 @@ core = Extension(
     extra_compile_args=extra,
 )
 
-# xxh3 comes from the system header (Debian libxxhash-dev), compiled inline.
+# xxh3 comes from the system header (Debian libxxhash-dev), compiled inline; MD5 from OpenSSL.
 fingerprint = Extension(
     "simindex._fingerprint",
     sources=["ext/simindex/_fingerprint.pyx"],
+    libraries=["crypto"],            # MD5 of the compatibility schemes (libssl-dev)
     extra_compile_args=extra,
 )
 

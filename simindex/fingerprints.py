@@ -10,7 +10,6 @@ import math
 import numbers
 import re
 import unicodedata
-from collections import Counter
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -73,6 +72,7 @@ _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1
 _V1_TOKEN = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+")
 _1E0NG_TOKEN = re.compile("[\\w\u4e00-\u9fcc]+")
 _HASHES = ("xxh3", "md5-last8", "md5-first8")
+_MD5_LAST8, _MD5_FIRST8 = 1, 2          # hash kinds of the compiled vote loops
 
 
 def _scheme(scheme):
@@ -238,15 +238,22 @@ def fingerprint(text, *, scheme="simindex-v1"):
             raise InputError("text has no tokens under scheme 'simindex-v1' (empty, or no "
                              "word characters): it has no fingerprint")
         return fp
+    if s.name == "1e0ng":
+        content = "".join(_1E0NG_TOKEN.findall(_text(text).lower()))
+        if not content:
+            raise InputError("text has no tokens under scheme '1e0ng' (empty, or no word "
+                             "characters): it has no fingerprint")
+        # each 4-gram occurrence votes once: the same sums as its count as a weight
+        fp, _ = _fingerprint.char_gram_vote(content.encode("utf-8"), s.shingle_width,
+                                            _MD5_LAST8)
+        return fp
     tokens = tokenize(text, scheme=s)
     if not tokens:
         raise InputError(f"text has no tokens under scheme {s.name!r} (empty, or no word "
                          f"characters): it has no fingerprint")
-    if s.name == "1e0ng":
-        content = "".join(tokens)
-        grams = Counter(content[i:i + 4] for i in range(max(len(content) - 3, 1)))
-        return simhash(list(grams.items()), hash="md5-last8")
     if len(tokens) < s.shingle_width:
         raise InputError(f"text has {len(tokens)} tokens; scheme 'seomoz' needs at least "
                          f"{s.shingle_width} (simhash-py would give 0)")
-    return simhash([" ".join(w) for w in shingles(tokens, s.shingle_width)], hash="md5-first8")
+    fp, _ = _fingerprint.shingle_vote(" ".join(tokens).encode("utf-8"), s.shingle_width,
+                                      _MD5_FIRST8)
+    return fp

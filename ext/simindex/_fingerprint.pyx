@@ -21,9 +21,24 @@ cdef extern from *:
     #define XXH_INLINE_ALL
     #include <xxhash.h>
     #include <stdint.h>
+    #define OPENSSL_SUPPRESS_DEPRECATED
+    #include <openssl/md5.h>
     static inline uint64_t si_xxh3(const void *p, size_t n) { return (uint64_t)XXH3_64bits(p, n); }
+    static inline uint64_t si_be64(const unsigned char *d) {
+        uint64_t v = 0;
+        for (int i = 0; i < 8; i++) v = (v << 8) | d[i];
+        return v;
+    }
+    /* hash kinds: 0 xxh3, 1 md5 last 8 bytes (PyPI simhash), 2 md5 first 8 (simhash-py) */
+    static inline uint64_t si_hash(int kind, const void *p, size_t n) {
+        unsigned char d[MD5_DIGEST_LENGTH];
+        if (kind == 0) return (uint64_t)XXH3_64bits(p, n);
+        MD5((const unsigned char *)p, n, d);
+        return kind == 1 ? si_be64(d + 8) : si_be64(d);
+    }
     """
     uint64_t si_xxh3(const void *p, size_t n) nogil
+    uint64_t si_hash(int kind, const void *p, size_t n) nogil
 
 DEF WIDTH = 64
 
@@ -117,8 +132,8 @@ def vote(const uint64_t[::1] hashes, weights=None):
 
 
 cdef int _shingle_vote_buf(const char *p, Py_ssize_t n, int width, uint64_t *out,
-                           Py_ssize_t *windows) noexcept nogil:
-    """The vote over the xxh3 of every `width`-token window of space-separated tokens."""
+                           Py_ssize_t *windows, int kind=0) noexcept nogil:
+    """The vote over the hash of every `width`-token window of space-separated tokens."""
     cdef Py_ssize_t i, t, ntok = 0
     cdef Py_ssize_t *start = <Py_ssize_t *>malloc((n // 2 + 2) * sizeof(Py_ssize_t))
     cdef Py_ssize_t *end = <Py_ssize_t *>malloc((n // 2 + 2) * sizeof(Py_ssize_t))
@@ -143,11 +158,11 @@ cdef int _shingle_vote_buf(const char *p, Py_ssize_t n, int width, uint64_t *out
         ntok += 1
     windows[0] = 0
     if ntok > 0 and ntok < width:
-        _add(v, si_xxh3(p + start[0], end[ntok - 1] - start[0]), 1)
+        _add(v, si_hash(kind, p + start[0], end[ntok - 1] - start[0]), 1)
         windows[0] = 1
     else:
         for t in range(ntok - width + 1):
-            _add(v, si_xxh3(p + start[t], end[t + width - 1] - start[t]), 1)
+            _add(v, si_hash(kind, p + start[t], end[t + width - 1] - start[t]), 1)
             windows[0] += 1
     out[0] = _vote(v)
     free(start)
@@ -155,7 +170,7 @@ cdef int _shingle_vote_buf(const char *p, Py_ssize_t n, int width, uint64_t *out
     return 0
 
 
-def shingle_vote(bytes joined not None, int width):
+def shingle_vote(bytes joined not None, int width, int kind=0):
     """simhash of the xxh3-64 hashes of every `width`-token window of `joined`.
 
     `joined` is the tokens (none containing a space) joined by single spaces, so a window
@@ -171,9 +186,45 @@ def shingle_vote(bytes joined not None, int width):
     if width < 1:
         raise ValueError("width must be at least 1")
     with nogil:
-        rc = _shingle_vote_buf(p, n, width, &r, &windows)
+        rc = _shingle_vote_buf(p, n, width, &r, &windows, kind)
     if rc:
         raise MemoryError()
+    return r, windows
+
+
+def char_gram_vote(bytes utf8 not None, int width, int kind=1):
+    """The vote over the hash of every `width`-character window of UTF-8 text, one per
+    occurrence (so a gram seen n times weighs n). Fewer characters: one window of all.
+    Returns (fingerprint, windows)."""
+    cdef const char *p = PyBytes_AS_STRING(utf8)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(utf8), i, nc = 0, t
+    cdef Py_ssize_t *off = <Py_ssize_t *>malloc((n + 1) * sizeof(Py_ssize_t))
+    cdef int64_t v[WIDTH]
+    cdef Py_ssize_t windows = 0
+    cdef uint64_t r = 0
+    cdef int k
+    if width < 1:
+        free(off)
+        raise ValueError("width must be at least 1")
+    if off == NULL:
+        raise MemoryError()
+    for k in range(WIDTH):
+        v[k] = 0
+    with nogil:
+        for i in range(n):
+            if (<unsigned char>p[i] & 0xC0) != 0x80:      # a character starts here
+                off[nc] = i
+                nc += 1
+        off[nc] = n
+        if 0 < nc < width:
+            _add(v, si_hash(kind, p, n), 1)
+            windows = 1
+        else:
+            for t in range(nc - width + 1):
+                _add(v, si_hash(kind, p + off[t], off[t + width] - off[t]), 1)
+                windows += 1
+        r = _vote(v)
+    free(off)
     return r, windows
 
 
