@@ -81,6 +81,22 @@ class _Skips:
         click.echo(f"simindex: skipped {bad}", err=True)
 
 
+def _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips, on_error):
+    """(item, fingerprint) of every input record; a text is fingerprinted with the index's
+    scheme, and a text without a fingerprint is a bad line like any other."""
+    for item in read_items(inputs or ["-"], fmt, fp_format, max_line,
+                           on_error=skips if on_error == "skip" else None):
+        try:
+            fp = item.fingerprint if item.text is None else idx.fingerprint(item.text)
+        except Error as e:
+            bad = BadLine(item.where, str(e))
+            if on_error == "stop":
+                raise bad from None
+            skips(bad)
+            continue
+        yield item, fp
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(
     version=__version__, prog_name="simindex",
@@ -127,16 +143,8 @@ def build(index, inputs, k, blocks, shards, scheme, jobs, fmt, fp_format, max_li
 
     error = None
     try:
-        for item in read_items(inputs or ["-"], fmt, fp_format, max_line,
-                               on_error=skips if on_error == "skip" else None):
-            try:
-                fp = item.fingerprint if item.text is None else idx.fingerprint(item.text)
-            except Error as e:
-                bad = BadLine(item.where, str(e))
-                if on_error == "stop":
-                    raise bad from None
-                skips(bad)
-                continue
+        for item, fp in _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips,
+                                       on_error):
             batch.append((item.id, fp, item.meta))
             if len(batch) >= BATCH:
                 commit()
@@ -192,16 +200,8 @@ def query(index, inputs, k, output, fmt, fp_format, max_line, on_error, quiet):
 
     error = None
     try:
-        for item in read_items(inputs or ["-"], fmt, fp_format, max_line,
-                               on_error=skips if on_error == "skip" else None):
-            try:
-                fp = item.fingerprint if item.text is None else idx.fingerprint(item.text)
-            except Error as e:
-                bad = BadLine(item.where, str(e))
-                if on_error == "stop":
-                    raise bad from None
-                skips(bad)
-                continue
+        for item, fp in _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips,
+                                       on_error):
             batch.append((item.id, fp))
             if len(batch) >= BATCH:
                 flush()
