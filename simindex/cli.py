@@ -8,13 +8,14 @@ never a traceback), 2 on a usage error.
 import json
 import sys
 import time
+import zlib
 from math import comb
 
 import click
 import msgpack
 
 from . import FORMAT_VERSION, Error, Index, ParameterError, __version__, _core, schemes
-from .inputs import FORMATS, FP_FORMATS, MAX_LINE, BadLine, read_items
+from .inputs import FORMATS, FP_FORMATS, MAX_LINE, BadLine, open_input, read_items
 from .plan import MAX_TABLES, Plan, default_blocks
 
 BATCH = 100_000
@@ -22,7 +23,7 @@ BATCH = 100_000
 
 def _progress(quiet, total=None, unit="rec"):
     """A tqdm bar on an interactive stderr, otherwise nothing."""
-    if quiet or not sys.stderr.isatty():
+    if quiet or sys.stderr is None or not sys.stderr.isatty():
         return None
     from tqdm import tqdm
     return tqdm(total=total, unit=unit, file=sys.stderr, dynamic_ncols=True)
@@ -42,13 +43,20 @@ def _hex(fp):
     return f"{fp:016x}"
 
 
-def _open(path, **kw):
+def _open(path, k_at_most=None, **kw):
+    """Index(path, **kw), its errors turned into exit 1 (usage errors: exit 2)."""
     try:
-        return Index(path, **kw)
+        idx = Index(path, **kw)
     except ParameterError as e:          # a parameter that breaks a rule or the manifest
         raise click.UsageError(str(e)) from None
     except Error as e:
         _fail(str(e))
+    if k_at_most is not None and k_at_most > idx.k:
+        k = idx.k
+        idx.close()
+        raise click.UsageError(f"--k {k_at_most} is above the index's k ({k}): its tables "
+                               f"only guarantee matches up to {k} bits")
+    return idx
 
 
 common_input = [
@@ -176,7 +184,9 @@ def build(index, inputs, k, blocks, shards, scheme, jobs, fmt, fp_format, max_li
 @input_options
 def query(index, inputs, k, output, fmt, fp_format, max_line, on_error, quiet):
     """Print the near-duplicates in INDEX of every record of INPUT ('-': stdin)."""
-    idx = _open(index, readonly=True)
+    if sys.stdout is None:
+        _fail("standard output is closed")
+    idx = _open(index, k_at_most=k, readonly=True)
     skips = _Skips(quiet)
     n = 0
     out = sys.stdout
@@ -240,7 +250,7 @@ def info(index):
               "index's k).")
 def pairs(index, k):
     """Every near-duplicate pair in INDEX: id_a<TAB>id_b<TAB>distance."""
-    with _open(index, readonly=True) as idx:
+    with _open(index, k_at_most=k, readonly=True) as idx:
         try:
             for a, b, d in idx.pairs(k=k):
                 click.echo(f"{a}\t{b}\t{d}")
@@ -254,7 +264,7 @@ def pairs(index, k):
               "index's k).")
 def clusters(index, k):
     """Groups of near-duplicates in INDEX, one per line, ids separated by tabs."""
-    with _open(index, readonly=True) as idx:
+    with _open(index, k_at_most=k, readonly=True) as idx:
         try:
             for group in idx.clusters(k=k):
                 click.echo("\t".join(map(str, group)))
@@ -265,22 +275,53 @@ def clusters(index, k):
 @cli.command()
 @click.argument("index")
 @click.argument("ids", nargs=-1)
-@click.option("--input", "input_", help="Read ids, one per line, from this file ('-': stdin).")
-def remove(index, ids, input_):
+@click.option("--input", "input_", help="Read ids, one per line, from this file ('-': stdin; "
+              ".gz read transparently).")
+@click.option("--int-ids", is_flag=True, help="The ids are integers (as stored from JSON "
+              "numbers), not strings.")
+def remove(index, ids, input_, int_ids):
     """Remove the records of IDS (or of the ids read from --input) from INDEX."""
+    if not ids and not input_:
+        raise click.UsageError("give ids to remove, or --input FILE")
     todo = list(ids)
     if input_:
-        stream = sys.stdin if input_ == "-" else open(input_, encoding="utf-8")
-        with stream:
-            todo += [line.rstrip("\r\n") for line in stream if line.strip()]
+        todo += _read_ids(input_)
+    if int_ids:
+        try:
+            todo = [int(i) for i in todo]
+        except ValueError as e:
+            raise click.UsageError(f"--int-ids: {e}") from None
     removed = 0
-    with _open(index) as idx:
+    with _open(index, create=False) as idx:
         try:
             for id_ in todo:
                 removed += idx.remove(id_)
         except Error as e:
             _fail(f"{e} (removed {removed} before it)")
     _say(f"simindex: removed {removed} of {len(todo)} ids")
+
+
+def _read_ids(path):
+    """Ids one per line from a file or stdin; a bad line stops with file:line: reason."""
+    try:
+        name, stream = open_input(path)
+    except OSError as e:
+        _fail(f"{path}: cannot read: {e.strerror or e}")
+    out = []
+    try:
+        for n, raw in enumerate(stream, 1):
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                _fail(f"{name}:{n}: invalid UTF-8 at byte {e.start}")
+            if line.strip():
+                out.append(line)
+    except (OSError, EOFError, zlib.error) as e:
+        _fail(f"{name}: cannot read: {e}")
+    finally:
+        if path != "-":
+            stream.close()
+    return out
 
 
 @cli.command()
@@ -303,7 +344,7 @@ def verify(index):
 @click.argument("index")
 def compact(index):
     """Merge each table's runs of INDEX into one and drop removed entries."""
-    with _open(index) as idx:
+    with _open(index, create=False) as idx:
         try:
             idx.compact()
         except Error as e:

@@ -55,7 +55,8 @@ schemes = MappingProxyType({
         shingle_width=4, joiner="none (character 4-grams)",
         hash="MD5 of the UTF-8 shingle, last 8 bytes, big-endian",
         weighting="count of each distinct 4-gram",
-        bit_rule=_BIT_RULE + " (the same as PyPI simhash 2.1.2's weighted majority)",
+        bit_rule=_BIT_RULE + " (PyPI simhash 2.1.2's weighted majority, exact for the "
+                             "integer counts text gives)",
         short_text="1 to 3 characters: one shingle of them all; none: InputError "
                    "(PyPI simhash would hash the empty string)"),
     "seomoz": Scheme(
@@ -83,6 +84,14 @@ def _scheme(scheme):
     except (KeyError, TypeError):
         raise ParameterError(
             f"unknown fingerprint scheme {scheme!r}; known: {', '.join(schemes)}") from None
+
+
+def _utf8(text):
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(f"text is not valid Unicode (a lone surrogate at {e.start}): it has "
+                         f"no UTF-8 form to hash") from None
 
 
 def _text(text):
@@ -173,7 +182,8 @@ def simhash(features, *, width=64, hash="xxh3"):
     `features`: an iterable of str/bytes (weight 1 each; repeats add up), an iterable of
     (feature, weight) pairs with int or float weights >= 0, or a dict feature -> weight.
     `hash`: "xxh3" (default), "md5-last8" (PyPI simhash) or "md5-first8" (simhash-py).
-    Integer weights are summed exactly; float weights in float64, in the given order.
+    Integer weights are summed exactly; float weights in float64, in the given order (PyPI
+    simhash rounds float weights differently, so only integer weights match it bit for bit).
     """
     if hash not in _HASHES:
         raise ParameterError(f"unknown token hash {hash!r}; known: {', '.join(_HASHES)}")
@@ -244,8 +254,7 @@ def fingerprint(text, *, scheme="simindex-v1"):
             raise InputError("text has no tokens under scheme '1e0ng' (empty, or no word "
                              "characters): it has no fingerprint")
         # each 4-gram occurrence votes once: the same sums as its count as a weight
-        fp, _ = _fingerprint.char_gram_vote(content.encode("utf-8"), s.shingle_width,
-                                            _MD5_LAST8)
+        fp, _ = _fingerprint.char_gram_vote(_utf8(content), s.shingle_width, _MD5_LAST8)
         return fp
     tokens = tokenize(text, scheme=s)
     if not tokens:
@@ -254,6 +263,5 @@ def fingerprint(text, *, scheme="simindex-v1"):
     if len(tokens) < s.shingle_width:
         raise InputError(f"text has {len(tokens)} tokens; scheme 'seomoz' needs at least "
                          f"{s.shingle_width} (simhash-py would give 0)")
-    fp, _ = _fingerprint.shingle_vote(" ".join(tokens).encode("utf-8"), s.shingle_width,
-                                      _MD5_FIRST8)
+    fp, _ = _fingerprint.shingle_vote(_utf8(" ".join(tokens)), s.shingle_width, _MD5_FIRST8)
     return fp

@@ -4,9 +4,10 @@ by line so a bad line is reported as `file:line: reason` and nothing of it is wr
 import gzip
 import json
 import sys
+import zlib
 from typing import Any, NamedTuple, Optional
 
-from .codec import MAX_FP, check_fp, encode_id
+from .codec import MAX_FP, check_fp, encode_id, pack_meta
 from .errors import Error, InputError, InputTypeError
 
 MAX_LINE = 16 << 20
@@ -68,6 +69,11 @@ def _check_id(id_):
     return id_
 
 
+def _check_meta(meta):
+    pack_meta(meta)                  # raises InputError naming the problem
+    return meta
+
+
 def parse_line(line, fmt, fp_format, where):
     """One Item from one decoded line; raises BadLine."""
     try:
@@ -83,7 +89,8 @@ def parse_line(line, fmt, fp_format, where):
                     meta = json.loads(parts[2])
                 except ValueError as e:
                     raise ValueError(f"meta is not valid JSON: {e}") from None
-            return Item(_check_id(parts[0]), parse_fp(parts[1], fp_format), None, meta, where)
+            return Item(_check_id(parts[0]), parse_fp(parts[1], fp_format), None,
+                        _check_meta(meta), where)
         try:
             obj = json.loads(line)
         except ValueError as e:
@@ -101,7 +108,7 @@ def parse_line(line, fmt, fp_format, where):
         if "text" in obj:
             if not isinstance(obj["text"], str):
                 raise ValueError('"text" must be a string')
-            return Item(id_, None, obj["text"], obj.get("meta"), where)
+            return Item(id_, None, obj["text"], _check_meta(obj.get("meta")), where)
         fp = obj["fingerprint"]
         if isinstance(fp, str):
             fp = parse_fp(fp, fp_format)
@@ -109,7 +116,9 @@ def parse_line(line, fmt, fp_format, where):
             fp = check_fp(fp) if fp_format != "int64" else parse_fp(str(fp), "int64")
         else:
             raise ValueError(f"fingerprint {fp!r:.40} must be a hex string or an integer")
-        return Item(id_, fp, None, obj.get("meta"), where)
+        return Item(id_, fp, None, _check_meta(obj.get("meta")), where)
+    except RecursionError:
+        raise BadLine(where, "JSON nested too deeply") from None
     except (ValueError, InputError, InputTypeError) as e:
         raise BadLine(where, str(e)) from None
 
@@ -117,6 +126,8 @@ def parse_line(line, fmt, fp_format, where):
 def open_input(path):
     """A binary stream for a path or "-" (stdin); .gz files are decompressed."""
     if path == "-":
+        if sys.stdin is None:
+            raise OSError("standard input is closed")
         stream = sys.stdin.buffer
         name = "<stdin>"
     else:
@@ -150,6 +161,8 @@ def read_items(paths, fmt=None, fp_format="hex", max_line=MAX_LINE, on_error=Non
                     except UnicodeDecodeError as e:
                         raise BadLine(where, f"invalid UTF-8 at byte {e.start}") from None
                     line = line.rstrip("\r\n")
+                    if n == 1 and line.startswith("\ufeff"):
+                        line = line[1:]                     # a UTF-8 byte order mark
                     if not line.strip():
                         continue
                     if line_fmt is None:
@@ -159,10 +172,10 @@ def read_items(paths, fmt=None, fp_format="hex", max_line=MAX_LINE, on_error=Non
                     if on_error is None:
                         raise
                     on_error(e)
-        except (OSError, EOFError, gzip.BadGzipFile) as e:
+        except (OSError, EOFError, zlib.error) as e:
             raise BadLine(name, f"cannot read: {e}") from None
         finally:
-            if stream is not sys.stdin.buffer:
+            if path != "-":
                 stream.close()
 
 

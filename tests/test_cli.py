@@ -179,3 +179,56 @@ def test_build_with_jobs_matches_a_serial_build(tmp_path):
     qb = run("query", tmp_path / "b", tmp_path / "in.tsv", "--quiet", check=0).stdout
     assert qa == qb and qa.count("\n") == 5000
     run("build", tmp_path / "c", "--jobs", "0", input="", check=2)
+
+
+def test_bad_meta_deep_json_and_corrupt_gzip_are_bad_lines(tmp_path):
+    f = tmp_path / "meta.jsonl"
+    f.write_text('{"id": "m1", "fingerprint": "1"}\n'
+                 '{"id": "m2", "fingerprint": "2", "meta": {"x": 100000000000000000000000}}\n')
+    p = run("build", tmp_path / "i", f, check=1)
+    assert f"{f}:2: meta" in p.stderr and "added 1 records" in p.stderr
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"id": "a", "fingerprint": "1", "meta": ' + "[" * 100000 + "]" * 100000
+                    + "}\n")
+    assert f"{deep}:1: " in run("build", tmp_path / "i", deep, check=1).stderr
+    import random
+    import zlib
+    data = bytearray(gzip.compress(b"".join(b"id%d\t%x\n" % (i, i) for i in range(20000))))
+    for j in range(100, 140):
+        data[j] ^= 0x55
+    (tmp_path / "c.tsv.gz").write_bytes(bytes(data))
+    p = run("build", tmp_path / "i", tmp_path / "c.tsv.gz", check=1)
+    assert "cannot read" in p.stderr
+
+
+def test_surrogates_bom_and_closed_streams(tmp_path):
+    p = run("build", tmp_path / "i", "--scheme", "seomoz",
+            input='{"id": "x", "text": "\\ud800 a b c d"}\n', check=1)
+    assert "<stdin>:1: text is not valid Unicode" in p.stderr
+    (tmp_path / "bom.tsv").write_bytes(b"\xef\xbb\xbfa\t1\n")
+    run("build", tmp_path / "i", tmp_path / "bom.tsv", check=0)
+    with simindex.Index(tmp_path / "i", readonly=True) as idx:
+        assert "a" in idx
+    closed = subprocess.run([EXE, "build", tmp_path / "i"], stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True)
+    assert closed.returncode == 0 and "Traceback" not in closed.stderr
+
+
+def test_remove_and_compact_never_create_and_take_int_ids(tmp_path):
+    run("remove", tmp_path / "nothere", "x", check=1)
+    run("compact", tmp_path / "nothere2", check=1)
+    assert not (tmp_path / "nothere").exists() and not (tmp_path / "nothere2").exists()
+    run("build", tmp_path / "i", input='{"id": 5, "fingerprint": "1"}\n', check=0)
+    run("remove", tmp_path / "i", check=2)
+    assert "removed 0 of 1" in run("remove", tmp_path / "i", "5", check=0).stderr
+    assert "removed 1 of 1" in run("remove", tmp_path / "i", "--int-ids", "5", check=0).stderr
+    (tmp_path / "bad.txt").write_bytes(b"\xff\n")
+    p = run("remove", tmp_path / "i", "--input", tmp_path / "bad.txt", check=1)
+    assert f"{tmp_path / 'bad.txt'}:1: invalid UTF-8" in p.stderr
+
+
+def test_k_above_the_index_k_is_a_usage_error(tmp_path):
+    run("build", tmp_path / "i", "--k", "2", input="a\t1\n", check=0)
+    for cmd in (["query"], ["pairs"], ["clusters"]):
+        p = run(*cmd, tmp_path / "i", "--k", "3", input="", check=2)
+        assert "above the index's k (2)" in p.stderr

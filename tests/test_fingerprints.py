@@ -312,3 +312,19 @@ def test_v1_compiled_tokenizer_equals_the_regex_reference(text):
             simindex.fingerprint(text)
     else:
         assert simindex.fingerprint(text) == ref_v1(text)
+
+
+def test_v1_han_and_kana_ranges_are_tokens_even_when_not_word_characters():
+    # U+30FB KATAKANA MIDDLE DOT is punctuation, yet inside the Kana range: a token
+    for text in ("a・b c d", "山田・太郎", "゛test゛ words here"):
+        assert simindex.fingerprint(text) == ref_v1(text)
+    assert simindex.tokenize("a・b") == ["a", "・", "b"]
+
+
+def test_lone_surrogates_are_input_errors_where_they_would_be_hashed():
+    with pytest.raises(simindex.InputError, match="lone surrogate"):
+        simindex.fingerprint("\ud800 a b c d e", scheme="seomoz")   # split keeps it
+    # simindex-v1 and 1e0ng keep word characters only, and a surrogate is none
+    for scheme in ("simindex-v1", "1e0ng"):
+        assert simindex.fingerprint("\ud800 a b c d e", scheme=scheme) == \
+            simindex.fingerprint("a b c d e", scheme=scheme)

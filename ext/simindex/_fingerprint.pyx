@@ -257,7 +257,7 @@ def word_vote(str text not None, int width):
     """simindex-v1's tokenize + shingle + hash + vote in one pass over normalized text.
 
     Tokens are runs of word characters (what regex \\w matches: str.isalnum() or "_"),
-    each Han/Kana character a token of its own; they are written as UTF-8 joined by
+    and each character of the Han/Kana ranges a token of its own, word character or not; they are written as UTF-8 joined by
     single spaces and voted on as in shingle_vote(). Returns (fingerprint, windows).
     """
     cdef Py_ssize_t n = len(text), i, o = 0
@@ -275,7 +275,7 @@ def word_vote(str text not None, int width):
         for i in range(n):
             c = PyUnicode_READ(kind, data, i)
             word = Py_UNICODE_ISALNUM(c) or c == 0x5F
-            if word and _is_cjk(c):
+            if _is_cjk(c):                       # every character of these ranges
                 if o:
                     buf[o] = b' '
                     o += 1
