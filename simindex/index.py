@@ -7,7 +7,9 @@ import numpy as np
 
 from . import _core, shard as _shard, store as _store
 from .codec import check_fp, decode_id, encode_id, fp_array, pack_meta, unpack
-from .errors import CorruptError, InputError, InputTypeError, ParameterError
+from .errors import (
+    ClosedError, CorruptError, InputError, InputTypeError, ParameterError, ReadOnlyError,
+)
 from .fingerprints import fingerprint
 from .plan import Plan
 
@@ -131,7 +133,6 @@ class Index:
     def _s(self):
         st = self._store
         if st is None:
-            from .errors import ClosedError
             raise ClosedError(f"index {self.path} is closed")
         st.check_open()
         return st
@@ -139,7 +140,6 @@ class Index:
     def _w(self):
         st = self._s()
         if self._readonly:
-            from .errors import ReadOnlyError
             raise ReadOnlyError(f"index {self.path} is open read-only")
         st.check_writable()
         return st
