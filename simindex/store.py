@@ -50,33 +50,39 @@ class _Gate:
     """Many calls inside at once, or one map resize alone (LMDB needs no live transaction).
 
     Re-entrant per thread: a call already inside (add_unique queries inside its write)
-    never waits for a resize that is itself waiting for that call to leave.
+    never waits for a resize that is itself waiting for that call to leave. `shared()` is
+    a plain object, not a generator, because every query passes through it.
     """
 
     def __init__(self):
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._inside = 0
         self._resizing = False
         self._local = threading.local()
+        self._shared = _Shared(self)
 
-    @contextmanager
     def shared(self):
-        depth = getattr(self._local, "depth", 0)
+        return self._shared
+
+    def _enter(self):
+        local = self._local
+        depth = getattr(local, "depth", 0)
         if not depth:
-            with self._cond:
+            with self._lock:
                 while self._resizing:
                     self._cond.wait()
                 self._inside += 1
-        self._local.depth = depth + 1
-        try:
-            yield
-        finally:
-            self._local.depth = depth
-            if not depth:
-                with self._cond:
-                    self._inside -= 1
-                    if not self._inside:
-                        self._cond.notify_all()
+        local.depth = depth + 1
+
+    def _exit(self):
+        local = self._local
+        local.depth -= 1
+        if not local.depth:
+            with self._lock:
+                self._inside -= 1
+                if not self._inside:
+                    self._cond.notify_all()
 
     def nested(self):
         """Whether this thread is already inside (a resize must then wait for the outer call)."""
@@ -98,6 +104,21 @@ class _Gate:
             with self._cond:
                 self._resizing = False
                 self._cond.notify_all()
+
+
+class _Shared:
+    """The context manager of _Gate.shared()."""
+    __slots__ = ("gate",)
+
+    def __init__(self, gate):
+        self.gate = gate
+
+    def __enter__(self):
+        self.gate._enter()
+
+    def __exit__(self, *exc):
+        self.gate._exit()
+        return False
 
 
 _registry = {}
@@ -307,7 +328,7 @@ class Store:
     def _close_envs(self):
         for ctx in self._pool:
             ctx.close()
-        self._pool = []
+        self._pool.clear()
         for env in self.shards:
             env.close()
         self.shards = []
@@ -388,16 +409,20 @@ class Store:
 
     def read(self, fn):
         """Run fn(ctx) with a pooled read context, adopting a map another process grew."""
+        gate, pool = self._gate, self._pool
         while True:
             try:
-                with self._gate.shared():
-                    self._inside_open()
-                    ctx = self._pool.pop() if self._pool else _core.ReadContext(
-                        self.records, self.shards)
+                gate._enter()
+                try:
+                    if self.records is None:
+                        raise ClosedError(f"index {self.path} is closed")
+                    ctx = pool.pop() if pool else _core.ReadContext(self.records, self.shards)
                     try:
                         return fn(ctx)
                     finally:
-                        self._pool.append(ctx)
+                        pool.append(ctx)
+                finally:
+                    gate._exit()
             except MapResizedError:
                 self._resized()
 
