@@ -327,7 +327,7 @@ class Index:
         plan = st.plan
         found = []
         with st.snapshot() as (rtxn, stxns):
-            states = [_store.load_state(t) for t in stxns]
+            states = [_shard.load_state(t) for t in stxns]
             a_min = min(s[0] for s in states)
             tseqs, tfps = _core.read_tail(rtxn, _store.SEQS_DB, a_min + 1)
             cache = {}
@@ -357,7 +357,7 @@ class Index:
                     ks, ss = [], []
                     for s in group:
                         for run, count in _shard.runs_of(states[s][1], t):
-                            kk, sq = _core.read_run(stxns[s], _store.BLOCKS_DB, run, count)
+                            kk, sq = _core.read_run(stxns[s], _shard.BLOCKS_DB, run, count)
                             applied = sq <= np.uint64(a_min)   # newer ones come from the tail
                             ks.append(kk[applied])
                             ss.append(sq[applied])
@@ -431,7 +431,7 @@ class Index:
             v = rtxn.get(_store.INFO_DB, b"stale")
             stale = int.from_bytes(v, "big") if v else 0
             last = st.next_seq(rtxn) - 1
-            states = [_store.load_state(t) for t in stxns]
+            states = [_shard.load_state(t) for t in stxns]
         size = 0
         for root, _dirs, files in os.walk(st.path):
             for f in files:
@@ -464,7 +464,7 @@ class Index:
             if n_ids != len(seqs):
                 problems.append(f"records: {n_ids} ids but {len(seqs)} records")
             for s, txn in enumerate(stxns):
-                applied, runs, _ = _store.load_state(txn)
+                applied, runs, _ = _shard.load_state(txn)
                 sel = seqs <= np.uint64(applied)
                 for t in range(plan.ntables):
                     keys = plan.core.keys(t, fps[sel])
@@ -474,7 +474,7 @@ class Index:
                     got_k, got_s = [], []
                     for run, count in _shard.runs_of(runs, t):
                         try:
-                            kk, sq = _core.read_run(txn, _store.BLOCKS_DB, run, count, True)
+                            kk, sq = _core.read_run(txn, _shard.BLOCKS_DB, run, count, True)
                         except CorruptError as e:
                             problems.append(f"{_store.shard_dir(s)} table {t}: {e}")
                             continue

@@ -26,7 +26,7 @@ from .errors import (
 )
 from .fingerprints import _scheme
 from .plan import Plan
-from .shard import BLOCKS_DB, STATE_DB, ShardWriter, load_state
+from .shard import BLOCKS_DB, STATE_DB, ShardWriter
 
 RECORDS = "records"
 DEFAULT_SCHEME = "simindex-v1"

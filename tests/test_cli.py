@@ -191,8 +191,6 @@ def test_bad_meta_deep_json_and_corrupt_gzip_are_bad_lines(tmp_path):
     deep.write_text('{"id": "a", "fingerprint": "1", "meta": ' + "[" * 100000 + "]" * 100000
                     + "}\n")
     assert f"{deep}:1: " in run("build", tmp_path / "i", deep, check=1).stderr
-    import random
-    import zlib
     data = bytearray(gzip.compress(b"".join(b"id%d\t%x\n" % (i, i) for i in range(20000))))
     for j in range(100, 140):
         data[j] ^= 0x55

@@ -1,6 +1,5 @@
 """Nothing committed is lost: writers killed with SIGKILL at random moments, then reopened."""
 
-import os
 import random
 import signal
 import subprocess

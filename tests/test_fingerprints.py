@@ -5,7 +5,6 @@ import hashlib
 import os
 import random
 import re
-import sys
 import unicodedata
 
 import pytest
