@@ -36,18 +36,10 @@ def hamming(a, b):
     return _core.hamming(check_fp(a), check_fp(b))
 
 
-def _split_tail(tail):
-    """(id, meta) from the bytes the core returns after a record's fingerprint."""
-    n = tail[0] | (tail[1] << 8)
-    if 2 + n > len(tail):
-        raise CorruptError("a stored record's id runs past its end")
-    return decode_id(tail[2:2 + n]), unpack(tail[2 + n:], "meta value")
-
-
 def _match(hit):
-    dist, fp, _seq, tail = hit
-    id_, meta = _split_tail(tail)
-    return Match(id_, fp, dist, meta)
+    """A Match from the core's (distance, fingerprint, seq, id, meta bytes or None)."""
+    dist, fp, _seq, id_, meta = hit
+    return Match(id_, fp, dist, None if meta is None else unpack(meta, "meta value"))
 
 
 def _check_verify(verify):

@@ -14,6 +14,7 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, calloc, realloc, free, qsort
 from libc.string cimport memcpy, memset
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_DecodeUTF8
 
 from clmdb cimport *
 from posix.unistd cimport getpid
@@ -702,6 +703,39 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
     return next_seq, replaced
 
 
+cdef tuple _record_id_meta(const uint8_t *p, size_t n):
+    """(id, meta bytes or None) of a stored record value, the id decoded to its type.
+
+    A record's meta of msgpack nil comes back as None, so most matches need no decoding.
+    """
+    cdef size_t idlen
+    cdef const uint8_t *key
+    cdef object id_, meta
+    if n < RECORD_HEADER:
+        raise CorruptError("a stored record is shorter than its header")
+    idlen = p[8] | (<size_t>p[9] << 8)
+    if idlen < 1 or RECORD_HEADER + idlen > n:
+        raise CorruptError("a stored record's id runs past its end")
+    key = p + RECORD_HEADER
+    if key[0] == b's':
+        try:
+            id_ = PyUnicode_DecodeUTF8(<const char *>key + 1, idlen - 1, "strict")
+        except UnicodeDecodeError:
+            raise CorruptError("a stored text id is not valid UTF-8") from None
+    elif key[0] == b'b':
+        id_ = PyBytes_FromStringAndSize(<const char *>key + 1, idlen - 1)
+    elif key[0] == b'i' and idlen == 9:
+        id_ = si_load_be64(key + 1)
+    else:
+        raise CorruptError(f"a stored id has an unknown type tag {key[0]!r}")
+    if n - RECORD_HEADER - idlen == 1 and p[RECORD_HEADER + idlen] == 0xC0:
+        meta = None
+    else:
+        meta = PyBytes_FromStringAndSize(<const char *>p + RECORD_HEADER + idlen,
+                                         n - RECORD_HEADER - idlen)
+    return id_, meta
+
+
 def split_record(bytes value not None):
     """(fingerprint, id key, meta bytes) of a stored record value, checking its sizes."""
     cdef Py_ssize_t n = PyBytes_GET_SIZE(value)
@@ -1200,7 +1234,7 @@ cdef class ReadContext:
         return out
 
     def query(self, Plan plan, const uint64_t[::1] queries, int k, Txn txn=None):
-        """For each query, [(distance, fingerprint, seq, record tail bytes), ...] sorted by
+        """For each query, [(distance, fingerprint, seq, id, meta bytes or None), ...] sorted by
         (distance, seq): every record of the snapshot within `k` bits, each once.
 
         `txn`, when given, is the records transaction to answer from (a writer's, for
@@ -1368,8 +1402,8 @@ cdef class ReadContext:
                 lst = []
                 for r in range(qstart[qi], qstart[qi + 1]):
                     hh = &hits.h[r]
-                    lst.append((hh.dist, hh.fp, hh.seq, PyBytes_FromStringAndSize(
-                        <const char *>hh.val + 8, hh.vlen - 8)))
+                    id_, meta = _record_id_meta(hh.val, hh.vlen)
+                    lst.append((hh.dist, hh.fp, hh.seq, id_, meta))
                 out.append(lst)
             return out
         finally:
