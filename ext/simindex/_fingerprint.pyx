@@ -62,11 +62,6 @@ cdef inline void _add(int64_t *v, uint64_t h, int64_t w) noexcept nogil:
             v[i] -= w
 
 
-def xxh3(bytes data not None):
-    """The xxh3-64 hash (seed 0) of `data`, as an unsigned int."""
-    return si_xxh3(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
-
-
 def xxh3_many(list items):
     """xxh3-64 of each bytes object in `items`, as a uint64 array."""
     cdef Py_ssize_t i, n = len(items)
