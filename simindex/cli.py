@@ -39,6 +39,27 @@ def _fail(msg):
     sys.exit(1)
 
 
+ray_option = click.option(
+    "--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="ADDRESS",
+    help="Serve the shards from Ray actors: join the Ray cluster at ADDRESS, or with no "
+         "ADDRESS start a local one (needs: pip install 'simindex[ray]').")
+
+
+def _cluster(index, address, **check):
+    """A simindex.dist.Cluster on INDEX after the checks of _open (exit 1 on errors)."""
+    _open(index, **check).close()
+    try:
+        from .dist import Cluster
+    except ImportError as e:
+        _fail(str(e))
+    try:
+        return Cluster(index, address=None if address == "local" else address)
+    except Error as e:
+        _fail(str(e))
+    except Exception as e:                   # Ray could not start or connect
+        _fail(f"cannot start the Ray cluster at {address}: {e}")
+
+
 def _hex(fp):
     return f"{fp:016x}"
 
@@ -125,15 +146,21 @@ def cli():
 @click.option("--scheme", type=click.Choice(list(schemes)), help="Text fingerprint scheme "
               "(new index; default simindex-v1).")
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), default=1, show_default=True,
-              help="Shards written at once.")
+              help="Shards written at once (threads; with --ray every shard has its actor).")
+@ray_option
 @input_options
-def build(index, inputs, k, blocks, shards, scheme, jobs, fmt, fp_format, max_line, on_error,
-          quiet):
+def build(index, inputs, k, blocks, shards, scheme, jobs, ray_address, fmt, fp_format,
+          max_line, on_error, quiet):
     """Create INDEX if missing, then add every record of INPUT files ('-': stdin).
 
     Incremental: run it again with more input to add to the same index.
     """
-    idx = _open(index, k=k, blocks=blocks, shards=shards, scheme=scheme)
+    if ray_address is None:
+        idx = _open(index, k=k, blocks=blocks, shards=shards, scheme=scheme)
+        write = lambda batch: idx.add_many(batch, jobs=jobs)
+    else:
+        idx = _cluster(index, ray_address, k=k, blocks=blocks, shards=shards, scheme=scheme)
+        write = idx.add_many
     skips = _Skips(quiet)
     added = 0
     start = time.perf_counter()
@@ -143,7 +170,7 @@ def build(index, inputs, k, blocks, shards, scheme, jobs, fmt, fp_format, max_li
     def commit():
         nonlocal added
         if batch:
-            idx.add_many(batch, jobs=jobs)
+            write(batch)
             added += len(batch)
             if bar is not None:
                 bar.update(len(batch))
@@ -181,12 +208,16 @@ def build(index, inputs, k, blocks, shards, scheme, jobs, fmt, fp_format, max_li
 @click.option("--output", type=click.Choice(["jsonl", "tsv"]), default="jsonl",
               show_default=True, help="jsonl: one line per query; tsv: one "
               "query_id<TAB>match_id<TAB>distance line per match.")
+@ray_option
 @input_options
-def query(index, inputs, k, output, fmt, fp_format, max_line, on_error, quiet):
+def query(index, inputs, k, output, ray_address, fmt, fp_format, max_line, on_error, quiet):
     """Print the near-duplicates in INDEX of every record of INPUT ('-': stdin)."""
     if sys.stdout is None:
         _fail("standard output is closed")
-    idx = _open(index, k_at_most=k, readonly=True)
+    if ray_address is None:
+        idx = _open(index, k_at_most=k, readonly=True)
+    else:
+        idx = _cluster(index, ray_address, k_at_most=k, readonly=True)
     skips = _Skips(quiet)
     n = 0
     out = sys.stdout

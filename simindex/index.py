@@ -76,6 +76,56 @@ def find_all(fingerprints, k=3, blocks=None):
     return list(zip(a[order].tolist(), b[order].tolist()))
 
 
+def records_of(items, fingerprints=None):
+    """(id keys, fingerprint array, packed metas) of add_many's arguments, all checked first."""
+    if fingerprints is not None:
+        ids = list(items)
+        fps = fp_array(fingerprints)
+        if len(ids) != len(fps):
+            raise InputError(f"add_many got {len(ids)} ids and {len(fps)} fingerprints")
+        idks = [encode_id(i) for i in ids]
+        metas = [pack_meta(None)] * len(ids)
+    else:
+        idks, fpl, metas = [], [], []
+        for n, item in enumerate(items):
+            if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+                raise InputTypeError(
+                    f"item {n} must be (id, fingerprint) or (id, fingerprint, meta), "
+                    f"got {item!r:.80}")
+            try:
+                idks.append(encode_id(item[0]))
+                fpl.append(check_fp(item[1]))
+                metas.append(pack_meta(item[2] if len(item) == 3 else None, item[0]))
+            except (InputError, InputTypeError) as e:
+                raise type(e)(f"item {n}: {e}") from None
+        fps = np.array(fpl, dtype=np.uint64)
+    return idks, fps, metas
+
+
+def group_pairs(links):
+    """Connected components of size >= 2 of links (key_a, key_b, id_a, id_b): lists of ids
+    in key order, groups in order of their smallest key (keys: seqs or input positions)."""
+    parent, ids = {}, {}
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for a, b, ia, ib in links:
+        ids[a], ids[b] = ia, ib
+        parent.setdefault(a, a)
+        parent.setdefault(b, b)
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    groups = {}
+    for x in sorted(parent):
+        groups.setdefault(find(x), []).append(ids[x])
+    return [groups[r] for r in sorted(groups)]
+
+
 class Index:
     """A persistent, sharded, exact near-duplicate index of 64-bit fingerprints.
 
@@ -190,27 +240,7 @@ class Index:
         written at once (threads).
         """
         st = self._w()
-        if fingerprints is not None:
-            ids = list(items)
-            fps = fp_array(fingerprints)
-            if len(ids) != len(fps):
-                raise InputError(f"add_many got {len(ids)} ids and {len(fps)} fingerprints")
-            idks = [encode_id(i) for i in ids]
-            metas = [pack_meta(None)] * len(ids)
-        else:
-            idks, fpl, metas = [], [], []
-            for n, item in enumerate(items):
-                if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
-                    raise InputTypeError(
-                        f"item {n} must be (id, fingerprint) or (id, fingerprint, meta), "
-                        f"got {item!r:.80}")
-                try:
-                    idks.append(encode_id(item[0]))
-                    fpl.append(check_fp(item[1]))
-                    metas.append(pack_meta(item[2] if len(item) == 3 else None, item[0]))
-                except (InputError, InputTypeError) as e:
-                    raise type(e)(f"item {n}: {e}") from None
-            fps = np.array(fpl, dtype=np.uint64)
+        idks, fps, metas = records_of(items, fingerprints)
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise ParameterError(f"jobs must be an int >= 1, got {jobs!r}")
         if idks:
@@ -384,26 +414,7 @@ class Index:
         Each group lists its ids in insertion order; groups come in order of their oldest id.
         """
         k = self._k(k)
-        parent, ids = {}, {}
-
-        def find(x):
-            while parent[x] != x:
-                parent[x] = parent[parent[x]]
-                x = parent[x]
-            return x
-
-        for sa, sb, _d, ia, ib in self._pair_seqs(k):
-            ids[sa], ids[sb] = ia, ib
-            parent.setdefault(sa, sa)
-            parent.setdefault(sb, sb)
-            ra, rb = find(sa), find(sb)
-            if ra != rb:
-                parent[max(ra, rb)] = min(ra, rb)
-        groups = {}
-        for s in sorted(parent):
-            groups.setdefault(find(s), []).append(ids[s])
-        for root in sorted(groups):
-            yield groups[root]
+        yield from group_pairs((sa, sb, ia, ib) for sa, sb, _d, ia, ib in self._pair_seqs(k))
 
     # ------------------------------------------------------------ maintenance
     def flush(self):

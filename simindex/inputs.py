@@ -23,6 +23,9 @@ class BadLine(Error, ValueError):
         self.where = where
         self.reason = reason
 
+    def __reduce__(self):            # picklable: it crosses processes (Ray tasks)
+        return type(self), (self.where, self.reason)
+
 
 class Item(NamedTuple):
     """One parsed input record: a fingerprint, or a text to fingerprint."""

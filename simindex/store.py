@@ -450,12 +450,7 @@ class Store:
         txn.put(INFO_DB, name, max(0, n + by).to_bytes(8, "big"))
 
     def put_records(self, txn, idkeys, fps, metas):
-        seq0 = self.next_seq(txn)
-        seq, replaced = _core.records_put(txn, IDS_DB, SEQS_DB, idkeys, fps, metas, seq0)
-        txn.put(INFO_DB, b"next_seq", seq.to_bytes(8, "big"))
-        if replaced:
-            self._bump(txn, b"stale", replaced)
-        return seq0
+        return put_records(txn, idkeys, fps, metas)
 
     def add(self, idkeys, fps, metas, jobs=1):
         """Commit records in chunks (each atomic and durable), then apply them to the shards
@@ -471,29 +466,13 @@ class Store:
     def remove(self, idkey):
         self.check_writable()
 
-        def rm(txn):
-            old = txn.get(IDS_DB, idkey)
-            if old is None:
-                return False
-            txn.delete(IDS_DB, idkey)
-            txn.delete(SEQS_DB, old)
-            self._bump(txn, b"stale", 1)
-            return True
         with self._wlock:
-            return self.write(self.records, rm)
+            return self.write(self.records, lambda txn: remove_record(txn, idkey))
 
     def get(self, idkey):
         self.check_open()
 
-        def lookup(txn):
-            seq = txn.get(IDS_DB, idkey)
-            if seq is None:
-                return None
-            value = txn.get(SEQS_DB, seq)
-            if value is None:
-                raise CorruptError(f"{self.path}: an id points to a missing record")
-            return value
-        return self.with_txn(self.records, lookup)
+        return self.with_txn(self.records, lambda txn: get_record(txn, idkey, self.path))
 
     def count(self):
         self.check_open()
@@ -630,6 +609,41 @@ class Store:
             with self._gate.shared():
                 for env in [self.records] + self.shards:
                     env.sync(True)
+
+
+def put_records(txn, idkeys, fps, metas):
+    """Write records in a records/ write transaction; returns the first seq given out.
+
+    Record i gets seq seq0 + i; an id stored before loses its older record.
+    """
+    seq0 = Store.next_seq(txn)
+    seq, replaced = _core.records_put(txn, IDS_DB, SEQS_DB, idkeys, fps, metas, seq0)
+    txn.put(INFO_DB, b"next_seq", seq.to_bytes(8, "big"))
+    if replaced:
+        Store._bump(txn, b"stale", replaced)
+    return seq0
+
+
+def remove_record(txn, idkey):
+    """Delete the record of an id key in a records/ write transaction; whether there was one."""
+    old = txn.get(IDS_DB, idkey)
+    if old is None:
+        return False
+    txn.delete(IDS_DB, idkey)
+    txn.delete(SEQS_DB, old)
+    Store._bump(txn, b"stale", 1)
+    return True
+
+
+def get_record(txn, idkey, path):
+    """The stored record value of an id key, or None."""
+    seq = txn.get(IDS_DB, idkey)
+    if seq is None:
+        return None
+    value = txn.get(SEQS_DB, seq)
+    if value is None:
+        raise CorruptError(f"{path}: an id points to a missing record")
+    return value
 
 
 def _check_data_file(d):

@@ -75,6 +75,4 @@ cdef class ReadContext:
     cdef int _begin_records(self) noexcept nogil
     cdef int _activate(self, int s, int ntables) noexcept nogil
     cdef void _release(self) noexcept nogil
-    cdef int _scan_run(self, MDB_cursor *cur, uint64_t run_id, uint64_t lo, uint64_t hi,
-                       uint64_t pk, int k, HitBuf *hits) noexcept nogil
     cdef int _finish(self, MDB_txn *rtxn, uint64_t q, HitBuf *hits, size_t start) noexcept nogil

@@ -955,6 +955,131 @@ cdef int _cmp_dist_seq(const void *a, const void *b) noexcept nogil:
     return (x.seq > y.seq) - (x.seq < y.seq)
 
 
+cdef int _scan_run(MDB_cursor *cur, uint64_t run_id, uint64_t lo, uint64_t hi,
+                   uint64_t pk, int k, HitBuf *hits) noexcept nogil:
+    """Push (seq, distance) of every entry of run `run_id` with key in [lo, hi] within k of pk."""
+    cdef uint8_t kbuf[BLOCK_KEY]
+    cdef MDB_val key, val
+    cdef int rc
+    cdef bint first = True
+    cdef size_t c, a, b, mid, i
+    cdef const uint8_t *keys
+    cdef const uint8_t *seqs
+    cdef uint64_t x
+    cdef int d
+    si_store_be64(kbuf, run_id)
+    si_store_be64(kbuf + 8, lo)
+    si_store_be32(kbuf + 16, 0)
+    key.mv_size = BLOCK_KEY
+    key.mv_data = kbuf
+    rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE)
+    while rc == 0:
+        if key.mv_size != BLOCK_KEY:
+            return SI_CORRUPT_KEY
+        if si_load_be64(key.mv_data) != run_id:
+            return 0
+        rc = _check_block(&key, &val)
+        if rc:
+            return rc
+        c = si_load32(<uint8_t *>val.mv_data + 4)
+        keys = <const uint8_t *>val.mv_data + BLOCK_HEADER
+        seqs = keys + 8 * c
+        if first:
+            a = 0
+            b = c
+            while a < b:
+                mid = (a + b) >> 1
+                if si_load64(keys + 8 * mid) < lo:
+                    a = mid + 1
+                else:
+                    b = mid
+            i = a
+            first = False
+        else:
+            i = 0
+        while i < c:
+            x = si_load64(keys + 8 * i)
+            if x > hi:
+                return 0
+            d = si_popcount(x ^ pk)
+            if d <= k:
+                rc = _hit_push(hits, si_load64(seqs + 8 * i), d)
+                if rc:
+                    return rc
+            i += 1
+        rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)
+    if rc == MDB_NOTFOUND:
+        return 0
+    return rc
+
+
+cdef struct Tail:
+    uint64_t *seq
+    uint64_t *fp
+    size_t n
+    size_t cap
+
+
+cdef int _load_tail(MDB_cursor *cur, uint64_t start, Tail *tail) noexcept nogil:
+    """Load (seq, fp) of every record with seq >= start: those not yet in every table."""
+    cdef MDB_val key, val
+    cdef uint8_t kbuf[8]
+    cdef void *tmp
+    cdef int rc
+    si_store_be64(kbuf, start)
+    key.mv_size = 8
+    key.mv_data = kbuf
+    rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE)
+    while rc == 0:
+        if key.mv_size != 8 or val.mv_size < RECORD_HEADER:
+            return SI_CORRUPT_RECORD
+        if tail.n == tail.cap:
+            tail.cap = tail.cap * 2 if tail.cap else 1024
+            tmp = realloc(tail.seq, tail.cap * 8)
+            if tmp == NULL:
+                return SI_NOMEM
+            tail.seq = <uint64_t *>tmp
+            tmp = realloc(tail.fp, tail.cap * 8)
+            if tmp == NULL:
+                return SI_NOMEM
+            tail.fp = <uint64_t *>tmp
+        tail.seq[tail.n] = si_load_be64(key.mv_data)
+        tail.fp[tail.n] = si_load64(val.mv_data)
+        tail.n += 1
+        rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)
+    return 0 if rc == MDB_NOTFOUND else rc
+
+
+cdef int _tail_hits(Tail *tail, uint64_t applied, uint64_t q, int k, HitBuf *hits) noexcept nogil:
+    """Check the tail records above `applied` (missing from some table) against q directly."""
+    cdef size_t j
+    cdef int d, rc
+    for j in range(tail.n):
+        if tail.seq[j] > applied:
+            d = si_popcount(tail.fp[j] ^ q)
+            if d <= k:
+                rc = _hit_push(hits, tail.seq[j], d)
+                if rc:
+                    return rc
+    return 0
+
+
+cdef list _hit_lists(HitBuf *hits, size_t *qstart, Py_ssize_t n):
+    """Per query, [(distance, fingerprint, seq, id, meta bytes or None), ...] of resolved hits."""
+    cdef Py_ssize_t qi
+    cdef size_t r
+    cdef Hit *hh
+    out = []
+    for qi in range(n):
+        lst = []
+        for r in range(qstart[qi], qstart[qi + 1]):
+            hh = &hits.h[r]
+            id_, meta = _record_id_meta(hh.val, hh.vlen)
+            lst.append((hh.dist, hh.fp, hh.seq, id_, meta))
+        out.append(lst)
+    return out
+
+
 cdef class ReadContext:
     """Read transactions on the records and on every shard, renewed per call.
 
@@ -975,10 +1100,11 @@ cdef class ReadContext:
         self.envs = list(shards)
         records.check()
         self.rec_env = records.env
-        self.shard_envs = <MDB_env **>calloc(self.nshards, sizeof(MDB_env *))
-        self.views = <ShardView *>calloc(self.nshards, sizeof(ShardView))
-        self.blocks_dbi = <MDB_dbi *>calloc(self.nshards, sizeof(MDB_dbi))
-        self.state_dbi = <MDB_dbi *>calloc(self.nshards, sizeof(MDB_dbi))
+        # (at least one slot: a records-only context, used by resolve(), has no shards)
+        self.shard_envs = <MDB_env **>calloc(self.nshards or 1, sizeof(MDB_env *))
+        self.views = <ShardView *>calloc(self.nshards or 1, sizeof(ShardView))
+        self.blocks_dbi = <MDB_dbi *>calloc(self.nshards or 1, sizeof(MDB_dbi))
+        self.state_dbi = <MDB_dbi *>calloc(self.nshards or 1, sizeof(MDB_dbi))
         if self.shard_envs == NULL or self.views == NULL or self.blocks_dbi == NULL or self.state_dbi == NULL:
             raise MemoryError()
         self.seqs_dbi = records.dbi("seqs")
@@ -1126,62 +1252,6 @@ cdef class ReadContext:
             mdb_txn_reset(self.rec_txn)
             self.rec_state = 1
 
-    cdef int _scan_run(self, MDB_cursor *cur, uint64_t run_id, uint64_t lo, uint64_t hi,
-                       uint64_t pk, int k, HitBuf *hits) noexcept nogil:
-        cdef uint8_t kbuf[BLOCK_KEY]
-        cdef MDB_val key, val
-        cdef int rc
-        cdef bint first = True
-        cdef size_t c, a, b, mid, i
-        cdef const uint8_t *keys
-        cdef const uint8_t *seqs
-        cdef uint64_t x
-        cdef int d
-        si_store_be64(kbuf, run_id)
-        si_store_be64(kbuf + 8, lo)
-        si_store_be32(kbuf + 16, 0)
-        key.mv_size = BLOCK_KEY
-        key.mv_data = kbuf
-        rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE)
-        while rc == 0:
-            if key.mv_size != BLOCK_KEY:
-                return SI_CORRUPT_KEY
-            if si_load_be64(key.mv_data) != run_id:
-                return 0
-            rc = _check_block(&key, &val)
-            if rc:
-                return rc
-            c = si_load32(<uint8_t *>val.mv_data + 4)
-            keys = <const uint8_t *>val.mv_data + BLOCK_HEADER
-            seqs = keys + 8 * c
-            if first:
-                a = 0
-                b = c
-                while a < b:
-                    mid = (a + b) >> 1
-                    if si_load64(keys + 8 * mid) < lo:
-                        a = mid + 1
-                    else:
-                        b = mid
-                i = a
-                first = False
-            else:
-                i = 0
-            while i < c:
-                x = si_load64(keys + 8 * i)
-                if x > hi:
-                    return 0
-                d = si_popcount(x ^ pk)
-                if d <= k:
-                    rc = _hit_push(hits, si_load64(seqs + 8 * i), d)
-                    if rc:
-                        return rc
-                i += 1
-            rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)
-        if rc == MDB_NOTFOUND:
-            return 0
-        return rc
-
     cdef int _finish(self, MDB_txn *rtxn, uint64_t q, HitBuf *hits, size_t start) noexcept nogil:
         """De-duplicate one query's hits by seq, resolve them in the records, sort them."""
         cdef size_t n = hits.n - start, i, w = 0
@@ -1233,6 +1303,81 @@ cdef class ReadContext:
             self._release()
         return out
 
+    def resolve(self, const uint64_t[::1] queries, const uint64_t[::1] qidx,
+                const uint64_t[::1] seqs, const uint8_t[::1] dists,
+                const uint64_t[::1] applied, int k, Txn txn=None):
+        """query() for candidates found elsewhere (a distributed query's shard scans).
+
+        Candidate i is (query qidx[i], record seq seqs[i], distance dists[i]), qidx ascending;
+        applied[q] is the lowest applied seq of the shard snapshots that scanned query q.
+        The shard snapshots must be older than this call's records snapshot (or `txn`, a
+        records write transaction held since before them). Records above applied[q] are
+        checked directly, every candidate against its record, as in query().
+        """
+        cdef Py_ssize_t n = queries.shape[0], qi, c = 0, nc = qidx.shape[0]
+        cdef int rc = 0
+        cdef uint64_t lowest = 0xFFFFFFFFFFFFFFFF
+        cdef HitBuf hits
+        cdef Tail tail
+        cdef size_t *qstart = NULL
+        cdef MDB_cursor *rc_cur = NULL
+        cdef MDB_txn *rtxn = NULL
+        if txn is not None:
+            txn.check()
+            if txn.env is not self.records:
+                raise ValueError("txn is not on this index's records")
+            rtxn = txn.txn
+        if applied.shape[0] != n or seqs.shape[0] != nc or dists.shape[0] != nc:
+            raise ValueError("resolve: array lengths differ")
+        for c in range(1, nc):
+            if qidx[c] < qidx[c - 1]:
+                raise ValueError("resolve: qidx must be ascending")
+        if nc and qidx[nc - 1] >= <uint64_t>n:
+            raise ValueError("resolve: qidx out of range")
+        memset(&hits, 0, sizeof(HitBuf))
+        memset(&tail, 0, sizeof(Tail))
+        self.records.check()
+        qstart = <size_t *>malloc((n + 1) * sizeof(size_t))
+        if qstart == NULL:
+            raise MemoryError()
+        try:
+            with nogil:
+                for qi in range(n):
+                    if applied[qi] < lowest:
+                        lowest = applied[qi]
+                if rtxn == NULL:
+                    rc = self._begin_records()
+                    rtxn = self.rec_txn
+                if rc == 0:
+                    rc = mdb_cursor_open(rtxn, self.seqs_dbi, &rc_cur)
+                if rc == 0 and n:
+                    rc = _load_tail(rc_cur, lowest + 1, &tail)
+                c = 0
+                qi = 0
+                while qi < n and rc == 0:
+                    qstart[qi] = hits.n
+                    while c < nc and qidx[c] == <uint64_t>qi and rc == 0:
+                        if dists[c] <= k:
+                            rc = _hit_push(&hits, seqs[c], dists[c])
+                        c += 1
+                    if rc == 0:
+                        rc = _tail_hits(&tail, applied[qi], queries[qi], k, &hits)
+                    if rc == 0:
+                        rc = self._finish(rtxn, queries[qi], &hits, qstart[qi])
+                    qi += 1
+                qstart[n] = hits.n
+            if rc:
+                raise _error(rc, f"resolving candidates on {self.records.path}")
+            return _hit_lists(&hits, qstart, n)
+        finally:
+            if rc_cur != NULL:
+                mdb_cursor_close(rc_cur)
+            self._release()
+            free(qstart)
+            free(hits.h)
+            free(tail.seq)
+            free(tail.fp)
+
     def query(self, Plan plan, const uint64_t[::1] queries, int k, Txn txn=None):
         """For each query, [(distance, fingerprint, seq, id, meta bytes or None), ...] sorted by
         (distance, seq): every record of the snapshot within `k` bits, each once.
@@ -1245,23 +1390,19 @@ cdef class ReadContext:
         cdef uint64_t q, pk, lo, hi, last = 0, minA, minAll
         cdef HitBuf hits
         cdef size_t *qstart = NULL
-        cdef size_t r, ntail = 0, tcap = 0, j, start
-        cdef uint64_t *tseq = NULL
-        cdef uint64_t *tfp = NULL
-        cdef void *tmp
+        cdef size_t r
+        cdef Tail tail
         cdef bint tail_loaded = False
         cdef MDB_txn *rtxn
         cdef MDB_cursor *rc_cur = NULL
         cdef MDB_val key, val
-        cdef uint8_t kbuf[8]
         cdef ShardView *sv
-        cdef int d
-        cdef Hit *hh
         cdef str where = self.records.path
         cdef bint own = txn is None
         cdef int active
         cdef MDB_txn *given = NULL
         memset(&hits, 0, sizeof(HitBuf))
+        memset(&tail, 0, sizeof(Tail))
         if txn is not None:
             txn.check()
             if txn.env is not self.records:
@@ -1333,7 +1474,7 @@ cdef class ReadContext:
                             if sv.applied < minA:
                                 minA = sv.applied
                             for r in range(sv.table_start[t], sv.table_start[t + 1]):
-                                rc = self._scan_run(sv.cur, sv.run_ids[r], lo, hi, pk, k, &hits)
+                                rc = _scan_run(sv.cur, sv.run_ids[r], lo, hi, pk, k, &hits)
                                 if rc:
                                     break
                             if rc:
@@ -1354,42 +1495,11 @@ cdef class ReadContext:
                                     minAll = self.views[s].applied
                             if rc:
                                 break
-                            si_store_be64(kbuf, minAll + 1)
-                            key.mv_size = 8
-                            key.mv_data = kbuf
-                            rc = mdb_cursor_get(rc_cur, &key, &val, MDB_SET_RANGE)
-                            while rc == 0:
-                                if key.mv_size != 8 or val.mv_size < RECORD_HEADER:
-                                    rc = SI_CORRUPT_RECORD
-                                    break
-                                if ntail == tcap:
-                                    tcap = tcap * 2 if tcap else 1024
-                                    tmp = realloc(tseq, tcap * 8)
-                                    if tmp == NULL:
-                                        rc = SI_NOMEM
-                                        break
-                                    tseq = <uint64_t *>tmp
-                                    tmp = realloc(tfp, tcap * 8)
-                                    if tmp == NULL:
-                                        rc = SI_NOMEM
-                                        break
-                                    tfp = <uint64_t *>tmp
-                                tseq[ntail] = si_load_be64(key.mv_data)
-                                tfp[ntail] = si_load64(val.mv_data)
-                                ntail += 1
-                                rc = mdb_cursor_get(rc_cur, &key, &val, MDB_NEXT)
-                            if rc == MDB_NOTFOUND:
-                                rc = 0
+                            rc = _load_tail(rc_cur, minAll + 1, &tail)
                             if rc:
                                 break
                             tail_loaded = True
-                        for j in range(ntail):
-                            if tseq[j] > minA:
-                                d = si_popcount(tfp[j] ^ q)
-                                if d <= k:
-                                    rc = _hit_push(&hits, tseq[j], d)
-                                    if rc:
-                                        break
+                        rc = _tail_hits(&tail, minA, q, k, &hits)
                         if rc:
                             break
                     rc = self._finish(rtxn, q, &hits, qstart[qi])
@@ -1397,20 +1507,80 @@ cdef class ReadContext:
                 qstart[n] = hits.n
             if rc:
                 raise _error(rc, f"query on {where}")
-            out = []
-            for qi in range(n):
-                lst = []
-                for r in range(qstart[qi], qstart[qi + 1]):
-                    hh = &hits.h[r]
-                    id_, meta = _record_id_meta(hh.val, hh.vlen)
-                    lst.append((hh.dist, hh.fp, hh.seq, id_, meta))
-                out.append(lst)
-            return out
+            return _hit_lists(&hits, qstart, n)
         finally:
             if rc_cur != NULL:
                 mdb_cursor_close(rc_cur)
             self._release()
             free(qstart)
             free(hits.h)
-            free(tseq)
-            free(tfp)
+            free(tail.seq)
+            free(tail.fp)
+
+
+def scan_shard(Txn txn, Plan plan, int shard, const uint64_t[::1] queries, int k,
+               const uint64_t[::1] run_ids, const uint32_t[::1] table_start):
+    """Candidates of one shard for each query: (qidx, seq, distance) arrays, qidx ascending.
+
+    `txn` reads the shard; its runs of table t are run_ids[table_start[t]:table_start[t+1]]
+    (from the shard state of the same snapshot). Only key ranges inside this shard are
+    scanned, so a distributed query sends each shard just the queries that reach it.
+    """
+    cdef Py_ssize_t n = queries.shape[0], qi
+    cdef int T = plan.ntables, t, s0, s1, rc = 0, sb = plan.shard_bits
+    cdef uint64_t q, pk, lo, hi
+    cdef size_t r, i, before
+    cdef HitBuf hits
+    cdef PairBuf out
+    cdef MDB_cursor *cur = NULL
+    txn.check()
+    if table_start.shape[0] != T + 1 or table_start[T] != <uint32_t>run_ids.shape[0]:
+        raise ValueError("scan_shard: table_start does not match the runs")
+    cdef MDB_dbi dbi = txn.env.dbi("blocks")
+    memset(&hits, 0, sizeof(HitBuf))
+    memset(&out, 0, sizeof(PairBuf))
+    try:
+        with nogil:
+            rc = mdb_cursor_open(txn.txn, dbi, &cur)
+            qi = 0
+            while qi < n and rc == 0:
+                q = queries[qi]
+                before = hits.n
+                for t in range(T):
+                    pk = plan.permute(t, q)
+                    lo = pk & plan.pmask[t]
+                    hi = lo | ~plan.pmask[t]
+                    s0 = <int>(lo >> (64 - sb)) if sb else 0
+                    s1 = <int>(hi >> (64 - sb)) if sb else 0
+                    if shard < s0 or shard > s1:
+                        continue
+                    for r in range(table_start[t], table_start[t + 1]):
+                        rc = _scan_run(cur, run_ids[r], lo, hi, pk, k, &hits)
+                        if rc:
+                            break
+                    if rc:
+                        break
+                # one (qidx, seq, distance) per candidate; `a` carries the query index
+                i = before
+                while i < hits.n and rc == 0:
+                    rc = _pair_push(&out, <uint64_t>qi, hits.h[i].seq, <uint8_t>hits.h[i].dist)
+                    i += 1
+                hits.n = 0
+                qi += 1
+        if rc:
+            raise _error(rc, f"scan of shard {shard} in {txn.env.path}")
+        Q = np.empty(out.n, dtype=np.uint64)
+        S = np.empty(out.n, dtype=np.uint64)
+        D = np.empty(out.n, dtype=np.uint8)
+        if out.n:
+            memcpy(<void *>np_ptr(Q), out.a, out.n * 8)
+            memcpy(<void *>np_ptr(S), out.b, out.n * 8)
+            _copy_u8(D, out.d, out.n)
+        return Q, S, D
+    finally:
+        if cur != NULL:
+            mdb_cursor_close(cur)
+        free(hits.h)
+        free(out.a)
+        free(out.b)
+        free(out.d)

@@ -1,0 +1,16 @@
+"""simindex on Ray: shards served by actors, distributed builds and batch near-duplicate joins.
+
+Installed with `pip install "simindex[ray]"`. The core package never imports Ray; this
+package does, and raises a clear ImportError when it is missing.
+"""
+
+try:
+    import ray  # noqa: F401
+except ImportError as e:                     # pragma: no cover - depends on the install
+    raise ImportError("simindex.dist needs Ray: pip install 'simindex[ray]'") from e
+
+from .batch import clusters, pairs
+from .build import build
+from .cluster import Cluster
+
+__all__ = ["Cluster", "build", "clusters", "pairs"]

@@ -1,0 +1,137 @@
+"""All near-duplicate pairs and groups of a data set too big for one machine (the paper's
+batch mode): per table, partition the permuted keys by prefix, join within partitions."""
+
+import os
+
+import numpy as np
+import ray
+
+from .. import _core, manifest
+from ..codec import decode_id
+from ..index import group_pairs
+from ..plan import Plan
+from ..store import RECORDS, SEQS_DB
+from .cluster import connect
+from .parts import collect, partitions
+
+
+@ray.remote
+def _index_records(path):
+    """(positions, fps, ids) of the live records of a stored index, in insertion order."""
+    from ..store import INITIAL_MAP
+    env = _core.Env(os.path.join(path, RECORDS), readonly=True, mapsize=INITIAL_MAP, maxdbs=4)
+    try:
+        env.open_db(SEQS_DB)
+        with _core.Txn(env) as txn:
+            seqs, fps = _core.read_tail(txn, SEQS_DB, 0)
+            ids = [decode_id(_core.split_record(txn.get(SEQS_DB, int(s).to_bytes(8, "big")))[1])
+                   for s in seqs.tolist()]
+    finally:
+        env.close()
+    return seqs, fps, ids
+
+
+@ray.remote
+def _split(fps, positions, table, k, blocks, pbits):
+    """Map: one table's keys of a partition, cut into 2**pbits parts by leading bits."""
+    plan = Plan(k=k, blocks=blocks, shards=1)
+    keys = plan.core.keys(table, fps)
+    if not pbits:
+        return keys, positions
+    part = (keys >> np.uint64(64 - pbits)).astype(np.int64)
+    return tuple((keys[part == p], positions[part == p]) for p in range(1 << pbits))
+
+
+@ray.remote
+def _join(table, k, blocks, *parts):
+    """Reduce: the pairs of one prefix partition of one table, not found by earlier tables."""
+    plan = Plan(k=k, blocks=blocks, shards=1)
+    keys = np.concatenate([p[0] for p in parts])
+    pos = np.concatenate([p[1] for p in parts])
+    order = np.lexsort((pos, keys))
+    return _core.pairs_sorted(keys[order], pos[order], plan.core.prefix_mask(table),
+                              plan.earlier_masks(table), k)
+
+
+def _sources(source, k, blocks, fmt, fp_format):
+    """(k, blocks, [(positions ref, fps ref)], position -> id) of an index or of inputs."""
+    if isinstance(source, (str, os.PathLike)) and \
+            os.path.exists(os.path.join(os.fspath(source), manifest.NAME)):
+        m = manifest.read(os.fspath(source))
+        if k is not None and not 0 <= k <= m["k"]:
+            raise ValueError(f"k={k} is above the index's k ({m['k']})")
+        seqs, fps, ids = ray.get(_index_records.remote(os.fspath(source)))
+        names = dict(zip(seqs.tolist(), ids))
+        return (m["k"] if k is None else k), m["blocks"], \
+            [(ray.put(seqs), ray.put(fps))], names.__getitem__
+    k = 3 if k is None else k
+    parts, ids, n = [], [], 0
+    for ref in partitions(source, "simindex-v1", fmt, fp_format):
+        chunks, error = collect(ref)
+        if error is not None:
+            raise error
+        for idks, fps, _metas in chunks:
+            parts.append((ray.put(np.arange(n, n + len(fps), dtype=np.uint64)), ray.put(fps)))
+            ids.extend(decode_id(x) for x in idks)
+            n += len(fps)
+    return k, blocks, parts, ids.__getitem__
+
+
+def _pair_positions(source, k, blocks, partitions_, fmt, fp_format):
+    k, blocks, parts, name = _sources(source, k, blocks, fmt, fp_format)
+    plan = Plan(k=k, blocks=blocks if blocks is not None else None, shards=1)
+    blocks = plan.blocks
+    if partitions_ is None:
+        partitions_ = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
+    pbits = min(max(partitions_ - 1, 0).bit_length(), min(plan.prefix_bits), 16)
+    joins = []
+    for t in range(plan.ntables):
+        # one ref per prefix part of each input partition: a part moves only to its join
+        splits = [_split.options(num_returns=1 << pbits).remote(f, p, t, k, blocks, pbits)
+                  for p, f in parts]
+        if not pbits:
+            splits = [[s] for s in splits]
+        for p in range(1 << pbits):
+            joins.append(_join.remote(t, k, blocks, *[s[p] for s in splits]))
+    a, b, d = [], [], []
+    for x, y, z in ray.get(joins):
+        a.append(x)
+        b.append(y)
+        d.append(z)
+    if not a:
+        return np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.uint8), name
+    a, b, d = np.concatenate(a), np.concatenate(b), np.concatenate(d)
+    order = np.lexsort((b, a))
+    return a[order], b[order], d[order], name
+
+
+def pairs(source, *, k=None, blocks=None, partitions=None, address=None, fmt=None,
+          fp_format="hex"):
+    """Every pair within k bits, once: [(id_a, id_b, distance)], a before b.
+
+    `source` is a stored index (its live records, a added before b; k defaults to the
+    index's) or inputs as for build(): files or an iterable of (id, fingerprint[, meta])
+    (pairs of input records, a earlier in the input; k defaults to 3). Each table's keys
+    are cut into `partitions` prefix ranges (default: twice the cluster's CPUs), each
+    joined by one task.
+    """
+    started = connect(address)
+    try:
+        a, b, d, name = _pair_positions(source, k, blocks, partitions, fmt, fp_format)
+        return [(name(x), name(y), int(z)) for x, y, z in zip(a.tolist(), b.tolist(), d.tolist())]
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def clusters(source, *, k=None, blocks=None, partitions=None, address=None, fmt=None,
+             fp_format="hex"):
+    """Groups of records linked by pairs within k bits (connected components of size >= 2),
+    each in input (or insertion) order, groups in order of their first record."""
+    started = connect(address)
+    try:
+        a, b, _d, name = _pair_positions(source, k, blocks, partitions, fmt, fp_format)
+    finally:
+        if started:
+            ray.shutdown()
+    return group_pairs((x, y, name(x), name(y)) for x, y in zip(a.tolist(), b.tolist()))

@@ -1,0 +1,243 @@
+"""simindex.dist on a real local Ray that can reach nothing but loopback: every answer is the
+single-process one and the brute force's, and a killed actor loses no acknowledged record."""
+
+import ctypes
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import (
+    brute,
+    brute_pairs,
+    one_table_family,
+    planted_family,
+    shard_boundary_fps,
+)
+
+import simindex
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'simindex[ray]')")
+dist = pytest.importorskip("simindex.dist")
+
+CLONE_NEWNET = 0x40000000
+
+
+def enter_loopback_only_namespace():
+    """Move this process into a new network namespace with only `lo` up; None, or why not.
+
+    Ray binds the machine's external address even when told 127.0.0.1; inside this
+    namespace there is no other address, so no test traffic can leave 127.0.0.0/8.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNET) != 0:
+        return f"unshare(CLONE_NEWNET) failed: {os.strerror(ctypes.get_errno())} (needs root)"
+    up = subprocess.run(["ip", "link", "set", "lo", "up"], capture_output=True, text=True)
+    if up.returncode:
+        return f"ip link set lo up failed: {up.stderr.strip()}"
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    names = [line.split(":")[1].strip() for line in links.splitlines()]
+    if names != ["lo"]:
+        return f"the new namespace has links {names}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray (2 CPUs) for the module, started inside a loopback-only namespace."""
+    why = enter_loopback_only_namespace()
+    if why:
+        pytest.skip(f"no loopback-only network namespace for Ray: {why}")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
+             object_store_memory=256 << 20)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def dataset(k, seed, n_random=3000, blocks=None):
+    """Random records plus planted families at every distance 0..k+1 (edge bits included),
+    one-table families and shard-boundary fingerprints; and queries at those places."""
+    rng = random.Random(seed)
+    stored = {f"r{i}": rng.getrandbits(64) for i in range(n_random)}
+    bases = [rng.getrandbits(64) for _ in range(6)] + [0, (1 << 64) - 1]
+    for b, base in enumerate(bases):
+        for j, fp in enumerate(planted_family(rng, base, k)):
+            stored[f"p{b}.{j}"] = fp
+        for j, fp in enumerate(one_table_family(rng, base, k, blocks or k + 1)):
+            stored[f"o{b}.{j}"] = fp
+    for j, fp in enumerate(shard_boundary_fps(k)):
+        stored[f"s{j}"] = fp
+    queries = bases + [fp ^ 1 for fp in list(stored.values())[::97]] + \
+        [rng.getrandbits(64) for _ in range(50)]
+    return stored, queries
+
+
+def answers(matches):
+    return [[(m.id, m.distance, m.fingerprint, m.meta) for m in ms] for ms in matches]
+
+
+def write_tsv(path, records):
+    with open(path, "w") as f:
+        for i, fp in records:
+            f.write(f"{i}\t{fp:016x}\n")
+
+
+def single_process(path, stored, k, blocks, shards):
+    with simindex.Index(path, k=k, blocks=blocks, shards=shards) as idx:
+        idx.add_many(list(stored.items()))
+
+
+@pytest.mark.parametrize("k,blocks,shards", [(3, None, 4), (4, 6, 2), (9, 10, 4)])
+def test_build_gives_the_single_process_index(local_ray, tmp_path, k, blocks, shards):
+    stored, queries = dataset(k, seed=k * 7 + shards, blocks=blocks)
+    items = list(stored.items())
+    half = len(items) // 2
+    write_tsv(tmp_path / "a.tsv", items[:half])
+    write_tsv(tmp_path / "b.tsv", items[half:])
+    got = dist.build(tmp_path / "d", [tmp_path / "a.tsv", tmp_path / "b.tsv"], shards=shards,
+                     k=k, blocks=blocks)
+    assert got["records"] == len(items)
+    single_process(str(tmp_path / "s"), stored, k, blocks, shards)
+    with simindex.Index(tmp_path / "d", readonly=True) as d, \
+            simindex.Index(tmp_path / "s", readonly=True) as s:
+        assert (d.k, d.blocks, d.shards) == (k, s.blocks, shards)
+        assert d.verify() == [] and len(d) == len(stored)
+        want = s.query_many(queries)
+        assert answers(d.query_many(queries)) == answers(want)
+        for q, ms in zip(queries, want):
+            assert {m.id: m.distance for m in ms} == brute(stored, q, k)
+
+
+def test_build_from_an_iterable_and_stops_at_a_bad_line(local_ray, tmp_path):
+    stored, queries = dataset(3, seed=5)
+    dist.build(tmp_path / "d", iter(stored.items()), shards=4, k=3)
+    with simindex.Index(tmp_path / "d", readonly=True) as d:
+        for q, ms in zip(queries, d.query_many(queries)):
+            assert {m.id: m.distance for m in ms} == brute(stored, q, 3)
+    (tmp_path / "good.tsv").write_text("g1\t01\ng2\t02\n")
+    (tmp_path / "bad.tsv").write_text("h1\t03\nh2\tnot-hex\nh3\t04\n")
+    with pytest.raises(simindex.Error, match=r"bad.tsv:2: fingerprint 'not-hex'"):
+        dist.build(tmp_path / "e", [tmp_path / "good.tsv", tmp_path / "bad.tsv"], shards=2, k=3)
+    with simindex.Index(tmp_path / "e", readonly=True) as e:
+        assert sorted(r.id for r in map(e.get, ["g1", "g2", "h1", "h3"]) if r) == \
+            ["g1", "g2", "h1"]                    # everything before the bad line, no more
+    with pytest.raises(simindex.InputError, match="fingerprint"):
+        dist.build(tmp_path / "f", [("x", -1)], shards=2, k=3)
+    with pytest.raises(simindex.ParameterError, match="k"):
+        dist.build(tmp_path / "d", [("x", 1)], shards=4, k=2)   # the index has k=3
+
+
+def test_cluster_answers_like_the_index(local_ray, tmp_path):
+    stored, queries = dataset(3, seed=11)
+    items = list(stored.items())
+    with simindex.Index(tmp_path / "i", k=3, shards=8) as idx:
+        idx.add_many(items[:1000])                  # some records before the cluster starts
+    with dist.Cluster(tmp_path / "i") as c:
+        c.add_many(items[1000:2000])
+        c.add_many([i for i, _ in items[2000:]], np.array([f for _, f in items[2000:]],
+                                                          dtype=np.uint64))
+        c.add("meta", 0x1234, {"url": "http://x"})
+        stored["meta"] = 0x1234
+        assert len(c) == len(stored) and "meta" in c and "nope" not in c
+        assert c.get("meta") == simindex.Record("meta", 0x1234, {"url": "http://x"})
+        got = c.query_many(queries)
+        for q, ms in zip(queries, got):
+            assert {m.id: m.distance for m in ms} == brute(stored, q, 3)
+        assert answers([c.query(queries[0], k=1)]) == answers(c.query_many(queries[:1], k=1))
+        # add_unique: refused within k (returning the neighbours), admitted otherwise
+        near = stored["p0.0"] ^ 0b101
+        assert {m.id for m in c.add_unique("u1", near)} == set(brute(stored, near, 3))
+        assert c.get("u1") is None
+        far = next(x for x in iter(lambda: random.getrandbits(64), None)
+                   if not brute(stored, x, 3))
+        assert c.add_unique("u2", far) == [] and c.query(far)[0].id == "u2"
+        assert c.remove("u2") and not c.remove("u2") and c.query(far) == []
+        with pytest.raises(simindex.ParameterError):
+            c.query(1, k=4)
+        with pytest.raises(simindex.InputError):
+            c.add_many([("x", 2 ** 64)])
+        with simindex.Index(tmp_path / "i", readonly=True) as idx:
+            assert answers(idx.query_many(queries)) == answers(c.query_many(queries))
+    with simindex.Index(tmp_path / "i") as idx:
+        assert idx.verify() == [] and idx.stats()["pending"] == 0
+
+
+def test_a_killed_actor_comes_back_and_loses_nothing(local_ray, tmp_path):
+    with simindex.Index(tmp_path / "i", k=3, shards=4):
+        pass
+    acked = {}
+    with dist.Cluster(tmp_path / "i") as c:
+        pids = c.pids()
+        for b in range(12):
+            fps = np.random.default_rng(b).integers(0, 2 ** 64, 2000, dtype=np.uint64)
+            ids = [f"{b}.{i}" for i in range(len(fps))]
+            if b == 4:
+                os.kill(pids[2], signal.SIGKILL)          # a shard server, between batches
+            if b == 8:
+                os.kill(pids["records"], signal.SIGKILL)  # the ledger
+            if b == 6:
+                # a shard server killed while this batch is being applied
+                killer = subprocess.Popen([sys.executable, "-c",
+                                           f"import os,time; time.sleep(0.05); os.kill({pids[1]}, 9)"])
+            c.add_many(ids, fps)
+            if b == 6:
+                killer.wait()
+            acked.update(zip(ids, fps.tolist()))
+        after = c.pids()
+        assert after[2] != pids[2] and after["records"] != pids["records"]   # restarted
+        assert len(c) == len(acked)
+        qs = np.array(list(acked.values()), dtype=np.uint64)
+        for (i, fp), ms in zip(acked.items(), c.query_many(qs, k=0)):
+            assert i in {m.id for m in ms}
+    with simindex.Index(tmp_path / "i") as idx:
+        assert idx.verify() == [] and len(idx) == len(acked)
+
+
+@pytest.mark.parametrize("k,blocks", [(3, None), (2, 5)])
+def test_pairs_and_clusters_are_exact(local_ray, tmp_path, k, blocks):
+    stored, _ = dataset(k, seed=21 + k, n_random=2000, blocks=blocks)
+    want = brute_pairs(stored, k)
+    got = dist.pairs(list(stored.items()), k=k, blocks=blocks, partitions=4)
+    assert {(a, b): d for a, b, d in got} == want and len(got) == len(want)
+    single_process(str(tmp_path / "s"), stored, k, blocks, 4)
+    with simindex.Index(tmp_path / "s", readonly=True) as s:
+        assert sorted(dist.pairs(tmp_path / "s")) == sorted(s.pairs())
+        assert dist.clusters(tmp_path / "s") == list(s.clusters())
+    assert dist.clusters(list(stored.items()), k=k, blocks=blocks) == \
+        list(simindex.Index(tmp_path / "s", readonly=True).clusters())
+
+
+def test_cli_build_and_query_on_ray(local_ray, tmp_path):
+    exe = [sys.executable, "-m", "simindex.cli"]
+    stored, queries = dataset(3, seed=3, n_random=500)
+    write_tsv(tmp_path / "in.tsv", list(stored.items()))
+    write_tsv(tmp_path / "q.tsv", [(f"q{i}", q) for i, q in enumerate(queries)])
+    outs = []
+    for name, extra in [("ray", ["--ray", local_ray]), ("plain", [])]:
+        b = subprocess.run(exe + ["build", str(tmp_path / name), str(tmp_path / "in.tsv"),
+                                  "--shards", "4", *extra], capture_output=True, text=True,
+                           timeout=300)
+        assert b.returncode == 0 and f"added {len(stored)} records" in b.stderr, b.stderr
+        q = subprocess.run(exe + ["query", str(tmp_path / name), str(tmp_path / "q.tsv"),
+                                  "--output", "tsv", *extra], capture_output=True, text=True,
+                           timeout=300)
+        assert q.returncode == 0 and "Traceback" not in q.stderr, q.stderr
+        outs.append(q.stdout)
+    assert outs[0] == outs[1] and outs[0].count("\n") > len(queries)
+    bad = subprocess.run(exe + ["query", str(tmp_path / "ray"), str(tmp_path / "q.tsv"),
+                                "--k", "4", "--ray", local_ray], capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and "above the index's k" in bad.stderr
+
+
+def test_placement_on_a_named_node(local_ray, tmp_path):
+    with simindex.Index(tmp_path / "i", k=3, shards=2) as idx:
+        idx.add_many([("a", 1), ("b", 3)])
+    node = ray.get_runtime_context().get_node_id()
+    with dist.Cluster(tmp_path / "i", nodes={"records": node, 0: node, 1: node}) as c:
+        assert [m.id for m in c.query(1)] == ["a", "b"]
+    with pytest.raises(simindex.MissingIndexError):
+        dist.Cluster(tmp_path / "missing")
