@@ -1,7 +1,6 @@
 """simindex.dist on a real local Ray that can reach nothing but loopback: every answer is the
 single-process one and the brute force's, and a killed actor loses no acknowledged record."""
 
-import ctypes
 import os
 import random
 import signal
@@ -10,45 +9,20 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import (
-    brute,
-    brute_pairs,
-    one_table_family,
-    planted_family,
-    shard_boundary_fps,
-)
 
 import simindex
+from conftest import brute, brute_pairs, one_table_family, planted_family, shard_boundary_fps
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'simindex[ray]')")
 dist = pytest.importorskip("simindex.dist")
-
-CLONE_NEWNET = 0x40000000
-
-
-def enter_loopback_only_namespace():
-    """Move this process into a new network namespace with only `lo` up; None, or why not.
-
-    Ray binds the machine's external address even when told 127.0.0.1; inside this
-    namespace there is no other address, so no test traffic can leave 127.0.0.0/8.
-    """
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNET) != 0:
-        return f"unshare(CLONE_NEWNET) failed: {os.strerror(ctypes.get_errno())} (needs root)"
-    up = subprocess.run(["ip", "link", "set", "lo", "up"], capture_output=True, text=True)
-    if up.returncode:
-        return f"ip link set lo up failed: {up.stderr.strip()}"
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    names = [line.split(":")[1].strip() for line in links.splitlines()]
-    if names != ["lo"]:
-        return f"the new namespace has links {names}"
-    return None
+sandbox = pytest.importorskip("simindex.dist.sandbox")
 
 
 @pytest.fixture(scope="module")
 def local_ray():
-    """One local Ray (2 CPUs) for the module, started inside a loopback-only namespace."""
-    why = enter_loopback_only_namespace()
+    """One local Ray (2 CPUs) for the module, started inside a loopback-only network
+    namespace, so no test traffic can leave 127.0.0.0/8."""
+    why = sandbox.loopback_only()
     if why:
         pytest.skip(f"no loopback-only network namespace for Ray: {why}")
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
