@@ -70,7 +70,7 @@ def _sources(source, k, blocks, fmt, fp_format):
         chunks, error = collect(ref)
         if error is not None:
             raise error
-        for idks, fps, _metas in chunks:
+        for idks, fps, _metas, _owners in chunks:
             parts.append((ray.put(np.arange(n, n + len(fps), dtype=np.uint64)), ray.put(fps)))
             ids.extend(decode_id(x) for x in idks)
             n += len(fps)

@@ -23,14 +23,17 @@ def build(index_path, inputs, *, shards=16, k=3, blocks=None, scheme=None, addre
     start = time.perf_counter()
     with Index(os.fspath(index_path), k=k, blocks=blocks, shards=shards, scheme=scheme) as idx:
         scheme = idx.scheme                   # create it, or check the parameters agree
+        plan = {"k": idx.k, "blocks": idx.blocks, "shards": idx.shards}
     started = connect(address)
     added = 0
     try:
         with Cluster(index_path) as cluster:
-            for ref in partitions(inputs, scheme, fmt, fp_format):
+            # map tasks parse and route (which shards each record goes to) in parallel;
+            # the driver commits their chunks in input order
+            for ref in partitions(inputs, scheme, fmt, fp_format, plan=plan):
                 chunks, error = collect(ref)
-                for idks, fps, metas in chunks:
-                    cluster._add_encoded(idks, fps, metas)
+                for idks, fps, metas, owners in chunks:
+                    cluster._add_encoded(idks, fps, metas, owners)
                     added += len(idks)
                 if error is not None:
                     raise error

@@ -128,10 +128,12 @@ class Cluster:
                      if a < last])
 
     def _apply(self, batches):
-        """Send committed batches [(prev, seqs, fps)] to the shards that hold their entries."""
+        """Send committed batches [(prev, seqs, fps, owners or None)] to the shards that hold
+        their entries."""
         calls = []
-        for prev, seqs, fps in batches:
-            own = route.owners(self.plan, fps)
+        for prev, seqs, fps, own in batches:
+            if own is None:
+                own = route.owners(self.plan, fps)
             last = int(seqs[-1])
             for s, server in enumerate(self.shards):
                 calls.append((prev, server.apply.remote(seqs[own[s]], fps[own[s]], prev, last)))
@@ -147,12 +149,12 @@ class Cluster:
         idks, fps, metas = records_of(items, fingerprints)
         self._add_encoded(idks, fps, metas)
 
-    def _add_encoded(self, idks, fps, metas):
+    def _add_encoded(self, idks, fps, metas, owners=None):
         batches = []
         for i in range(0, len(idks), RECORD_CHUNK):
             j = i + RECORD_CHUNK
             prev, seqs = ray.get(self.ledger.commit.remote(idks[i:j], fps[i:j], metas[i:j]))
-            batches.append((prev, seqs, fps[i:j]))
+            batches.append((prev, seqs, fps[i:j], None if owners is None else owners[:, i:j]))
         if batches:
             self._apply(batches)
 
@@ -176,7 +178,7 @@ class Cluster:
                                f"whether it was stored is unknown: query to find out") from None
         if added is not None:
             prev, seqs = added
-            self._apply([(prev, seqs, np.array([fp], dtype=np.uint64))])
+            self._apply([(prev, seqs, np.array([fp], dtype=np.uint64), None)])
         return [_match(h) for h in hits]
 
     def remove(self, id):

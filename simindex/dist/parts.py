@@ -2,23 +2,29 @@
 
 import os
 
-import numpy as np
 import ray
 
-from ..codec import decode_id
 from ..errors import Error, InputError, InputTypeError
 from ..fingerprints import fingerprint
 from ..index import records_of
 from ..inputs import BadLine, read_items
+from ..plan import Plan
 from ..store import RECORD_CHUNK
+from . import route
+
+
+def _columns(items, plan):
+    """(id keys, fps, metas, owners): owners[s] marks the records with a key in shard s."""
+    idks, fps, metas = records_of(items)
+    return idks, fps, metas, (None if plan is None else route.owners(Plan(**plan), fps))
 
 
 @ray.remote
-def parse_file(path, scheme, fmt=None, fp_format="hex", chunk=RECORD_CHUNK):
-    """Chunks (id keys, fps, metas) of one TSV/JSONL file, and the first bad line or None.
-
-    Texts are fingerprinted with `scheme`. The chunks hold every good line before the
-    bad one, so a caller can commit exactly what a single-process build would have.
+def parse_file(path, scheme, fmt=None, fp_format="hex", chunk=RECORD_CHUNK, plan=None):
+    """Chunks (id keys, fps, metas, owners) of one TSV/JSONL file, and the first bad line
+    or None. Texts are fingerprinted with `scheme`; with `plan` (Plan keyword arguments)
+    each chunk says which shards its records go to. The chunks hold every good line before
+    the bad one, so a caller can commit exactly what a single-process build would have.
     """
     chunks, items, error = [], [], None
     try:
@@ -29,25 +35,25 @@ def parse_file(path, scheme, fmt=None, fp_format="hex", chunk=RECORD_CHUNK):
                 raise BadLine(item.where, str(e)) from None
             items.append((item.id, fp, item.meta))
             if len(items) >= chunk:
-                chunks.append(records_of(items))
+                chunks.append(_columns(items, plan))
                 items = []
     except BadLine as e:
         error = e
     if items:
-        chunks.append(records_of(items))
+        chunks.append(_columns(items, plan))
     return chunks, error
 
 
 @ray.remote
-def encode(items, offset):
+def encode(items, offset, plan=None):
     """Columns of a list of (id, fp) or (id, fp, meta) tuples (checked like add_many)."""
     try:
-        return records_of(items)
+        return _columns(items, plan)
     except (InputError, InputTypeError) as e:
         raise type(e)(f"in the records from number {offset} on: {e}") from None
 
 
-def partitions(inputs, scheme, fmt=None, fp_format="hex", chunk=RECORD_CHUNK):
+def partitions(inputs, scheme, fmt=None, fp_format="hex", chunk=RECORD_CHUNK, plan=None):
     """Object refs of every input partition, in input order: a list of file paths is parsed
     one task per file; any other iterable of records is cut into chunks encoded by tasks."""
     if isinstance(inputs, (str, os.PathLike)):
@@ -57,22 +63,22 @@ def partitions(inputs, scheme, fmt=None, fp_format="hex", chunk=RECORD_CHUNK):
     if first is None:
         return []
     if isinstance(first, (str, os.PathLike)):
-        return [("file", parse_file.remote(os.fspath(p), scheme, fmt, fp_format, chunk))
+        return [("file", parse_file.remote(os.fspath(p), scheme, fmt, fp_format, chunk, plan))
                 for p in [first, *inputs]]
     refs, batch, n = [], [first], 0
     for item in inputs:
         batch.append(item)
         if len(batch) >= chunk:
-            refs.append(("items", encode.remote(batch, n)))
+            refs.append(("items", encode.remote(batch, n, plan)))
             n += len(batch)
             batch = []
     if batch:
-        refs.append(("items", encode.remote(batch, n)))
+        refs.append(("items", encode.remote(batch, n, plan)))
     return refs
 
 
 def collect(ref):
-    """([(id keys, fps, metas), ...], first bad line or None) of one partition ref."""
+    """([(id keys, fps, metas, owners), ...], first bad line or None) of one partition."""
     kind, r = ref
     try:
         got = ray.get(r)
@@ -81,14 +87,3 @@ def collect(ref):
             raise e.cause from None         # bad input: the error a single process gives
         raise
     return got if kind == "file" else ([got], None)
-
-
-def ids_of(idkeys):
-    return [decode_id(k) for k in idkeys]
-
-
-def concat(chunks):
-    """One (id keys, fps) over chunks."""
-    keys = [k for c in chunks for k in c[0]]
-    fps = np.concatenate([c[1] for c in chunks]) if chunks else np.empty(0, np.uint64)
-    return keys, fps
