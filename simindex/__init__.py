@@ -6,9 +6,9 @@ compiled core. Every stored fingerprint within k bits of a query is returned, no
 
 from ._version import __version__
 from .errors import (
-    ClosedError, CorruptError, Error, FormatError, InputError, InputTypeError, MapFullError,
-    MissingIndexError, NotAnIndexError, ParameterError, ParameterTypeError, ReadOnlyError,
-    StorageError,
+    ClosedError, CorruptError, DiskFullError, Error, FormatError, InputError, InputTypeError,
+    MapFullError, MissingIndexError, NotAnIndexError, ParameterError, ParameterTypeError,
+    ReadOnlyError, StorageError,
 )
 from .fingerprints import Scheme, compute, fingerprint, schemes, shingles, simhash, tokenize
 from .index import Index, Match, Record, find_all, hamming
@@ -18,6 +18,6 @@ __all__ = [
     "Index", "Match", "Record", "find_all", "hamming", "__version__", "FORMAT_VERSION",
     "simhash", "compute", "shingles", "tokenize", "fingerprint", "schemes", "Scheme",
     "Error", "ParameterError", "ParameterTypeError", "InputError", "InputTypeError",
-    "ClosedError", "ReadOnlyError", "StorageError", "MapFullError", "CorruptError",
-    "FormatError", "MissingIndexError", "NotAnIndexError",
+    "ClosedError", "ReadOnlyError", "StorageError", "DiskFullError", "MapFullError",
+    "CorruptError", "FormatError", "MissingIndexError", "NotAnIndexError",
 ]

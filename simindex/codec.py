@@ -56,6 +56,8 @@ def decode_id(key):
 
 def check_fp(fp):
     """A fingerprint as a Python int, after checking its type and range."""
+    if type(fp) is int and 0 <= fp <= MAX_FP:
+        return fp                   # the common case, without the generic checks below
     if isinstance(fp, bool) or not isinstance(fp, numbers.Integral):
         raise InputTypeError(
             f"fingerprint must be an int, got {type(fp).__name__} {fp!r:.60}")

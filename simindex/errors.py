@@ -42,6 +42,10 @@ class MapFullError(StorageError):
     """An LMDB environment ran out of map space (simindex grows it by itself and retries)."""
 
 
+class DiskFullError(StorageError):
+    """A write ran out of space: the file system is full, or a quota or file size limit was hit."""
+
+
 class MapResizedError(StorageError):
     """Another process grew an environment's map; simindex adopts the new size and retries."""
 

@@ -5,7 +5,7 @@ from typing import Any, NamedTuple, Union
 
 import numpy as np
 
-from . import _core, shard as _shard, store as _store
+from . import _core, lmdbcheck, shard as _shard, store as _store
 from .codec import check_fp, decode_id, encode_id, fp_array, pack_meta, unpack
 from .errors import (
     ClosedError, CorruptError, InputError, InputTypeError, ParameterError, ReadOnlyError,
@@ -34,6 +34,9 @@ class Match(NamedTuple):
 def hamming(a, b):
     """Number of bits in which two 64-bit fingerprints differ."""
     return _core.hamming(check_fp(a), check_fp(b))
+
+
+_core.set_match_type(Match, unpack)      # queries get their Match objects from the core
 
 
 def _match(hit):
@@ -78,6 +81,9 @@ def find_all(fingerprints, k=3, blocks=None):
 
 def records_of(items, fingerprints=None):
     """(id keys, fingerprint array, packed metas) of add_many's arguments, all checked first."""
+    if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
+        raise InputTypeError(f"add_many takes an iterable of records (or of ids), got "
+                             f"{type(items).__name__} {items!r:.60}")
     if fingerprints is not None:
         ids = list(items)
         fps = fp_array(fingerprints)
@@ -212,8 +218,8 @@ class Index:
         """The fingerprint of `text` under this index's scheme."""
         return fingerprint(text, scheme=self.scheme)
 
-    def _k(self, k):
-        plan = self._s().plan
+    def _k(self, k, st=None):
+        plan = (st or self._s()).plan
         if k is None:
             return plan.k
         if isinstance(k, bool) or not isinstance(k, int):
@@ -303,10 +309,9 @@ class Index:
         Jaccard check of stored shingles against the query document's).
         """
         st = self._s()
-        k = self._k(k)
-        q = np.array([check_fp(fingerprint)], dtype=np.uint64)
-        hits = st.read(lambda ctx: ctx.query(st.plan.core, q, k))[0]
-        return _verified([_match(h) for h in hits], verify)
+        k = self._k(k, st)
+        fp, core = check_fp(fingerprint), st.plan.core
+        return _verified(st.read(lambda ctx: ctx.query_one(core, fp, k)), verify)
 
     def query_many(self, fingerprints, k=None, verify=None):
         """query() for each fingerprint, as one batch scanned without the GIL.
@@ -316,8 +321,7 @@ class Index:
         st = self._s()
         k = self._k(k)
         q = fp_array(fingerprints)
-        res = st.read(lambda ctx: ctx.query(st.plan.core, q, k))
-        out = [[_match(h) for h in hits] for hits in res]
+        out = st.read(lambda ctx: ctx.query(st.plan.core, q, k, None, True))
         if verify is not None:
             _check_verify(verify)
             out = [[m for m in ms if verify(i, m)] for i, ms in enumerate(out)]
@@ -462,6 +466,15 @@ class Index:
         plan = st.plan
         problems = []
         with st.snapshot() as (rtxn, stxns):
+            # LMDB aborts the process on a cursor step onto a damaged page: walk the pages
+            # of these snapshots (kept from reuse while they are open) before reading them
+            for txn in [rtxn] + stxns:
+                f = os.path.join(txn.env.path, "data.mdb")
+                meta = _store._read_meta(f, txn.id)
+                if meta is not None:              # None: a newer commit raced past it
+                    problems += lmdbcheck.check(f, meta)
+            if problems:
+                return problems
             seqs, fps = _core.read_tail(rtxn, _store.SEQS_DB, 0)
             n_ids = rtxn.entries(_store.IDS_DB)
             if n_ids != len(seqs):

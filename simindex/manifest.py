@@ -4,7 +4,7 @@ import os
 
 from ._version import __version__ as _version
 from .codec import pack, unpack
-from .errors import CorruptError, FormatError, NotAnIndexError, ParameterError
+from .errors import CorruptError, FormatError, NotAnIndexError, ParameterError, StorageError
 
 NAME = "manifest.msgpack"
 MAGIC = "simindex"
@@ -24,16 +24,21 @@ def write(dirpath, manifest):
     """Write atomically: a temporary file, fsync, rename, fsync of the directory."""
     path = os.path.join(dirpath, NAME)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(pack(manifest))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(dirpath, os.O_RDONLY)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        with open(tmp, "wb") as f:
+            f.write(pack(manifest))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(dirpath, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise StorageError(e.errno, f"cannot write {path}: {e.strerror}") from None
 
 
 def read(dirpath):
@@ -61,7 +66,7 @@ def read(dirpath):
                           f"this simindex reads {LAYOUT}, width 64")
     scheme = m.get("scheme")
     from .fingerprints import schemes
-    if scheme is not None and scheme not in schemes:
+    if scheme is not None and (not isinstance(scheme, str) or scheme not in schemes):
         raise FormatError(f"{path}: the index uses fingerprint scheme {scheme!r}, which this "
                           f"simindex does not know (known: {', '.join(schemes)})")
     for field in ("k", "blocks", "shards", "tables"):

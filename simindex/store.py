@@ -11,9 +11,12 @@ A process opens each index once: `acquire()` returns the shared store for a path
 never sees the same environment opened twice in one process.
 """
 
+import errno
 import fcntl
 import os
+import resource
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -21,7 +24,7 @@ import numpy as np
 
 from . import _core, manifest
 from .errors import (
-    ClosedError, CorruptError, MapFullError, MapResizedError, MissingIndexError,
+    ClosedError, CorruptError, DiskFullError, MapFullError, MapResizedError, MissingIndexError,
     NotAnIndexError, ParameterError, ParameterTypeError, ReadOnlyError, StorageError,
 )
 from .fingerprints import _scheme
@@ -35,6 +38,8 @@ INITIAL_MAP = 16 << 30    # address space only; grows by doubling when full
 RECORD_CHUNK = 1 << 18     # records per records/ transaction in add_many
 APPLY_CHUNK = 1 << 22      # records per shard application pass
 LAG_LIMIT = 256            # records a shard with nothing new may stay behind
+READER_CHECK_EVERY = 1.0   # seconds between clearing the reader slots of dead processes
+LOW_SPACE = 4 << 20        # an EIO with less free space than this is a short write: disk full
 _KNOWN = {manifest.NAME, RECORDS, "lock"}
 
 
@@ -205,6 +210,9 @@ class Store:
         self._pool = []
         self._wlock = threading.RLock()
         self._gate = _Gate()
+        self.failed = None           # (errno, message) of the write error that makes this
+                                     # handle refuse writes (no traceback: no cycles)
+        self._reaped = {}            # env -> when its dead readers' slots were last cleared
         if os.path.exists(path) and not os.path.isdir(path):
             raise NotAnIndexError(f"{path} is a file, not an index directory")
         if not os.path.exists(os.path.join(path, manifest.NAME)):
@@ -213,7 +221,10 @@ class Store:
                 raise MissingIndexError(f"no simindex index at {path} ({why} forbids making one)")
             plan = Plan(k=3 if k is None else k, blocks=blocks,
                         shards=16 if shards is None else shards)
-            self._create(path, plan, scheme or DEFAULT_SCHEME)
+            try:
+                self._create(path, plan, scheme or DEFAULT_SCHEME)
+            except StorageError as e:
+                raise _space_error(e, path) from None
         self.manifest = manifest.read(path)
         manifest.check_same(self.manifest, k=k, blocks=blocks, shards=shards, scheme=scheme)
         m = self.manifest
@@ -228,6 +239,9 @@ class Store:
             if not readonly:
                 self._fix_next_seq()
                 self.apply_pending()
+        except StorageError as e:
+            self.close()
+            raise _space_error(e, path) from None
         except BaseException:
             self.close()
             raise
@@ -279,6 +293,8 @@ class Store:
         if any(n not in {shard_dir(s) for s in range(plan.shards)} for n in shards):
             raise CorruptError(f"{path} has shard directories but no manifest; restore "
                                f"{manifest.NAME} (nothing was changed)")
+        for sub in [RECORDS] + shards:
+            _drop_if_never_committed(os.path.join(path, sub))
         rec = os.path.join(path, RECORDS)
         if not os.path.exists(os.path.join(rec, "data.mdb")):
             if any(os.path.getsize(os.path.join(path, n, "data.mdb")) > 0 for n in shards
@@ -374,6 +390,33 @@ class Store:
         self.check_open()
         if self.readonly:
             raise ReadOnlyError(f"index {self.path} is open read-only")
+        self._check_failed()
+
+    def _check_failed(self):
+        if self.failed is not None:
+            raise StorageError(
+                self.failed[0],
+                f"{self.path}: this handle refuses writes since a write to disk failed "
+                f"({self.failed[1]}); close every handle on the index and open it again "
+                f"(the reopen replays what was committed)")
+
+    def _write_failed(self, e, env):
+        """Remember an I/O error of a commit or sync: what reached the disk is unknown (a
+        failed fsync may have dropped dirty pages), so only a reopen may write again."""
+        e = _space_error(e, self.path)
+        self.failed = (e.errno, e.strerror)
+        if env is not None and env is not self.records:
+            e = type(e)(e.errno, f"{e.strerror}; the records are committed and queries find "
+                                 f"them, and reopening the index brings its tables up to date")
+        return e
+
+    def _reap(self, env):
+        """Free the reader slots of processes that died inside a read transaction (they
+        would pin old pages forever and make the file grow); at most once a second."""
+        now = time.monotonic()
+        if now - self._reaped.get(env, 0.0) >= READER_CHECK_EVERY:
+            self._reaped[env] = now
+            env.reader_check()
 
     # ------------------------------------------------------------ map size
     def _grow(self, env):
@@ -393,11 +436,16 @@ class Store:
         self._adopt(env)
 
     def write(self, env, fn):
-        """Run fn(txn) in a write transaction on env, growing the map and retrying if full."""
+        """Run fn(txn) in a write transaction on env, growing the map and retrying if full.
+
+        An I/O error (a failed write, fsync or a full disk) makes this handle refuse writes.
+        """
+        self._check_failed()
         while True:
             try:
                 with self._gate.shared():
                     self._inside_open()
+                    self._reap(env)
                     with _core.Txn(env, write=True) as txn:
                         return fn(txn)
             except MapFullError:
@@ -406,6 +454,10 @@ class Store:
                 self._grow(env)
             except MapResizedError:
                 self._resized()          # fn may have read other environments too
+            except StorageError as e:
+                if not _is_io(e):
+                    raise
+                raise self._write_failed(e, env) from None
 
     def read(self, fn):
         """Run fn(ctx) with a pooled read context, adopting a map another process grew."""
@@ -608,7 +660,49 @@ class Store:
             self.apply_pending()
             with self._gate.shared():
                 for env in [self.records] + self.shards:
-                    env.sync(True)
+                    try:
+                        env.sync(True)
+                    except StorageError as e:
+                        if not _is_io(e):
+                            raise
+                        raise self._write_failed(e, None) from None
+
+
+def _is_io(e):
+    """Whether a StorageError carries an operating-system error (EIO, ENOSPC, ...)."""
+    return type(e) in (StorageError, DiskFullError) and isinstance(e.errno, int) and e.errno > 0
+
+
+def _space_error(e, path):
+    """A DiskFullError when `e` means the disk (or a quota, or RLIMIT_FSIZE) is full.
+
+    LMDB reports a short write as EIO, so an EIO with almost no free space counts too.
+    """
+    if not _is_io(e) or isinstance(e, DiskFullError):
+        return e
+    full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    free = None
+    try:
+        st = os.statvfs(path)
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        pass
+    if e.errno == errno.EIO and free is not None and free < LOW_SPACE:
+        full = True
+    if e.errno == errno.EIO and resource.getrlimit(resource.RLIMIT_FSIZE)[0] != \
+            resource.RLIM_INFINITY:
+        full = True                      # a short write at the file size limit (a guess)
+    if not full:
+        return e
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if e.errno == errno.EFBIG or (limit != resource.RLIM_INFINITY and e.errno == errno.EIO):
+        why = f"the file size limit (RLIMIT_FSIZE, ulimit -f) of {limit:,} bytes was reached"
+    elif e.errno == errno.EDQUOT:
+        why = "the disk quota is exhausted"
+    else:
+        room = f"{free:,} bytes free" if free is not None else "free space unknown"
+        why = f"the disk is full ({room} at {path})"
+    return DiskFullError(e.errno, f"{e.strerror}: {why}; make room and reopen the index")
 
 
 def put_records(txn, idkeys, fps, metas):
@@ -647,7 +741,13 @@ def get_record(txn, idkey, path):
 
 
 def _check_data_file(d):
-    """Refuse a data.mdb too short for the pages its meta pages claim (LMDB would SIGBUS)."""
+    """Refuse a data.mdb cut short of its root pages (LMDB would SIGBUS reading them).
+
+    LMDB may leave free pages at the end of the file unwritten (allocated and freed in one
+    transaction), so a file shorter than its last page is normal after a crash; the missing
+    tail is filled with zeros, so that a page lost to real damage reads as a damaged page
+    (an error) instead of a SIGBUS.
+    """
     f = os.path.join(d, "data.mdb")
     try:
         size = os.path.getsize(f)
@@ -655,11 +755,39 @@ def _check_data_file(d):
         return
     if size == 0:
         return
+    meta = _read_meta(f)
+    if meta is None:
+        raise CorruptError(f"{f} is damaged or not an LMDB data file (no valid meta page)")
+    psize, _txnid, last_pg, roots = meta
+    for root in roots:
+        if root != _NO_PAGE and (root > last_pg or (root + 1) * psize > size):
+            raise CorruptError(f"{f} is truncated: {size} bytes, its root page {root} "
+                               f"needs {(root + 1) * psize}")
+    need = (last_pg + 1) * psize
+    if size < need:
+        try:
+            fd = os.open(f, os.O_WRONLY)
+            try:
+                os.posix_fallocate(fd, size, need - size)     # never shrinks the file
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise CorruptError(f"{f} is truncated: {size} bytes, its meta page needs {need}, "
+                               f"and it cannot be extended ({e.strerror})") from None
+
+
+_NO_PAGE = (1 << 64) - 1          # LMDB's P_INVALID: the root of an empty database
+
+
+def _read_meta(f, txnid=None):
+    """(page size, txn id, last page, [free root, main root]) of the newer valid meta page
+    of an LMDB data file (or of the one of transaction `txnid`), or None."""
     with open(f, "rb") as fh:
         head = fh.read(2 * 65536)
     # Each meta page: a 16-byte page header, then MDB_meta: magic u32, version u32,
-    # address, mapsize, two 48-byte MDB_db records (the first one's pad holds the page
-    # size), last page number, txn id. LMDB trusts the meta with the larger txn id.
+    # address, mapsize, two 48-byte MDB_db records (free pages, main; the first one's pad
+    # holds the page size, each ends with its root page), last page number, txn id. LMDB
+    # trusts the meta with the larger txn id.
     psize = int.from_bytes(head[40:44], "little") if len(head) >= 44 else 0
     if psize not in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536):
         psize = 4096
@@ -668,12 +796,25 @@ def _check_data_file(d):
         page = head[i * psize:(i + 1) * psize]
         if len(page) < 152 or int.from_bytes(page[16:20], "little") != 0xBEEFC0DE:
             continue
+        roots = [int.from_bytes(page[o:o + 8], "little") for o in (80, 128)]
         last_pg = int.from_bytes(page[136:144], "little")
-        txnid = int.from_bytes(page[144:152], "little")
-        if best is None or txnid > best[0]:
-            best = (txnid, last_pg)
-    if best is None:
-        raise CorruptError(f"{f} is damaged or not an LMDB data file (no valid meta page)")
-    need = (best[1] + 1) * psize
-    if size < need:
-        raise CorruptError(f"{f} is truncated: {size} bytes, its meta page needs {need}")
+        t = int.from_bytes(page[144:152], "little")
+        if (txnid is None and (best is None or t > best[1])) or t == txnid:
+            best = (psize, t, last_pg, roots)
+    return best
+
+
+def _drop_if_never_committed(d):
+    """Remove an environment's files when no transaction ever committed in them (a creation
+    that crashed while LMDB was writing them): they hold nothing, and LMDB cannot open a
+    half-written first page."""
+    f = os.path.join(d, "data.mdb")
+    if not os.path.exists(f):
+        return
+    meta = _read_meta(f)
+    if meta is None or meta[1] == 0:
+        for name in ("data.mdb", "lock.mdb"):
+            try:
+                os.remove(os.path.join(d, name))
+            except FileNotFoundError:
+                pass

@@ -76,3 +76,5 @@ cdef class ReadContext:
     cdef int _activate(self, int s, int ntables) noexcept nogil
     cdef void _release(self) noexcept nogil
     cdef int _finish(self, MDB_txn *rtxn, uint64_t q, HitBuf *hits, size_t start) noexcept nogil
+    cdef list _query(self, Plan plan, const uint64_t *queries, Py_ssize_t n, int k, Txn txn,
+                     bint matches)

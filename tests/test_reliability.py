@@ -1,0 +1,213 @@
+"""Reliability: dead readers, full disks, injected I/O errors and corrupt files, in real
+processes. Crash trials are in test_durability.py; tools/reliability.py runs all of it larger."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import msgpack
+import numpy as np
+import pytest
+
+import simindex
+from trials import (
+    build_pristine, corrupt_trial, disk_full_trial, io_counts, io_trial, spawn,
+)
+
+HOLD = r"""
+import sys, time, simindex
+idx = simindex.Index(sys.argv[1], readonly=True)
+with idx._store.snapshot():                  # read transactions on every environment
+    print("holding", flush=True)
+    time.sleep(600)
+"""
+
+
+def data_bytes(path):
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path)
+               for f in fs if f == "data.mdb")
+
+
+def test_a_reader_killed_inside_a_transaction_does_not_pin_the_file(tmp_path):
+    path = str(tmp_path / "i")
+    ids = [f"d{i}" for i in range(2000)]
+    with simindex.Index(path, k=3, shards=2) as idx:      # open before the reader dies
+
+        def replace_all(rounds, seed):
+            for r in range(rounds):
+                idx.add_many(ids, np.random.default_rng(seed + r).integers(
+                    0, 2**64, len(ids), dtype=np.uint64))
+
+        replace_all(10, 0)
+        reader = spawn(HOLD, path)
+        assert reader.stdout.readline().strip() == "holding"
+        before = data_bytes(path)
+        replace_all(20, 100)
+        pinned = data_bytes(path) - before               # old pages cannot be reused
+        assert pinned > 4 << 20
+        reader.send_signal(signal.SIGKILL)
+        reader.communicate()
+        time.sleep(simindex.store.READER_CHECK_EVERY + 0.1)
+        replace_all(5, 200)                              # clears the dead reader's slot
+        before = data_bytes(path)
+        replace_all(20, 300)
+        assert data_bytes(path) - before < pinned / 4    # freed pages are reused again
+        assert idx.verify() == []
+
+
+@pytest.mark.parametrize("how", ["tmpfs", "fsize"])
+def test_disk_full_is_a_clear_error_and_the_index_recovers(tmp_path, how):
+    if how == "tmpfs" and (os.geteuid() != 0 or not shutil.which("unshare")):
+        pytest.skip("mounting a small tmpfs needs root and unshare (util-linux)")
+    r = disk_full_trial(str(tmp_path / "w"), how)
+    if r is None:
+        pytest.skip("this machine does not allow a private mount namespace with a tmpfs")
+    kind, message = r["error"]
+    assert kind == "DiskFullError"
+    assert ("disk is full" if how == "tmpfs" else "file size limit") in message
+    assert str(tmp_path / "w") in message                # names the path
+    assert r["failed_batch"] in ("all", "none")           # nothing partial is visible
+    assert r["refused"][0] == "StorageError" and "open it again" in r["refused"][1]
+    assert r["acked"] and r["lost"] == 0 and r["pending"] == 0 and r["verify"] == []
+
+
+needs_strace = pytest.mark.skipif(not shutil.which("strace"), reason="strace is not installed")
+SWEEP = [("fdatasync", "EIO"), ("pwrite64", "ENOSPC"), ("pwrite64", "EIO"),
+         ("writev", "ENOSPC"), ("writev", "EIO"), ("fsync", "EIO")]
+
+
+def sweep(tmp_path, stride):
+    counts = io_counts(str(tmp_path / "count"))
+    injected, failures = 0, []
+    for syscall, error in SWEEP:
+        assert counts.get(syscall), f"a clean run made no {syscall} calls: {counts}"
+        for when in range(1, counts[syscall] + 1, stride):
+            wrong, did = io_trial(str(tmp_path / f"{syscall}-{error}-{when}"), syscall, error,
+                                  when)
+            injected += did
+            failures += [f"{syscall}={error} at call {when}: {w}" for w in wrong]
+    return injected, failures
+
+
+@needs_strace
+def test_injected_write_and_sync_errors_raise_and_lose_nothing_acknowledged(tmp_path):
+    # every 4th fdatasync / pwrite64 / writev / fsync of create + 3 add_many calls fails
+    injected, failures = sweep(tmp_path, stride=4)
+    assert injected >= 25
+    assert failures == []
+
+
+@pytest.mark.deep
+@needs_strace
+def test_injected_io_errors_full_sweep(tmp_path):
+    injected, failures = sweep(tmp_path, stride=1)
+    assert failures == []
+
+
+def test_a_handle_that_saw_a_write_error_refuses_writes_until_reopened(tmp_path):
+    path = str(tmp_path / "i")
+    with simindex.Index(path, shards=2) as idx:
+        idx.add("a", 1)
+        st = idx._store
+
+        def fail(txn):
+            raise simindex.StorageError(5, f"{path}/records: commit failed: Input/output error")
+        with pytest.raises(simindex.StorageError, match="Input/output"):
+            st.write(st.records, fail)
+        with pytest.raises(simindex.StorageError, match="refuses writes.*open it again"):
+            idx.add("b", 2)
+        assert [m.id for m in idx.query(1, k=0)] == ["a"]          # reads still work
+    with simindex.Index(path) as idx:
+        idx.add("b", 2)
+        assert len(idx) == 2 and idx.verify() == []
+
+
+def test_a_creation_that_failed_at_its_first_write_can_be_finished(tmp_path):
+    path = tmp_path / "i"
+    simindex.Index(path, shards=2).close()
+    os.remove(path / "manifest.msgpack")
+    for sub in ("records", "shard-001"):                # as if a write had failed in LMDB
+        (path / sub / "data.mdb").write_bytes(b"")
+    (path / "shard-000" / "data.mdb").write_bytes(b"\0" * 5000)
+    with simindex.Index(path, shards=2) as idx:
+        idx.add("a", 1)
+        assert idx.verify() == []
+
+
+def test_a_manifest_with_a_field_of_the_wrong_type_is_corrupt_not_a_crash(tmp_path):
+    # found by tools/fuzz/fuzz_manifest.py: an unhashable scheme raised TypeError
+    path = tmp_path / "i"
+    simindex.Index(path, shards=2).close()
+    m = msgpack.unpackb((path / "manifest.msgpack").read_bytes())
+    for field, value in [("scheme", ["x"]), ("scheme", {"a": 1}), ("layout", [1]),
+                         ("format", {"v": 1}), ("k", [3]), ("magic", None)]:
+        (path / "manifest.msgpack").write_bytes(msgpack.packb(dict(m, **{field: value})))
+        with pytest.raises(simindex.CorruptError):
+            simindex.Index(path)
+
+
+def test_add_many_of_something_not_iterable_is_an_input_type_error(tmp_path):
+    # found by tools/reliability.py's bad-input trials: a raw TypeError escaped
+    with simindex.Index(tmp_path / "i", shards=2) as idx:
+        for bad in (-1, 2.5, float("inf"), 3j, object(), "ab", b"ab"):
+            with pytest.raises(simindex.InputTypeError, match="iterable"):
+                idx.add_many(bad)
+        assert len(idx) == 0
+
+
+CORRUPT_SEEDS = 25
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("pristine") / "i")
+    probes, answers = build_pristine(d)
+    return d, probes, answers
+
+
+def corrupt_sweep(pristine, tmp_path, seeds):
+    path, probes, answers = pristine
+    outcomes, failures = {}, []
+    for seed in seeds:
+        what, outcome, wrong = corrupt_trial(path, probes, answers, str(tmp_path / "w"), seed,
+                                             cli=seed % 5 == 0)
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        failures += [f"seed {seed}, {what}: {w}" for w in wrong]
+    return outcomes, failures
+
+
+def test_corrupt_files_never_crash_and_damage_is_reported(pristine, tmp_path):
+    # byte flips, truncations and zeroed pages in data.mdb and lock.mdb of records/ and
+    # the shards and in the manifest, and deleted shards: each opened, queried and
+    # verified in a child process, whose death by a signal would be a host crash
+    outcomes, failures = corrupt_sweep(pristine, tmp_path, range(CORRUPT_SEEDS))
+    assert failures == []
+    assert outcomes.get("error", 0) and outcomes.get("reported", 0), outcomes
+
+
+@pytest.mark.deep
+def test_corrupt_files_deep(pristine, tmp_path):
+    outcomes, failures = corrupt_sweep(pristine, tmp_path, range(1000, 1300))
+    assert failures == []
+
+
+def test_damaged_page_is_reported_by_verify_not_an_abort(pristine, tmp_path):
+    # regression: LMDB asserts (abort) when a cursor steps onto a zeroed leaf page;
+    # verify() walks the pages itself first
+    path, probes, answers = pristine
+    outcomes, failures = corrupt_sweep(pristine, tmp_path, [62, 94, 95])
+    assert failures == [] and "crash" not in outcomes
+    work = tmp_path / "z"
+    shutil.copytree(path, work)
+    f = work / "records" / "data.mdb"
+    data = bytearray(f.read_bytes())
+    data[8 * 4096:9 * 4096] = bytes(4096)
+    f.write_bytes(bytes(data))
+    code = ("import sys, simindex\nwith simindex.Index(sys.argv[1], readonly=True) as i:\n"
+            "    print(i.verify())")
+    p = subprocess.run([sys.executable, "-c", code, str(work)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "records/data.mdb: page 8" in p.stdout
