@@ -1,0 +1,234 @@
+"""Run the reliability trials and print the figures README's "Reliability" section shows.
+
+    python3 tools/reliability.py                      # a few minutes
+    python3 tools/reliability.py --crashes 200 --corrupt 300 --io-stride 1
+
+The trials are the tests' own (tests/trials.py), at larger sizes. Exit status 1 when a
+figure that must be zero is not.
+"""
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+
+import simindex  # noqa: E402
+import trials  # noqa: E402
+
+SWEEP = [("fdatasync", "EIO"), ("pwrite64", "ENOSPC"), ("pwrite64", "EIO"),
+         ("writev", "ENOSPC"), ("writev", "EIO"), ("fsync", "EIO")]
+
+READER = r"""
+import sys, time, numpy as np, simindex
+idx = simindex.Index(sys.argv[1], readonly=True)
+probes = np.random.default_rng(0).integers(0, 2**64, 200, dtype=np.uint64)
+n, end = 0, time.time() + float(sys.argv[2])
+while time.time() < end:
+    for ms in idx.query_many(probes):
+        assert len({m.id for m in ms}) == len(ms) and all(m.distance <= 3 for m in ms)
+    n += len(probes)
+print("queries", n)
+"""
+
+
+def crashes(work, n, seed):
+    os.makedirs(work, exist_ok=True)
+    figs = trials.crash_trials(work, n, seed)
+    rec = sorted(f["recovery_s"] for f in figs)
+    return {"trials run": len(figs),
+            "kinds": ", ".join(f"{k} {sum(f['kind'] == k for f in figs)}"
+                               for k in ("many", "single", "bulk", "replay")),
+            "acknowledged records lost": sum(f["lost"] for f in figs),
+            "unacknowledged calls found partial": sum(f["partial"] for f in figs),
+            "shards disagreeing after recovery": sum(f["disagreeing"] for f in figs),
+            "recovery time p50 / max": f"{statistics.median(rec) * 1e3:.1f} ms / "
+                                       f"{max(rec) * 1e3:.1f} ms"}
+
+
+def concurrency(work, readers, writers, seconds):
+    path = os.path.join(work, "conc")
+    simindex.Index(path, k=3, shards=8).close()
+    rs = [trials.spawn(READER, path, seconds) for _ in range(readers)]
+    hold = trials.spawn("import sys, time, simindex\ni = simindex.Index(sys.argv[1], "
+                        "readonly=True)\nwith i._store.snapshot():\n    print('holding', "
+                        "flush=True)\n    time.sleep(600)", path)
+    hold.stdout.readline()
+    hold.kill()                        # a reader killed inside its read transactions
+    hold.communicate()
+    ws = [trials.spawn(trials.WRITER, path, 100000 * (w + 1), "many", 8)
+          for w in range(writers)]
+    time.sleep(seconds)
+    errors, queries, acked = 0, 0, []
+    for w in ws:
+        w.kill()
+        out, err = w.communicate()
+        acked += trials.acks(out)
+        errors += "Traceback" in err
+    for r in rs:
+        out, err = r.communicate()
+        errors += r.returncode != 0
+        queries += int(out.split()[1]) if out.startswith("queries") else 0
+    fig = trials.recover(path, acked, "many", upto=max(acked, default=0))
+    return {"reader processes (one more killed inside a transaction) / writer processes":
+            f"{readers} / {writers}",
+            "queries answered during writes / batches acknowledged":
+            f"{queries:,} / {len(acked)}",
+            "errors seen by readers and writers": errors,
+            "records lost after the writers were killed": fig["lost"]}
+
+
+def io_sweep(work, stride):
+    os.makedirs(work, exist_ok=True)
+    counts = trials.io_counts(os.path.join(work, "count"))
+    runs = injected = 0
+    bad = []
+    for syscall, error in SWEEP:
+        for when in range(1, counts[syscall] + 1, stride):
+            wrong, did = trials.io_trial(os.path.join(work, f"{syscall}{error}{when}"),
+                                         syscall, error, when)
+            runs += 1
+            injected += did
+            bad += wrong
+    return {"I/O injection points swept": f"{runs} ({', '.join(f'{s}={e}' for s, e in SWEEP)}"
+                                          f"; {injected} hit a write)",
+            "I/O injection mismatches": len(bad)}, bad
+
+
+def disk_full(work):
+    out, bad = [], 0
+    for how in ("tmpfs", "fsize"):
+        r = trials.disk_full_trial(os.path.join(work, "full-" + how), how)
+        if r is None:
+            out.append(f"{how}: not permitted here")
+            continue
+        ok = (r["error"][0] == "DiskFullError" and r["failed_batch"] != "partial"
+              and r["lost"] == 0 and not r["verify"] and r["refused"] is not None)
+        bad += not ok
+        out.append(f"{how}: {r['error'][0]}")
+    return {"disk full (12 MiB tmpfs, ulimit -f 6 MiB)": "; ".join(out),
+            "disk full trials with loss or a partial batch": bad}
+
+
+def corrupt(work, n):
+    pristine = os.path.join(work, "pristine")
+    probes, answers = trials.build_pristine(pristine)
+    outcomes, crashes_, bad = {}, 0, []
+    for seed in range(n):
+        what, outcome, wrong = trials.corrupt_trial(pristine, probes, answers,
+                                                    os.path.join(work, "c"), seed,
+                                                    cli=seed % 5 == 0)
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        crashes_ += outcome in ("crash", "hang")
+        bad += [f"seed {seed} {what}: {w}" for w in wrong]
+    return {"corrupt files tried": f"{n} (typed error {outcomes.get('error', 0)}, "
+                                   f"verify reports {outcomes.get('reported', 0)}, "
+                                   f"harmless {outcomes.get('opened', 0)})",
+            "host crashes": crashes_,
+            "wrong answers not reported by verify(), untyped errors": len(bad) - crashes_}, bad
+
+
+BAD_VALUES = [-1, 2**64, 2**70, -2**63, 1.5, float("nan"), float("inf"), True, None, "x",
+              b"\x00" * 600, "a" * 600, [1], {"a": 1}, object(), "\ud800", 10**30, (), 3j]
+
+
+def bad_inputs(work, n, seed):
+    rng = random.Random(seed)
+    path = os.path.join(work, "bad")
+    tracebacks = tried = 0
+    with simindex.Index(path, k=3, shards=2) as idx:
+        calls = [lambda v: idx.add(v, 1), lambda v: idx.add("id", v),
+                 lambda v: idx.add("id", 1, meta=v if not isinstance(v, (int, str)) else
+                                   object()),
+                 lambda v: idx.add_many([("a", 1), (v, v)]),
+                 lambda v: idx.add_many(["a", "b"], [1, v]), lambda v: idx.query(v),
+                 lambda v: idx.query(1, k=v), lambda v: idx.query_many([1, v]),
+                 lambda v: idx.add_unique("u", v), lambda v: idx.remove(v),
+                 lambda v: simindex.Index(path, k=v), lambda v: simindex.Index(path, shards=v),
+                 lambda v: simindex.find_all([1, v]), lambda v: simindex.hamming(1, v),
+                 lambda v: simindex.fingerprint(v), lambda v: idx.add_many(v)]
+        for _ in range(n):
+            v = rng.choice(BAD_VALUES)
+            tried += 1
+            try:
+                rng.choice(calls)(v)
+            except simindex.Error:
+                pass
+            except Exception:
+                tracebacks += 1
+        tracebacks += idx.verify() != []          # nothing half-written
+    lines = []
+    good = ["a\t00ff00ff00ff00ff", '{"id": "b", "fingerprint": "ff"}', 'c\t12\t{"m": 1}']
+    for _ in range(n):
+        s = bytearray(rng.choice(good).encode())
+        for _ in range(rng.randint(1, 4)):
+            op = rng.randrange(3)
+            at = rng.randrange(len(s) + 1)
+            if op == 0:
+                s[at:at] = bytes([rng.randrange(256)])
+            elif op == 1 and s:
+                del s[min(at, len(s) - 1)]
+            else:
+                s[at:at] = rng.choice([b"\t", b"{", b'"', b"\\u", b"-", b"\xff", b"9" * 30])
+        lines.append(bytes(s).replace(b"\n", b" "))
+    inp = os.path.join(work, "bad.txt")
+    with open(inp, "wb") as f:
+        f.write(b"\n".join(lines) + b"\n")
+    for fmt in ("tsv", "jsonl"):
+        p = subprocess.run([sys.executable, "-m", "simindex.cli", "build",
+                            os.path.join(work, "cli"), inp, "--format", fmt, "--on-error",
+                            "skip", "--quiet"], env=trials.ENV, capture_output=True)
+        tried += len(lines)
+        tracebacks += b"Traceback" in p.stderr or p.returncode not in (0, 1)
+    return {"bad inputs tried (API calls, fuzzed CLI lines)": f"{tried:,}",
+            "tracebacks": tracebacks}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--crashes", type=int, default=40, help="kill -9 trials")
+    ap.add_argument("--corrupt", type=int, default=100, help="corrupt-file seeds")
+    ap.add_argument("--io-stride", type=int, default=2,
+                    help="sweep every Nth call of each syscall (1: all)")
+    ap.add_argument("--bad", type=int, default=2000, help="bad API calls and CLI lines each")
+    ap.add_argument("--seconds", type=float, default=5, help="readers/writers run time")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="simindex-reliability-")
+    rows, bad = [], []
+    t0 = time.time()
+    try:
+        rows += crashes(os.path.join(work, "crash"), a.crashes, a.seed).items()
+        rows += concurrency(work, 2, 2, a.seconds).items()
+        if shutil.which("strace"):
+            fig, b = io_sweep(os.path.join(work, "io"), a.io_stride)
+            rows += fig.items()
+            bad += b
+        else:
+            rows.append(("I/O injection points swept", "skipped: strace is not installed"))
+        rows += disk_full(work).items()
+        fig, b = corrupt(work, a.corrupt)
+        rows += fig.items()
+        bad += b
+        rows += bad_inputs(work, a.bad, a.seed).items()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("| figure | value |\n|---|---|")
+    for k, v in rows:
+        print(f"| {k} | {v} |")
+    print(f"\n{time.time() - t0:.0f} s", file=sys.stderr)
+    for b in bad:
+        print("PROBLEM:", b, file=sys.stderr)
+    must_be_zero = [v for k, v in rows if isinstance(v, int) and not k.startswith("trials")]
+    return 1 if bad or any(must_be_zero) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
