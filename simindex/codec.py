@@ -42,6 +42,12 @@ def encode_id(id_):
     return tag + raw
 
 
+def encode_ids(ids):
+    """encode_id of every id of a list, compiled for int and str ids."""
+    from . import _core
+    return _core.encode_ids(ids if type(ids) is list else list(ids), encode_id, MAX_ID_BYTES)
+
+
 def decode_id(key):
     """The id a records key stands for, with its original type."""
     tag, raw = key[:1], key[1:]

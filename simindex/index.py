@@ -6,7 +6,7 @@ from typing import Any, NamedTuple, Union
 import numpy as np
 
 from . import _core, lmdbcheck, shard as _shard, store as _store
-from .codec import check_fp, decode_id, encode_id, fp_array, pack_meta, unpack
+from .codec import check_fp, decode_id, encode_id, encode_ids, fp_array, pack_meta, unpack
 from .errors import (
     ClosedError, CorruptError, InputError, InputTypeError, ParameterError, ReadOnlyError,
 )
@@ -68,7 +68,7 @@ def find_all(fingerprints, k=3, blocks=None):
     parts_a, parts_b = [], []
     for t in range(plan.ntables):
         keys = plan.core.keys(t, fps)
-        order = np.argsort(keys, kind="stable")
+        order = _shard.entry_order(keys, np.arange(len(keys), dtype=np.uint64))
         a, b, _ = _core.pairs_sorted(keys[order], order.astype(np.uint64),
                                      plan.core.prefix_mask(t), plan.earlier_masks(t), k)
         parts_a.append(a)
@@ -89,7 +89,7 @@ def records_of(items, fingerprints=None):
         fps = fp_array(fingerprints)
         if len(ids) != len(fps):
             raise InputError(f"add_many got {len(ids)} ids and {len(fps)} fingerprints")
-        idks = [encode_id(i) for i in ids]
+        idks = encode_ids(ids)
         metas = [pack_meta(None)] * len(ids)
     else:
         idks, fpl, metas = [], [], []
@@ -394,7 +394,7 @@ class Index:
                     if len(keys) < 2:
                         continue
                     seqs = np.concatenate(ss)
-                    order = np.lexsort((seqs, keys))
+                    order = _shard.entry_order(keys, seqs)
                     a, b, d = _core.pairs_sorted(keys[order], seqs[order], pmask, earlier, k)
                     for sa, sb, dd in zip(a.tolist(), b.tolist(), d.tolist()):
                         fa, ia = resolve(sa)

@@ -14,6 +14,25 @@ RUN_DTYPE = np.dtype([("run", "<u8"), ("count", "<u8"), ("table", "<u4"), ("pad"
 BLOCK_ENTRIES = _core.BLOCK_ENTRIES
 
 
+def entry_order(keys, seqs):
+    """The permutation sorting entries by (key, seq), as runs store them.
+
+    numpy's unstable sort of 64-bit keys is SIMD and 3-4x faster than lexsort; only the
+    groups of equal keys (duplicate fingerprints) are then put in seq order.
+    """
+    order = np.argsort(keys)
+    ks = keys[order]
+    dup = ks[1:] == ks[:-1]
+    if dup.any():
+        grouped = np.zeros(len(ks), dtype=bool)
+        grouped[1:] |= dup
+        grouped[:-1] |= dup
+        pos = np.flatnonzero(grouped)
+        sub = order[pos]
+        order[pos] = sub[np.lexsort((seqs[sub], keys[sub]))]
+    return order
+
+
 def load_state(txn):
     """(applied seq, runs array sorted by (table, run), next run id) of a shard."""
     a = txn.get(STATE_DB, b"applied")
@@ -87,7 +106,7 @@ class ShardWriter:
         if live is not None:
             keep = np.isin(seqs, live) | (seqs > np.uint64(newest))
             keys, seqs = keys[keep], seqs[keep]
-        order = np.lexsort((seqs, keys))
+        order = entry_order(keys, seqs)
         for r in run_ids:
             _core.delete_run(self.txn, BLOCKS_DB, r)
         self.runs = [x for x in self.runs if not (x[0] == table and x[1] in run_ids)]

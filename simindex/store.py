@@ -29,7 +29,7 @@ from .errors import (
 )
 from .fingerprints import _scheme
 from .plan import Plan
-from .shard import BLOCKS_DB, STATE_DB, ShardWriter
+from .shard import BLOCKS_DB, STATE_DB, ShardWriter, entry_order
 
 RECORDS = "records"
 DEFAULT_SCHEME = "simindex-v1"
@@ -566,7 +566,7 @@ class Store:
         per_table = []
         for t in range(plan.ntables):
             keys = plan.core.keys(t, fps)
-            order = np.lexsort((seqs, keys))
+            order = entry_order(keys, seqs)
             keys, sq = keys[order], seqs[order]
             # keys are sorted, and a shard is a range of leading bits: split by search
             if plan.shard_bits:

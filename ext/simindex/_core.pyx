@@ -12,9 +12,12 @@ import numpy as np
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, calloc, realloc, free, qsort
-from libc.string cimport memcpy, memset
+from libc.string cimport memcmp, memcpy, memset
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeUTF8
+
+cdef extern from "Python.h":
+    const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
 
 from clmdb cimport *
 from posix.unistd cimport getpid
@@ -640,11 +643,33 @@ def delete_run(Txn txn, str db, uint64_t run_id):
 
 
 # ---------------------------------------------------------------- records
+cdef struct IdRef:
+    const char *p
+    size_t n
+    size_t i
+
+
+cdef int _cmp_idref(const void *a, const void *b) noexcept nogil:
+    """LMDB's default key order (bytes, then length), then input order: a stable sort."""
+    cdef const IdRef *x = <const IdRef *>a
+    cdef const IdRef *y = <const IdRef *>b
+    cdef size_t m = x.n if x.n < y.n else y.n
+    cdef int c = memcmp(x.p, y.p, m)
+    if c:
+        return c
+    if x.n != y.n:
+        return -1 if x.n < y.n else 1
+    return -1 if x.i < y.i else (1 if x.i > y.i else 0)
+
+
 def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
                 const uint64_t[::1] fps, list metas not None, uint64_t next_seq):
     """Store records under fresh seqs, replacing an id's earlier record.
 
     Returns (next_seq, replaced). `metas[i]` is the msgpack encoding of the meta value.
+    Records are appended in seq order; ids are then written in key order, which LMDB
+    does with far fewer page visits than in input order, and simply appended when every
+    key is new and above the stored ones (ascending int ids, a fresh index).
     """
     cdef Py_ssize_t i, n = len(idkeys)
     cdef MDB_dbi ids = txn.env.dbi(ids_db), sq = txn.env.dbi(seqs_db)
@@ -652,55 +677,101 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
     cdef uint8_t seqbuf[8]
     cdef uint8_t oldbuf[8]
     cdef bytes idk, mb
-    cdef size_t idlen, mlen
+    cdef size_t idlen, mlen, j
     cdef uint8_t *p
     cdef int rc
     cdef size_t replaced = 0
+    cdef IdRef *refs = NULL
+    cdef MDB_cursor *cur = NULL
+    cdef bint append
     txn.check()
     if fps.shape[0] != n or len(metas) != n:
         raise ValueError("ids, fingerprints and metas differ in length")
     for i in range(n):
-        idk = idkeys[i]
-        mb = metas[i]
-        if idk is None or mb is None:
+        if not isinstance(idkeys[i], bytes) or not isinstance(metas[i], bytes):
             raise TypeError("id keys and metas must be bytes")
-        idlen = PyBytes_GET_SIZE(idk)
-        mlen = PyBytes_GET_SIZE(mb)
-        k = _val(idk)
-        rc = mdb_get(txn.txn, ids, &k, &v)
-        if rc == 0:
-            if v.mv_size != 8:
-                raise CorruptError(f"{txn.env.path}: id entry has a bad size")
-            memcpy(oldbuf, v.mv_data, 8)
+    if n == 0:
+        return next_seq, 0
+    refs = <IdRef *>malloc(n * sizeof(IdRef))
+    if refs == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            idk = idkeys[i]
+            mb = metas[i]
+            idlen = PyBytes_GET_SIZE(idk)
+            mlen = PyBytes_GET_SIZE(mb)
+            refs[i].p = PyBytes_AS_STRING(idk)
+            refs[i].n = idlen
+            refs[i].i = i
+            si_store_be64(seqbuf, next_seq + i)
             sk.mv_size = 8
-            sk.mv_data = oldbuf
-            rc = mdb_del(txn.txn, sq, &sk, NULL)
-            if rc and rc != MDB_NOTFOUND:
-                raise _error(rc, f"{txn.env.path}: replacing a record failed")
-            replaced += 1
-        elif rc != MDB_NOTFOUND:
-            raise _error(rc, f"{txn.env.path}: reading an id failed")
-        si_store_be64(seqbuf, next_seq)
-        sk.mv_size = 8
-        sk.mv_data = seqbuf
-        rc = mdb_put(txn.txn, ids, &k, &sk, 0)
-        if rc:
-            raise _error(rc, f"{txn.env.path}: writing an id failed")
-        v.mv_size = RECORD_HEADER + idlen + mlen
-        v.mv_data = NULL
-        rc = mdb_put(txn.txn, sq, &sk, &v, MDB_APPEND | MDB_RESERVE)
-        if rc == MDB_KEYEXIST:
-            raise CorruptError(f"{txn.env.path}: record sequence {next_seq} already used")
-        if rc:
-            raise _error(rc, f"{txn.env.path}: writing a record failed")
-        p = <uint8_t *>v.mv_data
-        si_store64(p, fps[i])
-        p[8] = <uint8_t>(idlen & 0xFF)
-        p[9] = <uint8_t>(idlen >> 8)
-        memcpy(p + RECORD_HEADER, PyBytes_AS_STRING(idk), idlen)
-        memcpy(p + RECORD_HEADER + idlen, PyBytes_AS_STRING(mb), mlen)
-        next_seq += 1
-    return next_seq, replaced
+            sk.mv_data = seqbuf
+            v.mv_size = RECORD_HEADER + idlen + mlen
+            v.mv_data = NULL
+            rc = mdb_put(txn.txn, sq, &sk, &v, MDB_APPEND | MDB_RESERVE)
+            if rc == MDB_KEYEXIST:
+                raise CorruptError(f"{txn.env.path}: record sequence {next_seq + i} already used")
+            if rc:
+                raise _error(rc, f"{txn.env.path}: writing a record failed")
+            p = <uint8_t *>v.mv_data
+            si_store64(p, fps[i])
+            p[8] = <uint8_t>(idlen & 0xFF)
+            p[9] = <uint8_t>(idlen >> 8)
+            memcpy(p + RECORD_HEADER, refs[i].p, idlen)
+            memcpy(p + RECORD_HEADER + idlen, PyBytes_AS_STRING(mb), mlen)
+        qsort(refs, n, sizeof(IdRef), _cmp_idref)
+        # every key new and above the stored ones: append without looking anything up
+        append = True
+        for j in range(1, n):
+            if refs[j - 1].n == refs[j].n and memcmp(refs[j - 1].p, refs[j].p, refs[j].n) == 0:
+                append = False
+                break
+        if append:
+            rc = mdb_cursor_open(txn.txn, ids, &cur)
+            if rc:
+                raise _error(rc, f"{txn.env.path}: reading the ids failed")
+            rc = mdb_cursor_get(cur, &k, &v, MDB_LAST)
+            mdb_cursor_close(cur)
+            if rc == 0:
+                append = _cmp_last(&k, &refs[0]) < 0
+            elif rc != MDB_NOTFOUND:
+                raise _error(rc, f"{txn.env.path}: reading the ids failed")
+        for j in range(n):
+            k.mv_size = refs[j].n
+            k.mv_data = <void *>refs[j].p
+            if not append:
+                rc = mdb_get(txn.txn, ids, &k, &v)
+                if rc == 0:
+                    if v.mv_size != 8:
+                        raise CorruptError(f"{txn.env.path}: id entry has a bad size")
+                    memcpy(oldbuf, v.mv_data, 8)
+                    sk.mv_size = 8
+                    sk.mv_data = oldbuf
+                    rc = mdb_del(txn.txn, sq, &sk, NULL)
+                    if rc and rc != MDB_NOTFOUND:
+                        raise _error(rc, f"{txn.env.path}: replacing a record failed")
+                    replaced += 1
+                elif rc != MDB_NOTFOUND:
+                    raise _error(rc, f"{txn.env.path}: reading an id failed")
+            si_store_be64(seqbuf, next_seq + refs[j].i)
+            sk.mv_size = 8
+            sk.mv_data = seqbuf
+            rc = mdb_put(txn.txn, ids, &k, &sk, MDB_APPEND if append else 0)
+            if rc:
+                raise _error(rc, f"{txn.env.path}: writing an id failed")
+    finally:
+        free(refs)
+    return next_seq + n, replaced
+
+
+cdef int _cmp_last(MDB_val *last, IdRef *first) noexcept nogil:
+    """Order of the stored last id key against the smallest new one (LMDB's key order)."""
+    cdef IdRef x
+    x.p = <const char *>last.mv_data
+    x.n = last.mv_size
+    x.i = 0
+    return _cmp_idref(&x, first)
 
 
 cdef tuple _record_id_meta(const uint8_t *p, size_t n):
@@ -1621,3 +1692,45 @@ def scan_shard(Txn txn, Plan plan, int shard, const uint64_t[::1] queries, int k
         free(out.a)
         free(out.b)
         free(out.d)
+
+
+def encode_ids(list ids not None, fallback, Py_ssize_t max_bytes):
+    """Records keys of many ids, as simindex.codec.encode_id makes them (type tag, then the
+    8-byte big-endian int or the UTF-8 text), in one compiled pass.
+
+    An id that is not a plain int in [0, 2**64) or a str of at most `max_bytes` UTF-8 bytes
+    goes through `fallback` (encode_id), which encodes it or raises the error that names it.
+    """
+    cdef Py_ssize_t i, n = len(ids), size
+    cdef list out = [None] * n
+    cdef object x
+    cdef bytes b
+    cdef char *p
+    cdef const char *u
+    cdef unsigned long long v
+    for i in range(n):
+        x = ids[i]
+        if type(x) is int and x >= 0 and x <= 0xFFFFFFFFFFFFFFFF:
+            v = x
+            b = PyBytes_FromStringAndSize(NULL, 9)
+            p = PyBytes_AS_STRING(b)
+            p[0] = 105                          # b"i"
+            si_store_be64(p + 1, v)
+            out[i] = b
+        elif type(x) is str:
+            try:
+                u = PyUnicode_AsUTF8AndSize(x, &size)
+            except UnicodeEncodeError:
+                out[i] = fallback(x)            # a lone surrogate: the fallback says so
+                continue
+            if size > max_bytes:
+                out[i] = fallback(x)
+                continue
+            b = PyBytes_FromStringAndSize(NULL, size + 1)
+            p = PyBytes_AS_STRING(b)
+            p[0] = 115                          # b"s"
+            memcpy(p + 1, u, size)
+            out[i] = b
+        else:
+            out[i] = fallback(x)
+    return out

@@ -10,6 +10,7 @@ from .. import _core, manifest
 from ..codec import decode_id
 from ..index import group_pairs
 from ..plan import Plan
+from ..shard import entry_order
 from ..store import RECORDS, SEQS_DB
 from .cluster import connect
 from .parts import collect, partitions
@@ -48,7 +49,7 @@ def _join(table, k, blocks, *parts):
     plan = Plan(k=k, blocks=blocks, shards=1)
     keys = np.concatenate([p[0] for p in parts])
     pos = np.concatenate([p[1] for p in parts])
-    order = np.lexsort((pos, keys))
+    order = entry_order(keys, pos)
     return _core.pairs_sorted(keys[order], pos[order], plan.core.prefix_mask(table),
                               plan.earlier_masks(table), k)
 

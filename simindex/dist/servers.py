@@ -13,7 +13,7 @@ import numpy as np
 from .. import _core, manifest
 from ..errors import MapFullError, MapResizedError
 from ..plan import Plan
-from ..shard import BLOCKS_DB, STATE_DB, ShardWriter, load_state
+from ..shard import BLOCKS_DB, STATE_DB, ShardWriter, entry_order, load_state
 from ..store import (
     IDS_DB,
     INFO_DB,
@@ -92,7 +92,7 @@ class ShardServer:
                 keys = plan.core.keys(t, fp)
                 mine = shard_lead(plan, keys) == s
                 k, q = keys[mine], sq[mine]
-                order = np.lexsort((q, k))
+                order = entry_order(k, q)
                 w.add_run(t, np.ascontiguousarray(k[order]), np.ascontiguousarray(q[order]))
             w.save(applied=last)
             return last
