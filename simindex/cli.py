@@ -53,11 +53,12 @@ def _cluster(index, address, **check):
     except ImportError as e:
         _fail(str(e))
     try:
-        return Cluster(index, address=None if address == "local" else address)
+        return Cluster(index, address=None if address == "local" else address,
+                       readonly=check.get("readonly", False))
     except Error as e:
         _fail(str(e))
-    except Exception as e:                   # Ray could not start or connect
-        _fail(f"cannot start the Ray cluster at {address}: {e}")
+    except (ConnectionError, RuntimeError, ValueError) as e:   # ray.init's failures
+        _fail(f"cannot start or join the Ray cluster at {address}: {e}")
 
 
 def _hex(fp):

@@ -541,13 +541,25 @@ class Store:
             while True:
                 applied = self.read(lambda ctx: ctx.applied(self.plan.ntables))
                 start = min(applied) + 1
-                seqs, fps = self.with_txn(
-                    self.records, lambda txn: _core.read_tail(txn, SEQS_DB, start, APPLY_CHUNK))
+                seqs, fps, last = self.with_txn(self.records, lambda txn: (
+                    *_core.read_tail(txn, SEQS_DB, start, APPLY_CHUNK), self.next_seq(txn) - 1))
                 if len(seqs) == 0:
+                    if force and last >= start:
+                        self._advance(applied, last)   # only removed records above
                     return
                 self._apply(seqs, fps, applied, force, jobs)
-                if len(seqs) < APPLY_CHUNK:
+                if len(seqs) < APPLY_CHUNK and not (force and int(seqs[-1]) < last):
                     return
+
+    def _advance(self, applied, last):
+        """Move lagging shards' applied seq up to `last` when no live record lies between."""
+        for s, a in enumerate(applied):
+            if a < last:
+                def bump(txn):
+                    w = ShardWriter(txn)
+                    if w.applied < last:
+                        w.save(applied=last)
+                self.write(self.shards[s], bump)
 
     def _fix_next_seq(self):
         """After an OS crash with sync=False a shard may have applied seqs the records lost:

@@ -215,3 +215,62 @@ def test_placement_on_a_named_node(local_ray, tmp_path):
         assert [m.id for m in c.query(1)] == ["a", "b"]
     with pytest.raises(simindex.MissingIndexError):
         dist.Cluster(tmp_path / "missing")
+
+
+def test_ledger_writes_run_once_per_request(tmp_path):
+    # Ray re-runs a call whose reply was lost on the restarted actor: the ledger returns
+    # the stored result instead of writing again (no Ray needed to show it)
+    from simindex.codec import encode_id, pack_meta
+    from simindex.dist.servers import LedgerServer
+    with simindex.Index(tmp_path / "i", k=3, shards=2):
+        pass
+    led = LedgerServer(str(tmp_path / "i"))
+    try:
+        me = (b"client-1" * 3, 1)
+        args = ([encode_id("a")], np.array([5], dtype=np.uint64), [pack_meta(None)])
+        first = led.commit(me, *args)
+        again = led.commit(me, *args)
+        assert first[0] == again[0] and list(first[1]) == list(again[1]) == [1]
+        assert led.count() == 1 and led.last() == 1
+        assert led.remove((me[0], 2), encode_id("a")) is True
+        other = led.commit((b"client-2" * 3, 1), *args)      # another client re-adds "a"
+        assert led.remove((me[0], 2), encode_id("a")) is True  # the retry: no second delete
+        assert led.count() == 1 and led.get(encode_id("a")) is not None
+        assert list(other[1]) == [2]
+    finally:
+        led.close()
+
+
+def test_cluster_edge_cases_and_errors(local_ray, tmp_path, monkeypatch):
+    with simindex.Index(tmp_path / "i", k=2, shards=4) as idx:
+        idx.add_many([("a", 1), ("b", 3)])
+    dist.build(tmp_path / "i", [("c", 7)])              # extends it with its own k and shards
+    (tmp_path / "t.jsonl").write_text('{"id": "doc", "text": "the quick brown fox jumps"}\n')
+    dist.build(tmp_path / "i", [tmp_path / "t.jsonl"])   # texts use the index's scheme
+    monkeypatch.chdir(tmp_path)                          # a relative path reaches the actors
+    with dist.Cluster("i") as c:
+        assert len(c) == 4 and 1.5 not in c and "c" in c
+        assert [m.id for m in c.query_text("the quick brown fox jumps", k=0)] == ["doc"]
+        assert [m.id for m in c.query(1, verify=lambda m: m.id != "a")] == ["b", "c"]
+        assert [[m.id for m in ms] for ms in c.query_many([1], verify=lambda i, m: False)] == [[]]
+        assert c.add_text("doc2", "an entirely different sentence about ducks") > 0
+        with simindex.Index("i", readonly=True) as idx:
+            assert sorted(c.pairs()) == sorted(idx.pairs())
+            assert {("a", "b", 1), ("a", "c", 2), ("b", "c", 1)} <= set(c.pairs())
+            assert c.clusters() == list(idx.clusters())
+    with pytest.raises(simindex.ClosedError):
+        c.query(1)
+    with dist.Cluster(tmp_path / "i", readonly=True) as r:
+        assert [m.id for m in r.query(1)] == ["a", "b", "c"]
+        with pytest.raises(simindex.ReadOnlyError):
+            r.add("x", 1)
+    assert dist.pairs([]) == [] and dist.clusters([]) == []
+    with pytest.raises(simindex.ParameterError):
+        dist.pairs(tmp_path / "i", k=3)                  # above the index's k
+    with pytest.raises(simindex.ParameterError):
+        dist.pairs([("a", 1)], k="1")
+    # a truncated shard file is a typed error, not an actor crashing on every restart
+    data = tmp_path / "i" / "shard-001" / "data.mdb"
+    os.truncate(data, os.path.getsize(data) // 3)
+    with pytest.raises(simindex.CorruptError, match="truncated"):
+        dist.Cluster(tmp_path / "i")

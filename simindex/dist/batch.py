@@ -12,8 +12,13 @@ from ..index import group_pairs
 from ..plan import Plan
 from ..shard import entry_order
 from ..store import RECORDS, SEQS_DB
-from .cluster import connect
+from ..errors import ParameterError
+from .cluster import connect, release
+from .route import fetch
 from .parts import collect, partitions
+
+
+CHUNK = 1 << 20        # records per map partition of a stored index
 
 
 @ray.remote
@@ -58,14 +63,18 @@ def _sources(source, k, blocks, fmt, fp_format):
     """(k, blocks, [(positions ref, fps ref)], position -> id) of an index or of inputs."""
     if isinstance(source, (str, os.PathLike)) and \
             os.path.exists(os.path.join(os.fspath(source), manifest.NAME)):
-        m = manifest.read(os.fspath(source))
-        if k is not None and not 0 <= k <= m["k"]:
-            raise ValueError(f"k={k} is above the index's k ({m['k']})")
-        seqs, fps, ids = ray.get(_index_records.remote(os.fspath(source)))
+        path = os.path.abspath(os.fspath(source))
+        m = manifest.read(path)
+        k = _check_k(m["k"] if k is None else k, m["k"])
+        if blocks is not None and blocks != m["blocks"]:
+            raise ParameterError(f"blocks={blocks} was given, but the index at {path} has "
+                                 f"blocks={m['blocks']}")
+        seqs, fps, ids = fetch(_index_records.remote(path))
         names = dict(zip(seqs.tolist(), ids))
-        return (m["k"] if k is None else k), m["blocks"], \
-            [(ray.put(seqs), ray.put(fps))], names.__getitem__
-    k = 3 if k is None else k
+        parts = [(ray.put(seqs[i:i + CHUNK]), ray.put(fps[i:i + CHUNK]))
+                 for i in range(0, len(seqs), CHUNK)]
+        return k, m["blocks"], parts, names.__getitem__
+    k = _check_k(3 if k is None else k, 63)
     parts, ids, n = [], [], 0
     for ref in partitions(source, "simindex-v1", fmt, fp_format):
         chunks, error = collect(ref)
@@ -78,8 +87,16 @@ def _sources(source, k, blocks, fmt, fp_format):
     return k, blocks, parts, ids.__getitem__
 
 
+def _check_k(k, most):
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= most:
+        raise ParameterError(f"k must be an int between 0 and {most}, got {k!r}")
+    return k
+
+
 def _pair_positions(source, k, blocks, partitions_, fmt, fp_format):
     k, blocks, parts, name = _sources(source, k, blocks, fmt, fp_format)
+    if not parts:
+        return np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.uint8), name
     plan = Plan(k=k, blocks=blocks if blocks is not None else None, shards=1)
     blocks = plan.blocks
     if partitions_ is None:
@@ -95,14 +112,14 @@ def _pair_positions(source, k, blocks, partitions_, fmt, fp_format):
         for p in range(1 << pbits):
             joins.append(_join.remote(t, k, blocks, *[s[p] for s in splits]))
     a, b, d = [], [], []
-    for x, y, z in ray.get(joins):
+    for x, y, z in fetch(joins):
         a.append(x)
         b.append(y)
         d.append(z)
     if not a:
         return np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.uint8), name
     a, b, d = np.concatenate(a), np.concatenate(b), np.concatenate(d)
-    order = np.lexsort((b, a))
+    order = entry_order(a, b)
     return a[order], b[order], d[order], name
 
 
@@ -121,8 +138,7 @@ def pairs(source, *, k=None, blocks=None, partitions=None, address=None, fmt=Non
         a, b, d, name = _pair_positions(source, k, blocks, partitions, fmt, fp_format)
         return [(name(x), name(y), int(z)) for x, y, z in zip(a.tolist(), b.tolist(), d.tolist())]
     finally:
-        if started:
-            ray.shutdown()
+        release(started)
 
 
 def clusters(source, *, k=None, blocks=None, partitions=None, address=None, fmt=None,
@@ -133,6 +149,5 @@ def clusters(source, *, k=None, blocks=None, partitions=None, address=None, fmt=
     try:
         a, b, _d, name = _pair_positions(source, k, blocks, partitions, fmt, fp_format)
     finally:
-        if started:
-            ray.shutdown()
+        release(started)
     return group_pairs((x, y, name(x), name(y)) for x, y in zip(a.tolist(), b.tolist()))

@@ -3,22 +3,22 @@
 import os
 import time
 
-import ray
-
 from ..index import Index
-from .cluster import Cluster, connect
+from .cluster import Cluster, connect, release
 from .parts import collect, partitions
 
 
-def build(index_path, inputs, *, shards=16, k=3, blocks=None, scheme=None, address=None,
+def build(index_path, inputs, *, shards=None, k=None, blocks=None, scheme=None, address=None,
           fmt=None, fp_format="hex"):
     """Create (or extend) the index at `index_path` from `inputs` on Ray.
 
     `inputs` is a list of TSV/JSONL files (plain or gzip; one parse task each) or any
-    iterable of (id, fingerprint) / (id, fingerprint, meta). Records commit in input order,
-    so the result is what `simindex.Index(...).add_many` would build, and it opens with
-    simindex.Index. A bad line raises its BadLine after every record before it (in input
-    order) is committed, as `simindex build` does. Returns {"records", "seconds"}.
+    iterable of (id, fingerprint) / (id, fingerprint, meta). A new index gets `shards`
+    (default 16), `k` (3), `blocks` and `scheme`; an existing one keeps its own (parameters
+    given must match). Records commit in input order, so the result is what
+    `simindex.Index(...).add_many` would build, and it opens with simindex.Index. A bad
+    line or record raises its error after every record before it (in input order) is
+    committed, as `simindex build` does. Returns {"records", "seconds"}.
     """
     start = time.perf_counter()
     with Index(os.fspath(index_path), k=k, blocks=blocks, shards=shards, scheme=scheme) as idx:
@@ -38,6 +38,5 @@ def build(index_path, inputs, *, shards=16, k=3, blocks=None, scheme=None, addre
                 if error is not None:
                     raise error
     finally:
-        if started:
-            ray.shutdown()
+        release(started)
     return {"records": added, "seconds": time.perf_counter() - start}

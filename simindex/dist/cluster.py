@@ -1,6 +1,8 @@
 """Cluster: an index served by Ray actors, one per shard plus one for the records."""
 
 import os
+import threading
+import uuid
 
 import numpy as np
 import ray
@@ -8,47 +10,77 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import _core, manifest
 from ..codec import check_fp, decode_id, encode_id, fp_array, pack_meta, unpack
-from ..errors import MissingIndexError, ParameterError, StorageError
+from ..errors import ClosedError, InputError, InputTypeError, MissingIndexError, ParameterError
+from ..errors import ReadOnlyError
 from ..fingerprints import fingerprint
-from ..index import Record, _match, records_of
-from ..store import APPLY_CHUNK, RECORD_CHUNK
+from ..index import Record, _check_verify, _match, _verified, records_of
+from ..store import APPLY_CHUNK, LAG_LIMIT, RECORD_CHUNK
 from . import route
+from .route import fetch
 from .servers import LedgerServer, ShardServer, plan_of
 
 # Actors hold an environment, not a CPU: they wait on disk and network, so they reserve
-# none (a 2-core node can serve 16 shards). Ray restarts one that dies and retries its calls.
+# none (a 2-core node can serve 16 shards). Ray restarts one that dies and retries its calls
+# (the ledger's writes are idempotent, see LedgerServer._once).
 ACTOR_OPTIONS = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": -1}
+
+_ray_lock = threading.Lock()
+_ray_users = 0          # Clusters and calls using a Ray that this process started
 
 
 def connect(address=None):
-    """Join the Ray cluster at `address`, or start a local one; True if this call started it."""
-    if ray.is_initialized():
-        return False
-    if address in (None, "local"):
-        ray.init(include_dashboard=False, logging_level="WARNING")
-    else:
-        ray.init(address=address, logging_level="WARNING")
-    return True
+    """Join the Ray cluster at `address`, or start a local one; True if this process started
+    it (then release() shuts it down when its last user is done)."""
+    global _ray_users
+    with _ray_lock:
+        if ray.is_initialized():
+            if _ray_users:
+                _ray_users += 1
+                return True
+            return False
+        if address in (None, "local"):
+            ray.init(include_dashboard=False, logging_level="WARNING")
+        else:
+            ray.init(address=address, logging_level="WARNING")
+        _ray_users = 1
+        return True
+
+
+def release(started):
+    """The end of a use that connect() reported as started here."""
+    global _ray_users
+    if not started:
+        return
+    with _ray_lock:
+        _ray_users -= 1
+        if _ray_users == 0 and ray.is_initialized():
+            ray.shutdown()
 
 
 class Cluster:
-    """An index whose shards are served by Ray actors: the same answers as simindex.Index.
+    """An index whose shards are served by Ray actors: the answers of simindex.Index.
 
     Each actor opens its environment where it runs, so the index directory must be on the
     local disk of the node(s) the actors are placed on (`nodes`: a dict from shard number,
     or "records", to a Ray node id; unplaced actors go where Ray puts them, which is only
     right on a single node or with the index replicated to every node's local disk).
+    `readonly=True` opens every environment read-only and refuses writes.
     """
 
-    def __init__(self, index_path, *, address=None, nodes=None):
-        self.path = os.fspath(index_path)
+    def __init__(self, index_path, *, address=None, nodes=None, readonly=False):
+        # actors resolve paths in their own working directory: send an absolute one
+        self.path = os.path.abspath(os.fspath(index_path))
         if not os.path.exists(os.path.join(self.path, manifest.NAME)):
             raise MissingIndexError(f"no simindex index at {self.path} (create it with "
                                     f"simindex.Index or simindex.dist.build)")
         self._manifest = manifest.read(self.path)
         self.plan = plan_of(self.path)
-        self._started = connect(address)
+        self.readonly = bool(readonly)
+        self._client = uuid.uuid4().bytes
+        self._requests = 0
+        self._req_lock = threading.Lock()
         self._closed = False
+        self._started = connect(address)
         nodes = dict(nodes or {})
 
         def placed(where):
@@ -58,31 +90,37 @@ class Cluster:
             return dict(ACTOR_OPTIONS, scheduling_strategy=NodeAffinitySchedulingStrategy(
                 node_id=node, soft=False))
         try:
-            self.ledger = ray.remote(LedgerServer).options(**placed("records")).remote(self.path)
-            self.shards = [ray.remote(ShardServer).options(**placed(s)).remote(self.path, s)
-                           for s in range(self.plan.shards)]
-            top = max(ray.get([s.applied.remote() for s in self.shards]))
-            ray.get(self.ledger.not_before.remote(top))
-            self.catch_up()
+            self.ledger = ray.remote(LedgerServer).options(**placed("records")).remote(
+                self.path, self.readonly)
+            self.shards = [ray.remote(ShardServer).options(**placed(s)).remote(
+                self.path, s, self.readonly) for s in range(self.plan.shards)]
+            self._applied = fetch([s.applied.remote() for s in self.shards])
+            self._clean = [(0, -1)] * self.plan.shards   # (lo, hi): nothing for the shard
+            if not self.readonly:
+                fetch(self.ledger.not_before.remote(max(self._applied)))
+                self.catch_up()
+            else:
+                fetch(self.ledger.count.remote())
         except BaseException:
             self.close()
             raise
 
     # ------------------------------------------------------------ life cycle
     def close(self):
-        """Stop the actors (their environments close) and a Ray this object started."""
+        """Stop the actors (their environments flush and close) and a Ray started here."""
         if self._closed:
             return
         self._closed = True
-        for actor in [getattr(self, "ledger", None)] + list(getattr(self, "shards", [])):
-            if actor is not None:
-                try:
-                    ray.get(actor.close.remote())
-                except ray.exceptions.RayError:
-                    pass
-                ray.kill(actor)
-        if self._started:
-            ray.shutdown()
+        actors = [getattr(self, "ledger", None)] + list(getattr(self, "shards", []))
+        actors = [a for a in actors if a is not None]
+        for ref in [a.close.remote() for a in actors]:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError:
+                pass                   # a server that never opened has nothing to close
+        for a in actors:
+            ray.kill(a)
+        release(self._started)
 
     def __enter__(self):
         return self
@@ -90,20 +128,40 @@ class Cluster:
     def __exit__(self, *exc):
         self.close()
 
-    def _check(self):
+    def __repr__(self):
+        return f"<simindex.dist.Cluster {self.path!r} shards={self.plan.shards}>"
+
+    def _check(self, write=False):
         if self._closed:
-            raise StorageError(f"cluster on {self.path} is closed")
+            raise ClosedError(f"cluster on {self.path} is closed")
+        if write and self.readonly:
+            raise ReadOnlyError(f"cluster on {self.path} is read-only")
+
+    def _request(self):
+        """A request id for an idempotent ledger write: (client and thread, counter)."""
+        with self._req_lock:
+            self._requests += 1
+            n = self._requests
+        return self._client + threading.get_ident().to_bytes(8, "little"), n
 
     @property
     def k(self):
         return self.plan.k
 
     @property
+    def blocks(self):
+        return self.plan.blocks
+
+    @property
+    def shards_count(self):
+        return self.plan.shards
+
+    @property
     def scheme(self):
         return self._manifest["scheme"]
 
     def fingerprint(self, text):
-        return fingerprint(text, self.scheme)
+        return fingerprint(text, scheme=self.scheme)
 
     def _k(self, k):
         if k is None:
@@ -115,37 +173,59 @@ class Cluster:
 
     # ------------------------------------------------------------ writes
     def catch_up(self):
-        """Apply to every shard the committed records it has not seen (after a restart)."""
-        self._check()
+        """Bring every shard up to the records committed when the call began (the replay
+        after an actor restart); flush() for the whole index."""
+        self._check(write=True)
+        target = fetch(self.ledger.last.remote())
         while True:
-            applied = ray.get([s.applied.remote() for s in self.shards])
-            low = min(applied)
-            seqs, fps = ray.get(self.ledger.tail.remote(low + 1, APPLY_CHUNK))
-            if not len(seqs):
+            self._applied = fetch([s.applied.remote() for s in self.shards])
+            low = min(self._applied)
+            if low >= target:
                 return
-            last = int(seqs[-1])
-            ray.get([s.apply.remote(seqs, fps, a, last) for s, a in zip(self.shards, applied)
-                     if a < last])
+            seqs, fps = fetch(self.ledger.tail.remote(low + 1, APPLY_CHUNK))
+            # no live record above: the shards may claim everything up to the target
+            last = int(seqs[-1]) if len(seqs) else target
+            self._applied = fetch([s.apply.remote(seqs, fps, a, last) if a < last else
+                                   s.applied.remote()
+                                   for s, a in zip(self.shards, self._applied)])
+            self._clean = [(0, -1)] * self.plan.shards
+
+    flush = catch_up
 
     def _apply(self, batches):
         """Send committed batches [(prev, seqs, fps, owners or None)] to the shards that hold
-        their entries."""
-        calls = []
+        their entries.
+
+        A shard with no entry in a batch is skipped while it lags by less than LAG_LIMIT
+        records (queries check those in the ledger), saving its commit. The driver then
+        vouches that the skipped range holds nothing for it, but only for ranges it
+        committed back to back itself (another client's records in between may belong).
+        """
+        gap = False
         for prev, seqs, fps, own in batches:
             if own is None:
                 own = route.owners(self.plan, fps)
             last = int(seqs[-1])
+            calls = {}
             for s, server in enumerate(self.shards):
-                calls.append((prev, server.apply.remote(seqs[own[s]], fps[own[s]], prev, last)))
-        gaps = [applied < prev for prev, applied in
-                zip([p for p, _ in calls], ray.get([c for _, c in calls]))]
-        if any(gaps):
+                lo, hi = self._clean[s]
+                since = lo if hi == prev else prev
+                if not own[s].any() and last - self._applied[s] < LAG_LIMIT:
+                    self._clean[s] = (lo if hi == prev else self._applied[s], last) \
+                        if self._applied[s] >= since else (0, -1)
+                    continue
+                calls[s] = server.apply.remote(seqs[own[s]], fps[own[s]], since, last)
+            for s, applied in zip(calls, fetch(list(calls.values()))):
+                self._applied[s] = applied
+                self._clean[s] = (0, -1)
+                gap |= applied < last
+        if gap:
             self.catch_up()
 
     def add_many(self, items, fingerprints=None):
-        """As Index.add_many: records commit in the ledger (durable), then every shard
-        applies its part; returns once all of it is done."""
-        self._check()
+        """As Index.add_many: everything is checked first; records commit in the ledger in
+        atomic chunks (durable), then the shards apply their parts."""
+        self._check(write=True)
         idks, fps, metas = records_of(items, fingerprints)
         self._add_encoded(idks, fps, metas)
 
@@ -153,7 +233,8 @@ class Cluster:
         batches = []
         for i in range(0, len(idks), RECORD_CHUNK):
             j = i + RECORD_CHUNK
-            prev, seqs = ray.get(self.ledger.commit.remote(idks[i:j], fps[i:j], metas[i:j]))
+            prev, seqs = fetch(self.ledger.commit.remote(self._request(), idks[i:j], fps[i:j],
+                                                         metas[i:j]))
             batches.append((prev, seqs, fps[i:j], None if owners is None else owners[:, i:j]))
         if batches:
             self._apply(batches)
@@ -162,63 +243,92 @@ class Cluster:
         self.add_many([(id, fingerprint, meta)])
 
     def add_unique(self, id, fingerprint, meta=None, k=None):
-        """As Index.add_unique: atomic, the ledger holds the records write lock meanwhile.
-
-        Not retried if the ledger dies during the call (the outcome is then unknown and a
-        StorageError says so); other calls are retried on the restarted actor.
-        """
-        self._check()
+        """As Index.add_unique: atomic across clients (the ledger holds the records write
+        lock while the shards scan)."""
+        self._check(write=True)
         k = self._k(k)
         idk, fp, mb = encode_id(id), check_fp(fingerprint), pack_meta(meta, id)
-        try:
-            added, hits = ray.get(self.ledger.add_unique.options(max_task_retries=0).remote(
-                idk, fp, mb, k, self.shards))
-        except ray.exceptions.RayActorError:
-            raise StorageError(f"the records server of {self.path} died during add_unique({id!r}); "
-                               f"whether it was stored is unknown: query to find out") from None
+        added, hits = fetch(self.ledger.add_unique.remote(self._request(), idk, fp, mb, k,
+                                                          self.shards))
         if added is not None:
             prev, seqs = added
             self._apply([(prev, seqs, np.array([fp], dtype=np.uint64), None)])
         return [_match(h) for h in hits]
 
     def remove(self, id):
-        self._check()
-        return ray.get(self.ledger.remove.remote(encode_id(id)))
+        """Remove the record of `id`; returns whether there was one."""
+        self._check(write=True)
+        return fetch(self.ledger.remove.remote(self._request(), encode_id(id)))
+
+    def add_text(self, id, text, meta=None):
+        fp = self.fingerprint(text)
+        self.add(id, fp, meta)
+        return fp
+
+    def add_unique_text(self, id, text, meta=None, k=None):
+        return self.add_unique(id, self.fingerprint(text), meta, k)
 
     # ------------------------------------------------------------ reads
-    def query_many(self, fingerprints, k=None):
+    def query_many(self, fingerprints, k=None, verify=None):
         """As Index.query_many: shards scan their parts at once, then the ledger resolves."""
         self._check()
         k = self._k(k)
         q = fp_array(fingerprints)
+        if verify is not None:
+            _check_verify(verify)
         if not len(q):
             return []
         # every shard snapshot is taken before the ledger's records snapshot (see resolve)
-        qidx, seqs, dists, applied = route.scan(ray, self.plan, self.shards, q, k)
-        hits = ray.get(self.ledger.resolve.remote(q, qidx, seqs, dists, applied, k))
-        return [[_match(h) for h in hs] for hs in hits]
+        qidx, seqs, dists, applied = route.scan(self.plan, self.shards, q, k)
+        hits = fetch(self.ledger.resolve.remote(q, qidx, seqs, dists, applied, k))
+        out = [[_match(h) for h in hs] for hs in hits]
+        if verify is not None:
+            out = [[m for m in ms if verify(i, m)] for i, ms in enumerate(out)]
+        return out
 
-    def query(self, fingerprint, k=None):
-        return self.query_many(np.array([check_fp(fingerprint)], dtype=np.uint64), k)[0]
+    def query(self, fingerprint, k=None, verify=None):
+        ms = self.query_many(np.array([check_fp(fingerprint)], dtype=np.uint64), k)[0]
+        return _verified(ms, verify)
+
+    def query_text(self, text, k=None, verify=None):
+        return self.query(self.fingerprint(text), k, verify)
 
     def get(self, id):
+        """The stored Record of `id`, or None."""
         self._check()
-        value = ray.get(self.ledger.get.remote(encode_id(id)))
+        value = fetch(self.ledger.get.remote(encode_id(id)))
         if value is None:
             return None
         fp, idk, mb = _core.split_record(value)
         return Record(decode_id(idk), fp, unpack(mb, "meta value"))
 
     def __contains__(self, id):
-        return self.get(id) is not None
+        try:
+            idk = encode_id(id)
+        except (InputError, InputTypeError):
+            return False
+        self._check()
+        return fetch(self.ledger.get.remote(idk)) is not None
 
     def __len__(self):
         self._check()
-        return ray.get(self.ledger.count.remote())
+        return fetch(self.ledger.count.remote())
+
+    def pairs(self, k=None, partitions=None):
+        """dist.pairs over this index's stored records."""
+        from .batch import pairs
+        self._check()
+        return pairs(self.path, k=self._k(k), partitions=partitions)
+
+    def clusters(self, k=None, partitions=None):
+        """dist.clusters over this index's stored records."""
+        from .batch import clusters
+        self._check()
+        return clusters(self.path, k=self._k(k), partitions=partitions)
 
     def pids(self):
         """{"records": pid, shard: pid, ...} of the actor processes (for operations and tests)."""
         self._check()
-        out = {"records": ray.get(self.ledger.pid.remote())}
-        out.update(enumerate(ray.get([s.pid.remote() for s in self.shards])))
+        out = {"records": fetch(self.ledger.pid.remote())}
+        out.update(enumerate(fetch([s.pid.remote() for s in self.shards])))
         return out

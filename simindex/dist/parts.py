@@ -11,6 +11,7 @@ from ..inputs import BadLine, read_items
 from ..plan import Plan
 from ..store import RECORD_CHUNK
 from . import route
+from .route import fetch
 
 
 def _columns(items, plan):
@@ -30,7 +31,7 @@ def parse_file(path, scheme, fmt=None, fp_format="hex", chunk=RECORD_CHUNK, plan
     try:
         for item in read_items([path], fmt, fp_format):
             try:
-                fp = item.fingerprint if item.text is None else fingerprint(item.text, scheme)
+                fp = item.fingerprint if item.text is None else fingerprint(item.text, scheme=scheme)
             except Error as e:
                 raise BadLine(item.where, str(e)) from None
             items.append((item.id, fp, item.meta))
@@ -63,7 +64,9 @@ def partitions(inputs, scheme, fmt=None, fp_format="hex", chunk=RECORD_CHUNK, pl
     if first is None:
         return []
     if isinstance(first, (str, os.PathLike)):
-        return [("file", parse_file.remote(os.fspath(p), scheme, fmt, fp_format, chunk, plan))
+        # tasks run in other working directories (and on other nodes): absolute paths
+        return [("file", parse_file.remote(os.path.abspath(os.fspath(p)), scheme, fmt,
+                                           fp_format, chunk, plan))
                 for p in [first, *inputs]]
     refs, batch, n = [], [first], 0
     for item in inputs:
@@ -80,10 +83,5 @@ def partitions(inputs, scheme, fmt=None, fp_format="hex", chunk=RECORD_CHUNK, pl
 def collect(ref):
     """([(id keys, fps, metas, owners), ...], first bad line or None) of one partition."""
     kind, r = ref
-    try:
-        got = ray.get(r)
-    except ray.exceptions.RayTaskError as e:
-        if isinstance(e.cause, Error):
-            raise e.cause from None         # bad input: the error a single process gives
-        raise
+    got = fetch(r)               # bad input raises the error a single process gives
     return got if kind == "file" else ([got], None)

@@ -1,6 +1,20 @@
 """Which shards a record or a query reaches, and the fan-out of a query to shard servers."""
 
 import numpy as np
+import ray as _ray
+
+from ..errors import Error
+
+
+def fetch(refs):
+    """ray.get, with a simindex error raised in an actor or task re-raised as itself (not
+    wrapped in a RayTaskError carrying the remote traceback)."""
+    try:
+        return _ray.get(refs)
+    except _ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, Error):
+            raise e.cause from None
+        raise
 
 
 def shard_lead(plan, keys):
@@ -31,7 +45,7 @@ def reach(plan, queries):
     return out
 
 
-def scan(ray, plan, shards, queries, k):
+def scan(plan, shards, queries, k):
     """Candidates of every query from the shard servers it reaches, all scans finished:
     (qidx, seqs, distances, per-query lowest applied seq of the scanned shards)."""
     r = reach(plan, queries)
@@ -42,8 +56,7 @@ def scan(ray, plan, shards, queries, k):
             calls.append((idx, server.scan.remote(queries[idx], k)))
     applied = np.full(len(queries), np.iinfo(np.uint64).max, dtype=np.uint64)
     qs, ss, ds = [], [], []
-    for idx, ref in calls:
-        qi, sq, d, a = ray.get(ref)
+    for (idx, _), (qi, sq, d, a) in zip(calls, fetch([ref for _, ref in calls])):
         applied[idx] = np.minimum(applied[idx], np.uint64(a))
         qs.append(idx[qi.astype(np.int64)].astype(np.uint64))
         ss.append(sq)

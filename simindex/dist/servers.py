@@ -11,7 +11,8 @@ import os
 import numpy as np
 
 from .. import _core, manifest
-from ..errors import MapFullError, MapResizedError
+from ..codec import pack, unpack
+from ..errors import Error, MapFullError, MapResizedError
 from ..plan import Plan
 from ..shard import BLOCKS_DB, STATE_DB, ShardWriter, entry_order, load_state
 from ..store import (
@@ -24,6 +25,7 @@ from ..store import (
     get_record,
     put_records,
     remove_record,
+    _check_data_file,
     shard_dir,
 )
 from . import route
@@ -48,6 +50,18 @@ def _write(env, fn):
             env.set_mapsize(0)              # another process grew it: adopt its size
 
 
+def _open_env(path, readonly, names, **kw):
+    """An environment of the index, after the checks Store makes (a truncated data file
+    raises CorruptError instead of killing the actor with SIGBUS on every restart)."""
+    _check_data_file(path)
+    env = _core.Env(path, readonly=readonly, mapsize=INITIAL_MAP, maxdbs=4, **kw)
+    for name in names:
+        env.open_db(name, create=not readonly)
+    if not readonly:
+        env.reader_check()
+    return env
+
+
 def _read(env, fn):
     while True:
         try:
@@ -57,34 +71,53 @@ def _read(env, fn):
             env.set_mapsize(0)
 
 
-class ShardServer:
-    """One shard environment: applies committed records and scans for candidates."""
+class _Server:
+    """An actor that holds one environment. An error while opening it (a damaged file) is
+    kept and raised by every call, so the caller gets the typed error, not a dead actor
+    that Ray restarts without end."""
 
-    def __init__(self, path, shard):
-        self.plan = plan_of(path)
-        self.shard = shard
-        self.env = _core.Env(os.path.join(path, shard_dir(shard)), sync=True, metasync=False,
-                             mapsize=INITIAL_MAP, maxdbs=4)
-        for name in (STATE_DB, BLOCKS_DB):
-            self.env.open_db(name, create=True)
-        self.env.reader_check()
+    env = None
+    _error = None
+
+    def __init__(self, *args):
+        try:
+            self._open(*args)
+        except Error as e:
+            self._error = e
+
+    def __getattribute__(self, name):
+        if name[0] != "_" and name != "pid":
+            error = object.__getattribute__(self, "_error")
+            if error is not None:
+                raise error
+        return object.__getattribute__(self, name)
 
     def pid(self):
         return os.getpid()
 
+
+class ShardServer(_Server):
+    """One shard environment: applies committed records and scans for candidates."""
+
+    def _open(self, path, shard, readonly=False):
+        self.plan = plan_of(path)
+        self.shard = shard
+        self.env = _open_env(os.path.join(path, shard_dir(shard)), readonly, (STATE_DB, BLOCKS_DB),
+                         sync=True, metasync=False)
+
     def applied(self):
         return _read(self.env, lambda txn: load_state(txn)[0])
 
-    def apply(self, seqs, fps, prev, last):
-        """Store this shard's part of the records committed after seq `prev` up to `last`
+    def apply(self, seqs, fps, since, last):
+        """Store this shard's part of the records committed after seq `since` up to `last`
         (`seqs` ascending: all of them, or at least those with an entry in this shard).
-        Returns the shard's applied seq after it: below `prev` when the shard missed earlier
-        records (its actor restarted) and must be caught up from the ledger first."""
+        Returns the shard's applied seq after it: below `since` when the shard missed
+        earlier records (its actor restarted) and must be caught up from the ledger first."""
         plan, s = self.plan, self.shard
 
         def fn(txn):
             w = ShardWriter(txn)
-            if w.applied < prev or w.applied >= last:
+            if w.applied < since or w.applied >= last:
                 return w.applied                 # a gap to fill first, or nothing new
             keep = seqs > np.uint64(w.applied)
             sq, fp = seqs[keep], fps[keep]
@@ -111,37 +144,56 @@ class ShardServer:
         return _read(self.env, fn)
 
     def close(self):
+        if not self.env.readonly:
+            self.env.sync(True)         # metasync=False left the last meta page unsynced
         self.env.close()
 
 
-class LedgerServer:
+class LedgerServer(_Server):
     """records/: assigns seqs, commits records, and resolves candidates into matches."""
 
-    def __init__(self, path):
+    def _open(self, path, readonly=False):
         self.path = path
         self.plan = plan_of(path)
-        self.env = _core.Env(os.path.join(path, RECORDS), sync=True, mapsize=INITIAL_MAP,
-                             maxdbs=4)
-        for name in (IDS_DB, SEQS_DB, INFO_DB):
-            self.env.open_db(name, create=True)
-        self.env.reader_check()
+        self.env = _open_env(os.path.join(path, RECORDS), readonly, (IDS_DB, SEQS_DB, INFO_DB),
+                         sync=True)
         self.ctx = _core.ReadContext(self.env, [])
 
-    def pid(self):
-        return os.getpid()
+    def _once(self, request, fn):
+        """fn(txn) in a write transaction, at most once per request id.
+
+        Ray runs a call again on a restarted actor when the first run's reply was lost; the
+        result is stored with the write itself, under the caller's (client, thread) key, so a
+        second run returns it instead of writing again (a repeated remove could otherwise
+        delete a record another client added meanwhile). A caller's calls are sequential, so
+        only its latest request needs remembering.
+        """
+        who, n = request
+        key = b"req:" + who
+
+        def run(txn):
+            old = txn.get(INFO_DB, key)
+            if old is not None:
+                seen = unpack(old, "request record")
+                if seen[0] == n:
+                    return _revive(seen[1])
+            out = fn(txn)
+            txn.put(INFO_DB, key, pack([n, _flat(out)]))
+            return out
+        return _write(self.env, run)
 
     def last(self):
         """The newest seq given out (0 for none)."""
         return _read(self.env, lambda txn: Store.next_seq(txn) - 1)
 
-    def commit(self, idkeys, fps, metas):
+    def commit(self, request, idkeys, fps, metas):
         """Commit records atomically and durably; returns (prev, seqs): the newest seq before
         them and the seqs they got."""
         def fn(txn):
             prev = Store.next_seq(txn) - 1
             seq0 = put_records(txn, idkeys, fps, metas)
             return prev, np.arange(seq0, seq0 + len(idkeys), dtype=np.uint64)
-        return _write(self.env, fn)
+        return self._once(request, fn)
 
     def not_before(self, top):
         """Never give out a seq at or below `top` (one a shard already applied)."""
@@ -173,24 +225,23 @@ class LedgerServer:
             except MapResizedError:
                 self.env.set_mapsize(0)
 
-    def add_unique(self, idk, fp, meta, k, shards):
+    def add_unique(self, request, idk, fp, meta, k, shards):
         """Insert unless a record within k bits exists (returning those). The shard servers
         scan while this holds the records write lock, so it is atomic across clients."""
-        import ray
         q = np.array([fp], dtype=np.uint64)
 
         def fn(txn):
-            qidx, seqs, dists, applied = route.scan(ray, self.plan, shards, q, k)
+            qidx, seqs, dists, applied = route.scan(self.plan, shards, q, k)
             hits = self.ctx.resolve(q, qidx, seqs, dists, applied, k, txn)[0]
             if hits:
                 return None, hits
             prev = Store.next_seq(txn) - 1
             seq0 = put_records(txn, [idk], q, [meta])
             return (prev, np.array([seq0], dtype=np.uint64)), []
-        return _write(self.env, fn)
+        return self._once(request, fn)
 
-    def remove(self, idk):
-        return _write(self.env, lambda txn: remove_record(txn, idk))
+    def remove(self, request, idk):
+        return self._once(request, lambda txn: remove_record(txn, idk))
 
     def get(self, idk):
         return _read(self.env, lambda txn: get_record(txn, idk, self.path))
@@ -201,3 +252,20 @@ class LedgerServer:
     def close(self):
         self.ctx.close()
         self.env.close()
+
+
+def _flat(out):
+    """A write's result in msgpack terms (arrays as lists) for the request record."""
+    if isinstance(out, np.ndarray):
+        return {"u64": out.tolist()}
+    if isinstance(out, (tuple, list)):
+        return [_flat(x) for x in out]
+    return out
+
+
+def _revive(v):
+    if isinstance(v, dict) and "u64" in v:
+        return np.array(v["u64"], dtype=np.uint64)
+    if isinstance(v, list):
+        return tuple(_revive(x) for x in v)
+    return v
