@@ -24,6 +24,7 @@ def test_kill_9_during_bulk_builds_inserts_and_replay_loses_nothing(tmp_path):
 
 
 @pytest.mark.deep
+@pytest.mark.timeout(3600)
 def test_kill_9_deep(tmp_path):
     assert_recovered(crash_trials(str(tmp_path), 200, seed=7))
 

@@ -240,18 +240,30 @@ def io_trial(path, syscall, error, when, batches=3):
 # ---------------------------------------------------------------- corrupt files
 CHECKER = r"""
 import json, sys, numpy as np, simindex
-path, probes = sys.argv[1], json.loads(sys.argv[2])
+path, probes, first = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 out = {}
+
+def answers(idx):
+    return [sorted((str(m.id), m.distance) for m in ms)
+            for ms in idx.query_many(np.array(probes, dtype=np.uint64))]
+
+def verify(idx):
+    try:
+        return idx.verify()
+    except simindex.Error as e:
+        return [f"raised {type(e).__name__}: {e}"]
+
 try:
-    with simindex.Index(path) as idx:
-        out["opened"] = True
-        got = [sorted((str(m.id), m.distance) for m in ms)
-               for ms in idx.query_many(np.array(probes, dtype=np.uint64))]
-        out["answers"] = got
-        try:
-            out["verify"] = idx.verify()
-        except simindex.Error as e:
-            out["verify"] = [f"raised {type(e).__name__}: {e}"]
+    if first == "verify":            # what README advises after a suspected disk fault
+        with simindex.Index(path, readonly=True) as idx:
+            out["verify"] = verify(idx)
+        if not out["verify"]:
+            with simindex.Index(path) as idx:
+                out["answers"] = answers(idx)
+    else:                            # query a damaged index straight away
+        with simindex.Index(path) as idx:
+            out["answers"] = answers(idx)
+            out["verify"] = verify(idx)
 except simindex.Error as e:
     out["error"] = f"{type(e).__name__}: {e}"
 print(json.dumps(out))
@@ -315,16 +327,17 @@ def damage(path, seed):
         return f"{name} bits flipped at {at}"
 
 
-def corrupt_trial(pristine, probes, answers, work, seed, cli=False):
-    """Copy the pristine index, damage it, open/query/verify it in a child process.
-    Returns (description, outcome, list of rule violations)."""
+def corrupt_trial(pristine, probes, answers, work, seed, cli=False, first="verify"):
+    """Copy the pristine index, damage it, open, verify and query it in a child process
+    (`first`="query": query before verifying). Returns (description, outcome, list of rule
+    violations)."""
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(pristine, work)
     what = damage(work, seed)
     wrong = []
     try:
-        p = subprocess.run([sys.executable, "-c", CHECKER, work, json.dumps(probes)], env=ENV,
-                           capture_output=True, text=True, timeout=120)
+        p = subprocess.run([sys.executable, "-c", CHECKER, work, json.dumps(probes), first],
+                           env=ENV, capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
         return what, "hang", ["the checker hung"]
     if p.returncode < 0:
@@ -339,7 +352,7 @@ def corrupt_trial(pristine, probes, answers, work, seed, cli=False):
             wrong.append(f"an error without a reason: {out['error']}")
     else:
         outcome = "opened"
-        if out["answers"] != answers and not out["verify"]:
+        if out.get("answers", answers) != answers and not out["verify"]:
             wrong.append("queries are wrong but verify() reports nothing")
         if out["verify"]:
             outcome = "reported"

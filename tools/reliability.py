@@ -120,7 +120,7 @@ def disk_full(work):
 def corrupt(work, n):
     pristine = os.path.join(work, "pristine")
     probes, answers = trials.build_pristine(pristine)
-    outcomes, crashes_, bad = {}, 0, []
+    outcomes, crashes_, bad, raw = {}, 0, [], 0
     for seed in range(n):
         what, outcome, wrong = trials.corrupt_trial(pristine, probes, answers,
                                                     os.path.join(work, "c"), seed,
@@ -128,11 +128,17 @@ def corrupt(work, n):
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
         crashes_ += outcome in ("crash", "hang")
         bad += [f"seed {seed} {what}: {w}" for w in wrong]
+        # the known limit: LMDB trusts its pages, so a query may crash on a damaged file
+        _, q, _ = trials.corrupt_trial(pristine, probes, answers, os.path.join(work, "c"),
+                                       seed, first="query")
+        raw += q in ("crash", "hang")
     return {"corrupt files tried": f"{n} (typed error {outcomes.get('error', 0)}, "
                                    f"verify reports {outcomes.get('reported', 0)}, "
                                    f"harmless {outcomes.get('opened', 0)})",
-            "host crashes": crashes_,
-            "wrong answers not reported by verify(), untyped errors": len(bad) - crashes_}, bad
+            "host crashes (open, verify(), then queries if sound)": crashes_,
+            "wrong answers not reported by verify(), untyped errors": len(bad) - crashes_,
+            "known limit: querying before verify() crashed the host (not counted above)":
+            f"{raw} of {n}"}, bad
 
 
 BAD_VALUES = [-1, 2**64, 2**70, -2**63, 1.5, float("nan"), float("inf"), True, None, "x",
