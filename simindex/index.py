@@ -387,9 +387,10 @@ class Index:
                             applied = sq <= np.uint64(a_min)   # newer ones come from the tail
                             ks.append(kk[applied])
                             ss.append(sq[applied])
-                        mine = tshard == np.uint64(s) if len(group) == 1 else slice(None)
-                        ks.append(tkeys[mine])
-                        ss.append(tseqs[mine])
+                    # the unapplied records of the group's key range, once per group
+                    mine = tshard == np.uint64(group[0]) if len(group) == 1 else slice(None)
+                    ks.append(tkeys[mine])
+                    ss.append(tseqs[mine])
                     keys = np.concatenate(ks)
                     if len(keys) < 2:
                         continue

@@ -603,9 +603,14 @@ class Store:
                 w.save(applied=last)
             self.write(self.shards[s], apply)
 
+        def news(s):
+            # entries of records this shard has not applied yet (the tail read from the
+            # most lagging shard holds records the others already have)
+            return any((sq[cuts[s]:cuts[s + 1]] > np.uint64(applied[s])).any()
+                       for _k, sq, cuts in per_table)
+
         todo = [s for s in range(plan.shards)
-                if force or last - applied[s] >= LAG_LIMIT or
-                any(cuts[s] != cuts[s + 1] for _k, _q, cuts in per_table)]
+                if force or last - applied[s] >= LAG_LIMIT or news(s)]
         if jobs > 1 and len(todo) > 1:
             # each shard is its own environment with its own write lock, and the block
             # writes and commits release the GIL
