@@ -664,7 +664,9 @@ class Store:
                     w = ShardWriter(txn)
                     for t in range(self.plan.ntables):
                         runs = [r for r, _ in w.table_runs(t)]
-                        if runs:
+                        # one run and no removed records: rewriting it would only free
+                        # its old pages, which LMDB keeps in the file
+                        if len(runs) > 1 or (runs and stale):
                             w.merge(t, runs, live=live, newest=newest)
                     w.save()
                 self.write(env, merge_all)
