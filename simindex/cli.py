@@ -16,7 +16,7 @@ import msgpack
 
 from . import FORMAT_VERSION, Error, Index, ParameterError, __version__, _core, schemes
 from .inputs import FORMATS, FP_FORMATS, MAX_LINE, BadLine, open_input, read_items
-from .plan import MAX_TABLES, Plan, default_blocks
+from .plan import MAX_TABLES, Plan, default_blocks, query_cost
 
 BATCH = 100_000
 
@@ -144,23 +144,26 @@ def cli():
 @click.option("--blocks", type=click.IntRange(1, 64), help="Blocks per fingerprint (new "
               "index; default k+1).")
 @click.option("--shards", type=int, help="Shards, a divisor of 256 (new index; default 16).")
+@click.option("--expected", type=click.IntRange(0), help="Fingerprints the new index will "
+              "hold: picks the blocks of least estimated query time (see `simindex plan`).")
 @click.option("--scheme", type=click.Choice(list(schemes)), help="Text fingerprint scheme "
               "(new index; default simindex-v1).")
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Shards written at once (threads; with --ray every shard has its actor).")
 @ray_option
 @input_options
-def build(index, inputs, k, blocks, shards, scheme, jobs, ray_address, fmt, fp_format,
+def build(index, inputs, k, blocks, shards, expected, scheme, jobs, ray_address, fmt, fp_format,
           max_line, on_error, quiet):
     """Create INDEX if missing, then add every record of INPUT files ('-': stdin).
 
     Incremental: run it again with more input to add to the same index.
     """
     if ray_address is None:
-        idx = _open(index, k=k, blocks=blocks, shards=shards, scheme=scheme)
+        idx = _open(index, k=k, blocks=blocks, shards=shards, scheme=scheme, expected=expected)
         write = lambda batch: idx.add_many(batch, jobs=jobs)
     else:
-        idx = _cluster(index, ray_address, k=k, blocks=blocks, shards=shards, scheme=scheme)
+        idx = _cluster(index, ray_address, k=k, blocks=blocks, shards=shards, scheme=scheme,
+                       expected=expected)
         write = idx.add_many
     skips = _Skips(quiet)
     added = 0
@@ -389,20 +392,23 @@ def compact(index):
 @click.option("--size", type=click.IntRange(1), required=True, help="Expected fingerprints.")
 @click.option("--k", type=click.IntRange(0, 63), default=3, show_default=True)
 def plan(size, k):
-    """Table plans for SIZE fingerprints within K bits, and the one build would choose."""
-    chosen = default_blocks(k)
-    click.echo("blocks\ttables\tprefix_bits\tcandidates_per_query\tbytes_on_disk\tbuild")
+    """Table plans for SIZE fingerprints within K bits, and the one `build --expected SIZE`
+    picks (least estimated query time; without --expected build uses k+1 blocks)."""
+    chosen = default_blocks(k, size)
+    click.echo("blocks\ttables\tprefix_bits\tcandidates_per_query\tquery_us\tbytes_on_disk"
+               "\tchoice")
     for m in range(k + 1, min(k + 9, 65)):
         if comb(m, k) > MAX_TABLES:
             break
         p = Plan(k=k, blocks=m, shards=16)
         cands = sum(size / 2 ** b for b in p.prefix_bits)
-        # 16 bytes per table entry, about 100 per record in records/
-        disk = size * (16 * p.ntables + 100)
+        # 16.5 bytes per table entry, about 70 per record in records/ (measured at 1M)
+        disk = size * (16.5 * p.ntables + 70)
         bits = f"{min(p.prefix_bits)}-{max(p.prefix_bits)}" \
             if min(p.prefix_bits) != max(p.prefix_bits) else str(p.prefix_bits[0])
-        click.echo(f"{m}\t{p.ntables}\t{bits}\t{cands:.3g}\t{disk:.3g}\t"
-                   f"{'<- default' if m == chosen else ''}")
+        us = query_cost(k, m, size) / 1000
+        click.echo(f"{m}\t{p.ntables}\t{bits}\t{cands:.3g}\t{us:.2g}\t{disk:.3g}\t"
+                   f"{'<- build --expected ' + str(size) if m == chosen else ''}")
 
 
 def main(argv=None):

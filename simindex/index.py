@@ -5,13 +5,13 @@ from typing import Any, NamedTuple, Union
 
 import numpy as np
 
-from . import _core, lmdbcheck, shard as _shard, store as _store
+from . import _core, lmdbcheck, manifest, shard as _shard, store as _store
 from .codec import check_fp, decode_id, encode_id, encode_ids, fp_array, pack_meta, unpack
 from .errors import (
     ClosedError, CorruptError, InputError, InputTypeError, ParameterError, ReadOnlyError,
 )
 from .fingerprints import fingerprint
-from .plan import Plan
+from .plan import Plan, default_blocks
 
 Id = Union[str, bytes, int]
 
@@ -142,9 +142,16 @@ class Index:
     """
 
     def __init__(self, path, *, k=None, blocks=None, shards=None, create=True,
-                 readonly=False, sync=True, scheme=None):
+                 readonly=False, sync=True, scheme=None, expected=None):
         self._store = None
         self._readonly = readonly
+        if expected is not None and blocks is None and \
+                not os.path.exists(os.path.join(os.fspath(path), manifest.NAME)):
+            # a new index sized for `expected` fingerprints (ignored once it exists)
+            if isinstance(expected, bool) or not isinstance(expected, int) or expected < 0:
+                raise ParameterError(f"expected must be a number of fingerprints, got "
+                                     f"{expected!r}")
+            blocks = default_blocks(3 if k is None else Plan(k=k).k, expected)
         self._store = _store.acquire(path, k=k, blocks=blocks, shards=shards, create=create,
                                      readonly=readonly, sync=sync, scheme=scheme)
         self.path = self._store.path

@@ -281,3 +281,17 @@ def test_paths_and_flags_are_checked(tmp_path):
     with Index(os.fsencode(tmp_path / "b")) as idx:     # bytes paths work
         idx.add("a", 1)
         assert idx.path == str(tmp_path / "b")
+
+
+def test_expected_size_picks_the_plan_of_a_new_index(tmp_path):
+    # small indexes keep k+1 blocks; a large expected size buys longer prefixes
+    with Index(tmp_path / "small", k=3, expected=1_000_000) as idx:
+        assert idx.blocks == 4
+    with Index(tmp_path / "big", k=3, expected=100_000_000) as idx:
+        assert idx.blocks == 5 and idx.stats()["tables"] == 10
+        idx.add_many([("a", 0), ("b", 0b111)])
+        assert [(m.id, m.distance) for m in idx.query(0)] == [("a", 0), ("b", 3)]
+    with Index(tmp_path / "big", expected=10) as idx:      # an existing index keeps its plan
+        assert idx.blocks == 5
+    with pytest.raises(simindex.ParameterError):
+        Index(tmp_path / "bad", expected=-1)

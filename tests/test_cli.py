@@ -159,14 +159,20 @@ def test_remove_verify_compact(tmp_path):
     assert "checksum" in p.stdout and "problem(s) found" in p.stderr
 
 
-def test_version_and_plan():
+def test_version_and_plan(tmp_path):
     v = run("--version", check=0).stdout
     assert "simindex" in v and "on-disk format 1" in v and "LMDB" in v and "msgpack" in v
     p = run("plan", "--size", "10000000", "--k", "3", check=0).stdout.splitlines()
     assert p[0].startswith("blocks\ttables\tprefix_bits")
     rows = [r.split("\t") for r in p[1:]]
-    assert rows[0][:3] == ["4", "4", "16"] and rows[0][-1] == "<- default"
+    assert rows[0][:3] == ["4", "4", "16"] and rows[0][-1] == "<- build --expected 10000000"
     assert rows[2][:2] == ["6", "20"]
+    big = run("plan", "--size", "100000000", check=0).stdout.splitlines()
+    assert big[2].startswith("5\t10\t25-26") and big[2].endswith("<- build --expected 100000000")
+    (tmp_path / "in.tsv").write_text("a\t01\n")
+    run("build", tmp_path / "i", tmp_path / "in.tsv", "--expected", "100000000", check=0)
+    with simindex.Index(tmp_path / "i", readonly=True) as idx:
+        assert idx.blocks == 5
 
 
 def test_build_with_jobs_matches_a_serial_build(tmp_path):
