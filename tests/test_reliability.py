@@ -235,3 +235,27 @@ def test_a_damaged_page_is_reported_by_verify_not_an_lmdb_abort(tmp_path):
     cli = subprocess.run([sys.executable, "-m", "simindex.cli", "verify", str(path)],
                          capture_output=True, text=True)
     assert cli.returncode == 1 and f"page {leaf}" in cli.stdout + cli.stderr
+
+
+def test_a_damaged_record_size_is_an_error_not_a_sigbus(tmp_path):
+    # regression (deep corrupt seed 1163): LMDB trusts a node's size, so a flipped one made
+    # a query copy past the end of the file; the core checks values against their pages
+    path = tmp_path / "i"
+    fps = np.random.default_rng(0).integers(0, 2**64, 5000, dtype=np.uint64)
+    with simindex.Index(path, k=3, shards=2) as idx:
+        idx.add_many([f"d{i}" for i in range(5000)], fps)
+    f = path / "records" / "data.mdb"
+    leaf = _second_leaf_of(str(f), "seqs")
+    data = bytearray(f.read_bytes())
+    page = data[leaf * 4096:(leaf + 1) * 4096]
+    off = int.from_bytes(page[16:18], "little")                  # node 0
+    seq = int.from_bytes(page[off + 8:off + 16], "big")
+    data[leaf * 4096 + off:leaf * 4096 + off + 4] = b"\xff\xff\xff\x7f"   # 2 GiB of data
+    f.write_bytes(bytes(data))
+    code = ("import sys, simindex\nwith simindex.Index(sys.argv[1], readonly=True) as i:\n"
+            "    try:\n        i.query(int(sys.argv[2]))\n"
+            "    except simindex.CorruptError as e:\n        print('error', e)\n")
+    p = subprocess.run([sys.executable, "-c", code, str(path), str(int(fps[seq - 1]))],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("error") and "damaged" in p.stdout

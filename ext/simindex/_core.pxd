@@ -11,6 +11,7 @@ cdef class Env:
     cdef long pid
     cdef set deps
     cdef dict dbis
+    cdef size_t psize
     cdef int check(self) except -1
     cdef MDB_dbi dbi(self, name) except? 0
 
@@ -70,11 +71,13 @@ cdef class ReadContext:
     cdef MDB_txn *rec_txn
     cdef int rec_state
     cdef MDB_dbi seqs_dbi
+    cdef size_t psize
     cdef readonly size_t anomalies
     cdef void _invalidate(self) noexcept
     cdef int _begin_records(self) noexcept nogil
     cdef int _activate(self, int s, int ntables) noexcept nogil
     cdef void _release(self) noexcept nogil
-    cdef int _finish(self, MDB_txn *rtxn, uint64_t q, HitBuf *hits, size_t start) noexcept nogil
+    cdef int _finish(self, MDB_txn *rtxn, uint64_t q, HitBuf *hits, size_t start,
+                     size_t psize) noexcept nogil
     cdef list _query(self, Plan plan, const uint64_t *queries, Py_ssize_t n, int k, Txn txn,
                      bint matches)

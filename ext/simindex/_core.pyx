@@ -155,6 +155,38 @@ cdef inline bytes _bytes(MDB_val v):
     return PyBytes_FromStringAndSize(<char *>v.mv_data, v.mv_size)
 
 
+cdef extern from "unistd.h":
+    int getpagesize()
+
+
+cdef size_t _page_size(MDB_env *env) noexcept:
+    """The environment's page size when its pages are aligned in memory (it is not above
+    the OS page size), else 0: then values are not checked against page bounds."""
+    cdef MDB_stat st
+    if mdb_env_stat(env, &st) or st.ms_psize == 0 or st.ms_psize > <unsigned int>getpagesize() \
+            or st.ms_psize & (st.ms_psize - 1):
+        return 0
+    return st.ms_psize
+
+
+cdef inline bint _val_in_pages(const MDB_val *v, size_t psize) noexcept nogil:
+    """Whether a value LMDB returned lies inside its leaf page, or inside the overflow pages
+    whose header precedes it. LMDB trusts a node's size: a damaged one would make a read
+    run past the end of the file (SIGBUS)."""
+    cdef size_t off
+    cdef const uint8_t *hdr
+    if psize == 0:
+        return True
+    off = (<size_t>v.mv_data) & (psize - 1)
+    if off + v.mv_size <= psize:
+        return True
+    if off != 16:                        # spans pages, so it must start an overflow run
+        return False
+    hdr = <const uint8_t *>v.mv_data - 16
+    return ((hdr[10] | hdr[11] << 8) & 0x04) != 0 and \
+        v.mv_size + 16 <= <size_t>si_load32(hdr + 12) * psize
+
+
 # ---------------------------------------------------------------- environments
 cdef class Env:
     """One LMDB environment (a directory). Closing it invalidates its transactions."""
@@ -192,6 +224,7 @@ cdef class Env:
             mdb_env_close(self.env)
             self.env = NULL
             raise _error(rc, f"cannot open LMDB environment {self.path}")
+        self.psize = _page_size(self.env)
 
     def __dealloc__(self):
         # Never close in a forked child: the handle belongs to the parent.
@@ -362,6 +395,9 @@ cdef class Txn:
             return None
         if rc:
             raise _error(rc, f"{self.env.path}: read from {db!r} failed")
+        if not self.write and not _val_in_pages(&v, self.env.psize):
+            raise CorruptError(f"{self.env.path}: a value in {db!r} is damaged (its size runs "
+                               f"past its page)")
         return _bytes(v)
 
     def put(self, db, bytes key not None, bytes value not None, bint append=False):
@@ -529,7 +565,7 @@ cdef inline int _check_block(MDB_val *k, MDB_val *v) noexcept nogil:
     if si_load32(v.mv_data) != BLOCK_MAGIC:
         return SI_CORRUPT_BLOCK
     c = si_load32(<uint8_t *>v.mv_data + 4)
-    if c == 0 or BLOCK_HEADER + 16 * <size_t>c != v.mv_size:
+    if c == 0 or c > C_BLOCK_ENTRIES or BLOCK_HEADER + 16 * <size_t>c != v.mv_size:
         return SI_CORRUPT_BLOCK
     return 0
 
@@ -1205,6 +1241,7 @@ cdef class ReadContext:
         if self.shard_envs == NULL or self.views == NULL or self.blocks_dbi == NULL or self.state_dbi == NULL:
             raise MemoryError()
         self.seqs_dbi = records.dbi("seqs")
+        self.psize = _page_size(records.env)
         for s in range(self.nshards):
             env = <Env>self.envs[s]
             env.check()
@@ -1349,8 +1386,12 @@ cdef class ReadContext:
             mdb_txn_reset(self.rec_txn)
             self.rec_state = 1
 
-    cdef int _finish(self, MDB_txn *rtxn, uint64_t q, HitBuf *hits, size_t start) noexcept nogil:
-        """De-duplicate one query's hits by seq, resolve them in the records, sort them."""
+    cdef int _finish(self, MDB_txn *rtxn, uint64_t q, HitBuf *hits, size_t start,
+                     size_t psize) noexcept nogil:
+        """De-duplicate one query's hits by seq, resolve them in the records, sort them.
+
+        `psize`: check values against their pages (0 for a write txn, whose dirty pages are
+        not in the map)."""
         cdef size_t n = hits.n - start, i, w = 0
         cdef Hit *h = hits.h + start
         cdef MDB_val key, val
@@ -1371,7 +1412,7 @@ cdef class ReadContext:
                 continue        # removed or replaced since the table entry was written
             if rc:
                 return rc
-            if val.mv_size < RECORD_HEADER:
+            if val.mv_size < RECORD_HEADER or not _val_in_pages(&val, psize):
                 return SI_CORRUPT_RECORD
             fp = si_load64(val.mv_data)
             if <uint32_t>si_popcount(fp ^ q) != h[i].dist:
@@ -1419,6 +1460,7 @@ cdef class ReadContext:
         cdef size_t *qstart = NULL
         cdef MDB_cursor *rc_cur = NULL
         cdef MDB_txn *rtxn = NULL
+        cdef size_t vpsize = 0 if txn is not None and txn.write else self.psize
         if txn is not None:
             txn.check()
             if txn.env is not self.records:
@@ -1460,7 +1502,7 @@ cdef class ReadContext:
                     if rc == 0:
                         rc = _tail_hits(&tail, applied[qi], queries[qi], k, &hits)
                     if rc == 0:
-                        rc = self._finish(rtxn, queries[qi], &hits, qstart[qi])
+                        rc = self._finish(rtxn, queries[qi], &hits, qstart[qi], vpsize)
                     qi += 1
                 qstart[n] = hits.n
             if rc:
@@ -1507,6 +1549,7 @@ cdef class ReadContext:
         cdef ShardView *sv
         cdef str where = self.records.path
         cdef bint own = txn is None
+        cdef size_t vpsize = 0 if txn is not None and txn.write else self.psize
         cdef int active
         cdef MDB_txn *given = NULL
         memset(&hits, 0, sizeof(HitBuf))
@@ -1610,7 +1653,7 @@ cdef class ReadContext:
                         rc = _tail_hits(&tail, minA, q, k, &hits)
                         if rc:
                             break
-                    rc = self._finish(rtxn, q, &hits, qstart[qi])
+                    rc = self._finish(rtxn, q, &hits, qstart[qi], vpsize)
                     qi += 1
                 qstart[n] = hits.n
             if rc:

@@ -94,6 +94,7 @@ cdef extern from "lmdb.h" nogil:
 
     int mdb_dbi_open(MDB_txn *txn, const char *name, unsigned int flags, MDB_dbi *dbi)
     int mdb_stat(MDB_txn *txn, MDB_dbi dbi, MDB_stat *stat)
+    int mdb_env_stat(MDB_env *env, MDB_stat *stat)
     int mdb_get(MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data)
     int mdb_put(MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data, unsigned int flags)
     int mdb_del(MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data)
