@@ -358,23 +358,11 @@ class Index:
         """
         st = self._s()
         plan = st.plan
-        found = []
+        pa, pb, pd = [], [], []
         with st.snapshot() as (rtxn, stxns):
             states = [_shard.load_state(t) for t in stxns]
             a_min = min(s[0] for s in states)
             tseqs, tfps = _core.read_tail(rtxn, _store.SEQS_DB, a_min + 1)
-            cache = {}
-
-            def resolve(seq):
-                r = cache.get(seq)
-                if r is None:
-                    v = rtxn.get(_store.SEQS_DB, int(seq).to_bytes(8, "big"))
-                    if v is None:
-                        r = cache[seq] = (None, None)
-                    else:
-                        fp, idk, _ = _core.split_record(v)
-                        r = cache[seq] = (fp, decode_id(idk))
-                return r
 
             for t in range(plan.ntables):
                 earlier = plan.earlier_masks(t)
@@ -391,25 +379,44 @@ class Index:
                     for s in group:
                         for run, count in _shard.runs_of(states[s][1], t):
                             kk, sq = _core.read_run(stxns[s], _shard.BLOCKS_DB, run, count)
-                            applied = sq <= np.uint64(a_min)   # newer ones come from the tail
-                            ks.append(kk[applied])
-                            ss.append(sq[applied])
+                            if len(tseqs):
+                                applied = sq <= np.uint64(a_min)   # newer: from the tail
+                                kk, sq = kk[applied], sq[applied]
+                            ks.append(kk)
+                            ss.append(sq)
                     # the unapplied records of the group's key range, once per group
                     mine = tshard == np.uint64(group[0]) if len(group) == 1 else slice(None)
-                    ks.append(tkeys[mine])
-                    ss.append(tseqs[mine])
-                    keys = np.concatenate(ks)
-                    if len(keys) < 2:
+                    if len(tseqs):
+                        ks.append(tkeys[mine])
+                        ss.append(tseqs[mine])
+                    if sum(len(x) for x in ks) < 2:
                         continue
-                    seqs = np.concatenate(ss)
-                    order = _shard.entry_order(keys, seqs)
-                    a, b, d = _core.pairs_sorted(keys[order], seqs[order], pmask, earlier, k)
-                    for sa, sb, dd in zip(a.tolist(), b.tolist(), d.tolist()):
-                        fa, ia = resolve(sa)
-                        fb, ib = resolve(sb)
-                        if fa is None or fb is None or _core.hamming(fa, fb) != dd:
-                            continue           # removed or replaced since indexed
-                        found.append((sa, sb, dd, ia, ib))
+                    if len(ks) == 1:
+                        keys, seqs = ks[0], ss[0]          # one run: already sorted
+                    else:
+                        keys, seqs = np.concatenate(ks), np.concatenate(ss)
+                        order = _shard.entry_order(keys, seqs)
+                        keys, seqs = keys[order], seqs[order]
+                    a, b, d = _core.pairs_sorted(keys, seqs, pmask, earlier, k)
+                    pa.append(a)
+                    pb.append(b)
+                    pd.append(d)
+            if not pa:
+                return []
+            a, b, d = np.concatenate(pa), np.concatenate(pb), np.concatenate(pd)
+            # every record of a pair, looked up once and in seq order
+            uniq, inv = np.unique(np.concatenate([a, b]), return_inverse=True)
+            fps, ids = _core.records_lookup(rtxn, _store.SEQS_DB, uniq)
+        live = np.array([i is not None for i in ids], dtype=bool)
+        ia, ib = inv[:len(a)], inv[len(a):]
+        x = fps[ia] ^ fps[ib]
+        dist = np.unpackbits(x.view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1)
+        # removed or replaced since indexed: gone, or its table entry disagrees
+        keep = live[ia] & live[ib] & (dist == d)
+        found = []
+        for sa, sb, dd, ja, jb in zip(a[keep].tolist(), b[keep].tolist(), d[keep].tolist(),
+                                      ia[keep].tolist(), ib[keep].tolist()):
+            found.append((sa, sb, dd, ids[ja], ids[jb]))
         return found
 
     def pairs(self, k=None):

@@ -1777,3 +1777,38 @@ def encode_ids(list ids not None, fallback, Py_ssize_t max_bytes):
         else:
             out[i] = fallback(x)
     return out
+
+
+def records_lookup(Txn txn, str seqs_db, const uint64_t[::1] seqs):
+    """(fingerprints, ids) of the records of ascending `seqs`, looked up in one pass; a
+    record removed since (no such seq) gives fingerprint 0 and id None."""
+    cdef Py_ssize_t i, n = seqs.shape[0]
+    cdef MDB_dbi dbi = txn.env.dbi(seqs_db)
+    cdef MDB_cursor *cur = NULL
+    cdef MDB_val k, v
+    cdef uint8_t kbuf[8]
+    cdef int rc
+    txn.check()
+    fps = np.zeros(n, dtype=np.uint64)
+    cdef uint64_t[::1] fo = fps
+    ids = [None] * n
+    rc = mdb_cursor_open(txn.txn, dbi, &cur)
+    if rc:
+        raise _error(rc, f"{txn.env.path}: reading records failed")
+    try:
+        for i in range(n):
+            si_store_be64(kbuf, seqs[i])
+            k.mv_size = 8
+            k.mv_data = kbuf
+            rc = mdb_cursor_get(cur, &k, &v, MDB_SET_KEY)
+            if rc == MDB_NOTFOUND:
+                continue
+            if rc:
+                raise _error(rc, f"{txn.env.path}: reading records failed")
+            if v.mv_size < RECORD_HEADER:
+                raise CorruptError(f"{txn.env.path}: a stored record is shorter than its header")
+            fo[i] = si_load64(v.mv_data)
+            ids[i] = _record_id_meta(<const uint8_t *>v.mv_data, v.mv_size)[0]
+    finally:
+        mdb_cursor_close(cur)
+    return fps, ids
