@@ -201,6 +201,11 @@ def test_cli_build_and_query_on_ray(local_ray, tmp_path):
         assert q.returncode == 0 and "Traceback" not in q.stderr, q.stderr
         outs.append(q.stdout)
     assert outs[0] == outs[1] and outs[0].count("\n") > len(queries)
+    # --ray without an address starts (and stops) a Ray of its own
+    own = subprocess.run(exe + ["query", str(tmp_path / "ray"), str(tmp_path / "q.tsv"),
+                                "--output", "tsv", "--ray"], capture_output=True, text=True,
+                         timeout=300)
+    assert own.returncode == 0 and own.stdout == outs[0], own.stderr
     bad = subprocess.run(exe + ["query", str(tmp_path / "ray"), str(tmp_path / "q.tsv"),
                                 "--k", "4", "--ray", local_ray], capture_output=True, text=True,
                          timeout=300)
