@@ -1805,8 +1805,10 @@ def records_lookup(Txn txn, str seqs_db, const uint64_t[::1] seqs):
                 continue
             if rc:
                 raise _error(rc, f"{txn.env.path}: reading records failed")
-            if v.mv_size < RECORD_HEADER:
-                raise CorruptError(f"{txn.env.path}: a stored record is shorter than its header")
+            if v.mv_size < RECORD_HEADER or \
+                    (not txn.write and not _val_in_pages(&v, txn.env.psize)):
+                raise CorruptError(f"{txn.env.path}: a stored record is damaged (its size "
+                                   f"runs past its page or is below its header)")
             fo[i] = si_load64(v.mv_data)
             ids[i] = _record_id_meta(<const uint8_t *>v.mv_data, v.mv_size)[0]
     finally:
