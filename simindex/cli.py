@@ -16,7 +16,7 @@ import msgpack
 
 from . import FORMAT_VERSION, Error, Index, ParameterError, __version__, _core, schemes
 from .inputs import FORMATS, FP_FORMATS, MAX_LINE, BadLine, open_input, read_items
-from .plan import MAX_TABLES, Plan, default_blocks, query_cost
+from .plan import MAX_TABLES, Plan, default_blocks, physical_memory, query_cost
 
 BATCH = 100_000
 
@@ -406,7 +406,7 @@ def plan(size, k):
         disk = size * (16.5 * p.ntables + 70)
         bits = f"{min(p.prefix_bits)}-{max(p.prefix_bits)}" \
             if min(p.prefix_bits) != max(p.prefix_bits) else str(p.prefix_bits[0])
-        us = query_cost(k, m, size) / 1000
+        us = query_cost(k, m, size, physical_memory()) / 1000
         click.echo(f"{m}\t{p.ntables}\t{bits}\t{cands:.3g}\t{us:.2g}\t{disk:.3g}\t"
                    f"{'<- build --expected ' + str(size) if m == chosen else ''}")
 

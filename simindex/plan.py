@@ -6,6 +6,7 @@ the chosen blocks first, in their original order, then the rest. Two fingerprint
 bits differ in at most k blocks, so they agree on all chosen blocks of at least one table.
 """
 
+import os
 from itertools import combinations
 from math import comb
 
@@ -21,34 +22,57 @@ MAX_TABLES = 1024
 # misses) plus ~3 ns per candidate scanned in its prefix range.
 SEEK_NS, SCAN_NS = 400.0, 3.0
 PLANNED_TABLES = 64          # the planner never picks more tables than this
+# Bytes per fingerprint: 16.5 per table entry and ~70 per record (measured at 1M). An index
+# larger than the page cache can hold answers from disk: each seek then costs a random read.
+ENTRY_BYTES, RECORD_BYTES = 16.5, 70.0
+DISK_SEEK_NS = 100_000.0
+CACHE_SHARE = 0.6            # of physical memory an index may count on for its pages
 
 
-def default_blocks(k, expected=None):
+def physical_memory():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_blocks(k, expected=None, memory=None):
     """blocks=None picks k + 1 (the fewest tables, k + 1, and the longest prefix that works),
     or with `expected` (the number of fingerprints the index will hold) the plan of least
     estimated query time: more blocks give more, longer prefixes, so fewer candidates per
-    table, which pays once a table's prefix range holds hundreds of entries (~30M at k=3).
+    table, which pays once a table's prefix range holds hundreds of entries (~30M at k=3) -
+    unless the bigger index no longer fits in `memory` (default: this machine's RAM).
     """
     if expected is None:
         return k + 1
+    memory = physical_memory() if memory is None else memory
     best = None
     for m in range(k + 1, WIDTH + 1):
         tables = comb(m, k)
         if tables > PLANNED_TABLES:
             break
-        cost = query_cost(k, m, expected)
+        cost = query_cost(k, m, expected, memory)
         if best is None or cost < best[0] * 0.9:        # more tables must pay clearly
             best = (cost, m)
     return best[1]
 
 
-def query_cost(k, blocks, expected):
-    """Estimated nanoseconds per query of a plan over `expected` fingerprints."""
+def index_bytes(k, blocks, expected):
+    """Estimated bytes on disk of a plan holding `expected` fingerprints."""
+    return expected * (ENTRY_BYTES * comb(blocks, k) + RECORD_BYTES)
+
+
+def query_cost(k, blocks, expected, memory=None):
+    """Estimated nanoseconds per query of a plan over `expected` fingerprints; with
+    `memory` (bytes), seeks of a plan too big for CACHE_SHARE of it are disk reads."""
     base, extra = divmod(WIDTH, blocks)
     widths = [base + 1 if b < extra else base for b in range(blocks)]
+    seek = SEEK_NS
+    if memory and index_bytes(k, blocks, expected) > CACHE_SHARE * memory:
+        seek = DISK_SEEK_NS
     total = 0.0
     for c in combinations(range(blocks), blocks - k):
-        total += SEEK_NS + SCAN_NS * expected / 2 ** sum(widths[b] for b in c)
+        total += seek + SCAN_NS * expected / 2 ** sum(widths[b] for b in c)
     return total
 
 

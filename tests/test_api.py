@@ -283,8 +283,11 @@ def test_paths_and_flags_are_checked(tmp_path):
         assert idx.path == str(tmp_path / "b")
 
 
-def test_expected_size_picks_the_plan_of_a_new_index(tmp_path):
-    # small indexes keep k+1 blocks; a large expected size buys longer prefixes
+def test_expected_size_picks_the_plan_of_a_new_index(tmp_path, monkeypatch):
+    # small indexes keep k+1 blocks; a large expected size buys longer prefixes, as long
+    # as the bigger index still fits in memory (here: a machine with 256 GiB)
+    monkeypatch.setattr(simindex.plan, "physical_memory", lambda: 256 << 30)
+    assert simindex.plan.default_blocks(3, 100_000_000, memory=16 << 30) == 4
     with Index(tmp_path / "small", k=3, expected=1_000_000) as idx:
         assert idx.blocks == 4
     with Index(tmp_path / "big", k=3, expected=100_000_000) as idx:
