@@ -36,7 +36,9 @@ DEFAULT_SCHEME = "simindex-v1"
 IDS_DB, SEQS_DB, INFO_DB = "ids", "seqs", "info"
 INITIAL_MAP = 16 << 30    # address space only; grows by doubling when full
 RECORD_CHUNK = 1 << 18     # records per records/ transaction in add_many
-APPLY_CHUNK = 1 << 22      # records per shard application pass
+# records per shard application pass: each pass adds a run per table, and later merges leave
+# its pages free in the file, so bulk loads want few passes (a pass of 16.7M holds ~0.6 GB)
+APPLY_CHUNK = 1 << 24
 LAG_LIMIT = 256            # records a shard with nothing new may stay behind
 READER_CHECK_EVERY = 1.0   # seconds between clearing the reader slots of dead processes
 LOW_SPACE = 4 << 20        # an EIO with less free space than this is a short write: disk full
