@@ -79,6 +79,14 @@ def find_all(fingerprints, k=3, blocks=None):
     return list(zip(a[order].tolist(), b[order].tolist()))
 
 
+def record_of(value):
+    """The Record of a stored record value (None for None)."""
+    if value is None:
+        return None
+    fp, idk, mb = _core.split_record(value)
+    return Record(decode_id(idk), fp, unpack(mb, "meta value"))
+
+
 def records_of(items, fingerprints=None):
     """(id keys, fingerprint array, packed metas) of add_many's arguments, all checked first."""
     if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
@@ -292,11 +300,7 @@ class Index:
     # ------------------------------------------------------------ reads
     def get(self, id):
         """The stored Record of `id`, or None."""
-        value = self._s().get(encode_id(id))
-        if value is None:
-            return None
-        fp, idk, mb = _core.split_record(value)
-        return Record(decode_id(idk), fp, unpack(mb, "meta value"))
+        return record_of(self._s().get(encode_id(id)))
 
     def __contains__(self, id):
         try:

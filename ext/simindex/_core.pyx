@@ -1009,18 +1009,23 @@ def pairs_sorted(const uint64_t[::1] keys, const uint64_t[::1] ids, uint64_t pma
                 g0 = g1
         if rc:
             raise MemoryError("pair buffer")
-        A = np.empty(p.n, dtype=np.uint64)
-        B = np.empty(p.n, dtype=np.uint64)
-        D = np.empty(p.n, dtype=np.uint8)
-        if p.n:
-            memcpy(<void *>np_ptr(A), p.a, p.n * 8)
-            memcpy(<void *>np_ptr(B), p.b, p.n * 8)
-            _copy_u8(D, p.d, p.n)
-        return A, B, D
+        return _pair_arrays(&p)
     finally:
         free(p.a)
         free(p.b)
         free(p.d)
+
+
+cdef tuple _pair_arrays(PairBuf *p):
+    """The (a, b, d) columns of a pair buffer as numpy arrays (u64, u64, u8)."""
+    A = np.empty(p.n, dtype=np.uint64)
+    B = np.empty(p.n, dtype=np.uint64)
+    D = np.empty(p.n, dtype=np.uint8)
+    if p.n:
+        memcpy(<void *>np_ptr(A), p.a, p.n * 8)
+        memcpy(<void *>np_ptr(B), p.b, p.n * 8)
+        _copy_u8(D, p.d, p.n)
+    return A, B, D
 
 
 cdef void _copy_u8(arr, const uint8_t *src, size_t n):
@@ -1720,14 +1725,7 @@ def scan_shard(Txn txn, Plan plan, int shard, const uint64_t[::1] queries, int k
                 qi += 1
         if rc:
             raise _error(rc, f"scan of shard {shard} in {txn.env.path}")
-        Q = np.empty(out.n, dtype=np.uint64)
-        S = np.empty(out.n, dtype=np.uint64)
-        D = np.empty(out.n, dtype=np.uint8)
-        if out.n:
-            memcpy(<void *>np_ptr(Q), out.a, out.n * 8)
-            memcpy(<void *>np_ptr(S), out.b, out.n * 8)
-            _copy_u8(D, out.d, out.n)
-        return Q, S, D
+        return _pair_arrays(&out)
     finally:
         if cur != NULL:
             mdb_cursor_close(cur)

@@ -13,7 +13,7 @@ from ..codec import check_fp, decode_id, encode_id, fp_array, pack_meta, unpack
 from ..errors import ClosedError, InputError, InputTypeError, MissingIndexError, ParameterError
 from ..errors import ReadOnlyError
 from ..fingerprints import fingerprint
-from ..index import Record, _check_verify, _match, _verified, records_of
+from ..index import _check_verify, _match, _verified, record_of, records_of
 from ..store import APPLY_CHUNK, LAG_LIMIT, RECORD_CHUNK
 from . import route
 from .route import fetch
@@ -151,10 +151,6 @@ class Cluster:
     @property
     def blocks(self):
         return self.plan.blocks
-
-    @property
-    def shards_count(self):
-        return self.plan.shards
 
     @property
     def scheme(self):
@@ -296,11 +292,7 @@ class Cluster:
     def get(self, id):
         """The stored Record of `id`, or None."""
         self._check()
-        value = fetch(self.ledger.get.remote(encode_id(id)))
-        if value is None:
-            return None
-        fp, idk, mb = _core.split_record(value)
-        return Record(decode_id(idk), fp, unpack(mb, "meta value"))
+        return record_of(fetch(self.ledger.get.remote(encode_id(id))))
 
     def __contains__(self, id):
         try:

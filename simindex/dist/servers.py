@@ -206,15 +206,6 @@ class LedgerServer(_Server):
         """(seqs, fps) of the live records with seq >= start, at most `limit` (0: all)."""
         return _read(self.env, lambda txn: _core.read_tail(txn, SEQS_DB, start, limit))
 
-    def records(self, start=0, limit=0):
-        """(seqs, fps, id keys) of the live records from seq `start`, in seq order."""
-        def fn(txn):
-            seqs, fps = _core.read_tail(txn, SEQS_DB, start, limit)
-            keys = [_core.split_record(txn.get(SEQS_DB, int(s).to_bytes(8, "big")))[1]
-                    for s in seqs.tolist()]
-            return seqs, fps, keys
-        return _read(self.env, fn)
-
     def resolve(self, queries, qidx, seqs, dists, applied, k):
         """Matches of each query from the shards' candidates (see ReadContext.resolve)."""
         order = np.argsort(qidx, kind="stable")
