@@ -9,14 +9,18 @@ from .errors import CorruptError, FormatError, NotAnIndexError, ParameterError, 
 NAME = "manifest.msgpack"
 MAGIC = "simindex"
 FORMAT = 1
-LAYOUT = "packed-blocks-v1"
+# Block layouts a table may hold: v1 (16 bytes per entry; still read) and v2 (offset-coded
+# entries, ~10 bytes; what this version writes). A writable open upgrades the
+# manifest to v2 before its first write, so older code refuses an index that may hold v2.
+LAYOUT = "packed-blocks-v2"
+_LAYOUTS = {"packed-blocks-v1": ("block_entries", 1022), LAYOUT: ("block_bytes", 16368)}
 _MAX_BYTES = 1 << 16
 
 
 def make(plan, scheme=None):
     return {"magic": MAGIC, "format": FORMAT, "width": 64, "k": plan.k,
             "blocks": plan.blocks, "shards": plan.shards, "tables": plan.ntables,
-            "layout": LAYOUT, "block_entries": 1022, "scheme": scheme,
+            "layout": LAYOUT, "block_bytes": 16368, "scheme": scheme,
             "created_by": f"simindex {_version}"}
 
 
@@ -61,9 +65,11 @@ def read(dirpath):
     fmt = m.get("format")
     if fmt != FORMAT:
         raise FormatError(f"{path} has on-disk format {fmt!r}; this simindex reads format {FORMAT}")
-    if m.get("layout") != LAYOUT or m.get("block_entries") != 1022 or m.get("width") != 64:
+    layout = m.get("layout")
+    field, value = _LAYOUTS.get(layout, (None, None)) if isinstance(layout, str) else (None, None)
+    if field is None or m.get(field) != value or m.get("width") != 64:
         raise FormatError(f"{path} names layout {m.get('layout')!r}, width {m.get('width')!r}; "
-                          f"this simindex reads {LAYOUT}, width 64")
+                          f"this simindex reads {' or '.join(_LAYOUTS)}, width 64")
     scheme = m.get("scheme")
     from .fingerprints import schemes
     if scheme is not None and (not isinstance(scheme, str) or scheme not in schemes):
@@ -83,3 +89,15 @@ def check_same(manifest, **given):
             raise ParameterError(
                 f"{name}={value!r} was given, but the index was built with "
                 f"{name}={manifest.get(name)!r}; reopen without it or with the stored value")
+
+
+def upgrade(dirpath, m):
+    """Name the current block layout in an older index's manifest before writing to it."""
+    if m.get("layout") == LAYOUT:
+        return m
+    m = dict(m)
+    field, _ = _LAYOUTS[m["layout"]]
+    del m[field]
+    m.update(layout=LAYOUT, block_bytes=_LAYOUTS[LAYOUT][1])
+    write(dirpath, m)
+    return m

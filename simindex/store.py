@@ -239,6 +239,7 @@ class Store:
         try:
             self._open_envs()
             if not readonly:
+                self.manifest = manifest.upgrade(path, self.manifest)
                 self._fix_next_seq()
                 self.apply_pending()
         except StorageError as e:

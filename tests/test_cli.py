@@ -150,10 +150,10 @@ def test_remove_verify_compact(tmp_path):
         f = tmp_path / "idx" / shard / "data.mdb"
         if shard.startswith("shard-") and f.exists():
             data = bytearray(f.read_bytes())
-            at = data.find(b"SIB1")
+            at = data.find(b"SIB2")
             while at > 0:
-                data[at + 16] ^= 1
-                at = data.find(b"SIB1", at + 1)
+                data[at + 16] ^= 1                      # the key base
+                at = data.find(b"SIB2", at + 1)
             f.write_bytes(bytes(data))
     p = run("verify", tmp_path / "idx", check=1)
     assert "checksum" in p.stdout and "problem(s) found" in p.stderr

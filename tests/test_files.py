@@ -11,25 +11,31 @@ import simindex
 from conftest import run_py
 
 PYLMDB_READER = r"""
-import sys, struct, lmdb, msgpack
+import sys, struct, zlib, lmdb, msgpack
 path = sys.argv[1]
 m = msgpack.unpackb(open(path + "/manifest.msgpack", "rb").read())
 env = lmdb.open(path + "/records", readonly=True, lock=False, max_dbs=4)
 with env.begin() as txn:
     ids = txn.stat(env.open_db(b"ids", txn=txn))["entries"]
     seqs = txn.stat(env.open_db(b"seqs", txn=txn))["entries"]
-entries = 0
+entries, found = 0, set()
 for s in range(m["shards"]):
     e = lmdb.open(f"{path}/shard-{s:03d}", readonly=True, lock=False, max_dbs=4)
     with e.begin() as txn:
         db = e.open_db(b"blocks", txn=txn)
         for key, val in txn.cursor(db):
-            magic, count = struct.unpack_from("<II", val)
-            assert magic == 0x31424953 and len(val) == 16 + 16 * count and len(key) == 20
-            keys = struct.unpack_from(f"<{count}Q", val, 16)
-            assert list(keys) == sorted(keys)
+            # layout v2: header, kw-byte key offsets, sw-byte seq offsets, 8 zero bytes
+            magic, count, crc, kw, sw, zero, kbase, sbase = struct.unpack_from("<IIIBBHQQ", val)
+            assert magic == 0x32424953 and zero == 0 and len(key) == 20
+            assert len(val) == 32 + count * (kw + sw) + 8 and val[-8:] == bytes(8)
+            assert len(val) <= 16368 and zlib.crc32(val[12:-8]) == crc
+            off = lambda at, w, i: int.from_bytes(val[at + i * w:at + (i + 1) * w], "little")
+            keys = [kbase + off(32, kw, i) for i in range(count)]
+            found.update(sbase + off(32 + count * kw, sw, i) for i in range(count))
+            assert keys == sorted(keys) and keys[-1] < 2**64
             assert struct.unpack(">Q", key[8:16])[0] == keys[-1]
             entries += count
+assert found == set(range(1, seqs + 1))
 print(m["k"], m["blocks"], m["tables"], ids, seqs, entries)
 """
 
@@ -52,6 +58,7 @@ def test_layout(tmp_path):
                      "shard-002", "shard-003"]
     m = msgpack.unpackb((path / "manifest.msgpack").read_bytes())
     assert m["magic"] == "simindex" and m["format"] == 1 and m["k"] == 3 and m["shards"] == 4
+    assert m["layout"] == "packed-blocks-v2" and m["block_bytes"] == 16368
 
 
 def _built(tmp_path, n=2000):
@@ -119,12 +126,12 @@ def test_damaged_block_is_reported_by_verify(tmp_path):
         idx.compact()
     f = os.path.join(path, "shard-000", "data.mdb")
     data = bytearray(open(f, "rb").read())
-    # flip a byte inside the keys of every block (magic "SIB1"), live or freed
-    at = data.find(b"SIB1")
+    # flip a byte inside the keys of every block (magic "SIB2", 32-byte header), live or freed
+    at = data.find(b"SIB2")
     assert at > 0
     while at > 0:
-        data[at + 16 + 8 * 5 + 3] ^= 0x40
-        at = data.find(b"SIB1", at + 1)
+        data[at + 32 + 7 * 5 + 3] ^= 0x40
+        at = data.find(b"SIB2", at + 1)
     open(f, "wb").write(bytes(data))
     out = run_py(OPEN_AND_QUERY, path).stdout
     assert out.startswith("opened") and "checksum" in out
@@ -135,3 +142,59 @@ def test_a_closed_index_directory_can_be_copied(tmp_path):
     shutil.copytree(path, tmp_path / "copy")
     with simindex.Index(tmp_path / "copy", readonly=True) as idx:
         assert len(idx) == 500 and idx.verify() == []
+
+
+def _v1_index(tmp_path):
+    """The index of tests/data/make_index_v1.py (block layout v1) and what it must hold."""
+    import sys
+    import tarfile
+    data = os.path.join(os.path.dirname(__file__), "data")
+    with tarfile.open(os.path.join(data, "index-v1.tar.gz")) as t:
+        t.extractall(tmp_path, filter="data")
+    sys.path.insert(0, data)
+    try:
+        from make_index_v1 import history
+    finally:
+        sys.path.remove(data)
+    state = {}
+    for op, *args in history():
+        if op == "add_many":
+            state.update((r[0], r[1]) for r in args[0])
+        elif op == "remove":
+            state.pop(args[0], None)
+    return str(tmp_path / "index-v1"), state
+
+
+def _brute(state, q, k=3):
+    return sorted(i for i, fp in state.items() if bin(fp ^ q).count("1") <= k)
+
+
+def test_an_index_written_with_block_layout_v1_is_read_and_upgraded(tmp_path):
+    path, state = _v1_index(tmp_path)
+    shard = os.path.join(path, "shard-000", "data.mdb")
+    assert b"SIB1" in open(shard, "rb").read() and b"SIB2" not in open(shard, "rb").read()
+    probes = list(state.values())[::3] + [fp ^ (1 << 63) ^ 1 for fp in list(state.values())[:50]]
+    with simindex.Index(path, readonly=True) as idx:       # read as it is
+        assert msgpack.unpackb(open(os.path.join(path, "manifest.msgpack"), "rb").read())[
+            "layout"] == "packed-blocks-v1"
+        assert len(idx) == len(state) and idx.verify() == []
+        for q, ms in zip(probes, idx.query_many(probes)):
+            assert sorted(m.id for m in ms) == _brute(state, q)
+    with simindex.Index(path) as idx:                       # a writer upgrades the manifest
+        assert msgpack.unpackb(open(os.path.join(path, "manifest.msgpack"), "rb").read())[
+            "layout"] == "packed-blocks-v2"
+        more = {f"new{i}": fp ^ (1 << (i % 64)) for i, fp in enumerate(list(state.values())[:300])}
+        idx.add_many(list(more.items()))                   # v2 runs beside v1 runs
+        state.update(more)
+        for q, ms in zip(probes, idx.query_many(probes)):
+            assert sorted(m.id for m in ms) == _brute(state, q)
+        items = sorted(state.items())
+        assert {frozenset(p[:2]) for p in idx.pairs()} == {
+            frozenset((a, b)) for i, (a, x) in enumerate(items) for b, y in items[i + 1:]
+            if bin(x ^ y).count("1") <= 3}
+        idx.compact()
+        assert idx.verify() == []
+        for q, ms in zip(probes, idx.query_many(probes)):
+            assert sorted(m.id for m in ms) == _brute(state, q)
+    live = open(shard, "rb").read()
+    assert b"SIB2" in live

@@ -115,7 +115,7 @@ def bench_simindex(fps, queries, k, sample, truth, rows, root, incremental):
     print(f"# simindex plan: blocks={idx.blocks}, {tables} tables", flush=True)
     shards = sum(du(os.path.join(path, d)) for d in os.listdir(path) if d.startswith("shard-"))
     rows.append(Row("simindex", "disk, tables only, per fp per table", shards / n / tables, "B",
-                    note=f"  (16 B of entries; with records/: "
+                    note=f"  (with records/: "
                          f"{du(path) / n / tables:.1f} B)"))
     idx.query_many(queries)          # warm: the whole batch (1,000 left 100M half cold)
     res, dt = timed(lambda: idx.query_many(queries, k=k))
