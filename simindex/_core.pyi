@@ -10,6 +10,7 @@ U64 = npt.NDArray[np.uint64]
 
 def lmdb_version() -> str: ...
 def hamming(a: int, b: int) -> int: ...
+def process_id() -> int: ...  # os.getpid() without a system call (a fork handler updates it)
 
 class Env:
     path: str

@@ -88,7 +88,7 @@ class _Gate:
         if not local.depth:
             with self._lock:
                 self._inside -= 1
-                if not self._inside:
+                if not self._inside and self._resizing:     # a resize waits for the last
                     self._cond.notify_all()
 
     def nested(self):
@@ -381,7 +381,7 @@ class Store:
     def check_open(self):
         if self.records is None:
             raise ClosedError(f"index {self.path} is closed")
-        if self.pid != os.getpid():
+        if self.pid != _core.process_id():
             raise ClosedError(f"index {self.path} was opened in process {self.pid} and cannot "
                               f"be used after fork(); open it again in this process")
 

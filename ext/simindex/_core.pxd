@@ -39,6 +39,7 @@ cdef struct ShardView:
     MDB_txn *txn
     MDB_cursor *cur
     int state              # 0 never begun, 1 reset, 2 active (runs parsed)
+    size_t parsed          # id of the snapshot whose state applied/run_ids hold (0: none)
     uint64_t applied
     uint64_t *run_ids
     uint32_t *table_start  # ntables + 1 offsets into run_ids
@@ -69,6 +70,7 @@ cdef class ReadContext:
     cdef MDB_dbi *blocks_dbi
     cdef MDB_dbi *state_dbi
     cdef MDB_txn *rec_txn
+    cdef MDB_cursor *rec_cur    # on seqs, kept across calls and renewed with rec_txn
     cdef int rec_state
     cdef MDB_dbi seqs_dbi
     cdef size_t psize

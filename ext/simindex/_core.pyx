@@ -25,6 +25,28 @@ from simindex.errors import (
     StorageError, MapFullError, MapResizedError, CorruptError, ReadOnlyError, ClosedError,
 )
 
+cdef extern from "pthread.h" nogil:
+    int pthread_atfork(void (*prepare)() noexcept nogil, void (*parent)() noexcept nogil,
+                       void (*child)() noexcept nogil)
+
+# This process's id, kept current by a fork handler: every call checks that a handle is not
+# a parent's (getpid() is a system call; this is a load).
+cdef int _pid = getpid()
+
+
+cdef void _forked() noexcept nogil:
+    global _pid
+    _pid = getpid()
+
+
+pthread_atfork(NULL, NULL, _forked)
+
+
+def process_id():
+    """os.getpid() without the system call."""
+    return _pid
+
+
 cdef extern from "zlib.h" nogil:
     unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int len)
 
@@ -248,7 +270,7 @@ cdef class Env:
     cdef int check(self) except -1:
         if self.env is NULL:
             raise ClosedError(f"LMDB environment {self.path} is closed")
-        if self.pid != os.getpid():
+        if self.pid != _pid:
             raise ClosedError(
                 f"LMDB environment {self.path} was opened in process {self.pid} and cannot be "
                 f"used after fork(); open the index again in this process")
@@ -1343,6 +1365,7 @@ cdef class ReadContext:
         self.blocks_dbi = NULL
         self.state_dbi = NULL
         self.rec_txn = NULL
+        self.rec_cur = NULL
         self.nshards = len(shards)
         self.records = records
         self.envs = list(shards)
@@ -1391,6 +1414,11 @@ cdef class ReadContext:
                 self.views[s].run_ids = NULL
                 self.views[s].table_start = NULL
                 self.views[s].state = 0
+                self.views[s].parsed = 0
+        if self.rec_cur != NULL:
+            if mine:
+                mdb_cursor_close(self.rec_cur)
+            self.rec_cur = NULL
         if self.rec_txn != NULL:
             if mine:
                 mdb_txn_abort(self.rec_txn)
@@ -1415,10 +1443,19 @@ cdef class ReadContext:
             if rc:
                 return rc
         self.rec_state = 2
-        return 0
+        if self.rec_cur == NULL:
+            rc = mdb_cursor_open(self.rec_txn, self.seqs_dbi, &self.rec_cur)
+            if rc:
+                self.rec_cur = NULL
+        else:
+            rc = mdb_cursor_renew(self.rec_txn, self.rec_cur)
+        return rc
 
     cdef int _activate(self, int s, int ntables) noexcept nogil:
-        """Begin (or renew) shard s's read txn and parse its state: applied seq and runs."""
+        """Begin (or renew) shard s's read txn and parse its state: applied seq and runs.
+
+        The cursor is kept across calls (renewed with the txn) and the state is parsed again
+        only when the snapshot changed: a shard that took no write since costs a renew."""
         cdef ShardView *sv = &self.views[s]
         cdef MDB_val k, v
         cdef int rc, t
@@ -1438,10 +1475,18 @@ cdef class ReadContext:
             if rc:
                 return rc
         sv.state = 2
-        rc = mdb_cursor_open(sv.txn, self.blocks_dbi[s], &sv.cur)
-        if rc:
-            sv.cur = NULL
-            return rc
+        if sv.cur == NULL:
+            rc = mdb_cursor_open(sv.txn, self.blocks_dbi[s], &sv.cur)
+            if rc:
+                sv.cur = NULL
+                return rc
+        else:
+            rc = mdb_cursor_renew(sv.txn, sv.cur)
+            if rc:
+                return rc
+        if sv.parsed and sv.parsed == mdb_txn_id(sv.txn):
+            return 0
+        sv.parsed = 0
         k.mv_size = 7
         k.mv_data = <void *>KEY_APPLIED
         rc = mdb_get(sv.txn, self.state_dbi[s], &k, &v)
@@ -1486,16 +1531,14 @@ cdef class ReadContext:
             sv.run_ids[i] = si_load64(p + RUN_ENTRY * i)
         for t in range(ntables):
             sv.table_start[t + 1] += sv.table_start[t]
+        sv.parsed = mdb_txn_id(sv.txn)
         return 0
 
     cdef void _release(self) noexcept nogil:
         cdef int s
         for s in range(self.nshards):
             if self.views[s].state == 2:
-                if self.views[s].cur != NULL:
-                    mdb_cursor_close(self.views[s].cur)
-                    self.views[s].cur = NULL
-                mdb_txn_reset(self.views[s].txn)
+                mdb_txn_reset(self.views[s].txn)     # its cursor stays, to be renewed
                 self.views[s].state = 1
         if self.rec_state == 2:
             mdb_txn_reset(self.rec_txn)
@@ -1602,7 +1645,8 @@ cdef class ReadContext:
                 if rtxn == NULL:
                     rc = self._begin_records()
                     rtxn = self.rec_txn
-                if rc == 0:
+                    rc_cur = self.rec_cur
+                elif rc == 0:
                     rc = mdb_cursor_open(rtxn, self.seqs_dbi, &rc_cur)
                 if rc == 0 and n:
                     rc = _load_tail(rc_cur, lowest + 1, &tail)
@@ -1624,7 +1668,7 @@ cdef class ReadContext:
                 raise _error(rc, f"resolving candidates on {self.records.path}")
             return _hit_lists(&hits, qstart, n)
         finally:
-            if rc_cur != NULL:
+            if rc_cur != NULL and rc_cur != self.rec_cur:
                 mdb_cursor_close(rc_cur)
             self._release()
             free(qstart)
@@ -1704,9 +1748,9 @@ cdef class ReadContext:
                 if rc == 0 and own:
                     rc = self._begin_records()
                     rtxn = self.rec_txn
+                    rc_cur = self.rec_cur
                 elif rc == 0:
                     rtxn = given
-                if rc == 0:
                     rc = mdb_cursor_open(rtxn, self.seqs_dbi, &rc_cur)
                 if rc == 0:
                     rc = mdb_cursor_get(rc_cur, &key, &val, MDB_LAST)
@@ -1775,7 +1819,7 @@ cdef class ReadContext:
                 raise _error(rc, f"query on {where}")
             return _hit_lists(&hits, qstart, n, matches)
         finally:
-            if rc_cur != NULL:
+            if rc_cur != NULL and rc_cur != self.rec_cur:
                 mdb_cursor_close(rc_cur)
             self._release()
             free(qstart)

@@ -91,6 +91,7 @@ cdef extern from "lmdb.h" nogil:
     void mdb_txn_abort(MDB_txn *txn)
     void mdb_txn_reset(MDB_txn *txn)
     int mdb_txn_renew(MDB_txn *txn)
+    int mdb_cursor_renew(MDB_txn *txn, MDB_cursor *cursor)
 
     int mdb_dbi_open(MDB_txn *txn, const char *name, unsigned int flags, MDB_dbi *dbi)
     int mdb_stat(MDB_txn *txn, MDB_dbi dbi, MDB_stat *stat)
