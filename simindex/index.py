@@ -320,9 +320,11 @@ class Index:
         Jaccard check of stored shingles against the query document's).
         """
         st = self._s()
-        k = self._k(k, st)
-        fp, core = check_fp(fingerprint), st.plan.core
-        return _verified(st.read(lambda ctx: ctx.query_one(core, fp, k)), verify)
+        plan = st.plan
+        k = plan.k if k is None else self._k(k, st)
+        fp, core = check_fp(fingerprint), plan.core
+        out = st.read(lambda ctx: ctx.query_one(core, fp, k))
+        return out if verify is None else _verified(out, verify)
 
     def query_many(self, fingerprints, k=None, verify=None):
         """query() for each fingerprint, as one batch scanned without the GIL.

@@ -53,79 +53,16 @@ def _be(seq):
     return int(seq).to_bytes(8, "big")
 
 
-class _Gate:
-    """Many calls inside at once, or one map resize alone (LMDB needs no live transaction).
-
-    Re-entrant per thread: a call already inside (add_unique queries inside its write)
-    never waits for a resize that is itself waiting for that call to leave. `shared()` is
-    a plain object, not a generator, because every query passes through it.
-    """
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._inside = 0
-        self._resizing = False
-        self._local = threading.local()
-        self._shared = _Shared(self)
-
-    def shared(self):
-        return self._shared
-
-    def _enter(self):
-        local = self._local
-        depth = getattr(local, "depth", 0)
-        if not depth:
-            with self._lock:
-                while self._resizing:
-                    self._cond.wait()
-                self._inside += 1
-        local.depth = depth + 1
-
-    def _exit(self):
-        local = self._local
-        local.depth -= 1
-        if not local.depth:
-            with self._lock:
-                self._inside -= 1
-                if not self._inside and self._resizing:     # a resize waits for the last
-                    self._cond.notify_all()
-
-    def nested(self):
-        """Whether this thread is already inside (a resize must then wait for the outer call)."""
-        return getattr(self._local, "depth", 0) > 0
+class _Gate(_core.Gate):
+    """The core's resize gate (see _core.Gate) with a context manager for the resize."""
 
     @contextmanager
     def exclusive(self):
-        if self.nested():
-            raise RuntimeError("a map resize was attempted from inside a gated call")
-        with self._cond:
-            while self._resizing:
-                self._cond.wait()
-            self._resizing = True
-            while self._inside:
-                self._cond.wait()
+        self.begin_exclusive()
         try:
             yield
         finally:
-            with self._cond:
-                self._resizing = False
-                self._cond.notify_all()
-
-
-class _Shared:
-    """The context manager of _Gate.shared()."""
-    __slots__ = ("gate",)
-
-    def __init__(self, gate):
-        self.gate = gate
-
-    def __enter__(self):
-        self.gate._enter()
-
-    def __exit__(self, *exc):
-        self.gate._exit()
-        return False
+            self.end_exclusive()
 
 
 _registry = {}
@@ -467,7 +404,7 @@ class Store:
         gate, pool = self._gate, self._pool
         while True:
             try:
-                gate._enter()
+                gate.enter()
                 try:
                     if self.records is None:
                         raise ClosedError(f"index {self.path} is closed")
@@ -477,7 +414,7 @@ class Store:
                     finally:
                         pool.append(ctx)
                 finally:
-                    gate._exit()
+                    gate.exit()
             except MapResizedError:
                 self._resized()
 

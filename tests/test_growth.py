@@ -63,3 +63,44 @@ def test_a_pending_pairs_iterator_does_not_block_growth(tmp_path, monkeypatch):
         idx.add_many([f"d{i}" for i in range(60000)], fps)     # needs to grow the map
         assert list(it) == [("a", "b", 1)]
         assert len(idx) == 60002
+
+
+def test_the_map_grows_while_other_threads_query_and_add_unique(tmp_path, monkeypatch):
+    """A resize waits for the queries in flight and holds new ones back; a thread inside a
+    write (add_unique's query) is never made to wait for it."""
+    import threading
+    monkeypatch.setattr(simindex.store, "INITIAL_MAP", 1 << 20)
+    fps = np.random.default_rng(5).integers(0, 2**64, 80000, dtype=np.uint64)
+    errors, stop = [], threading.Event()
+    with simindex.Index(tmp_path / "i", shards=2) as idx:
+        idx.add_many([("seed", int(fps[0]))])
+
+        def query():
+            try:
+                while not stop.is_set():
+                    assert [m.id for m in idx.query(int(fps[0]), k=0)] == ["seed"]
+                    idx.query_many(fps[:50])
+            except Exception as e:          # reported below: a thread's assert is lost
+                errors.append(e)
+
+        def unique():
+            try:
+                for i in range(300):
+                    assert idx.add_unique(f"u{i}", int(fps[40000 + i]) ^ (1 << 7), k=0) == []
+            except Exception as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=query) for _ in range(2)] + \
+            [threading.Thread(target=unique)]
+        for t in threads:
+            t.start()
+        for b in range(1, 40000, 2000):     # 20 batches: the maps double several times
+            idx.add_many([(f"d{i}", int(fps[i])) for i in range(b, b + 2000)])
+        threads[-1].join()
+        stop.set()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert idx._store.records.info()["mapsize"] >= 1 << 22     # grew twice at least
+        assert len(idx) == 1 + 40000 + 300 and idx.verify() == []
+        assert all(len(ms) == 1 for ms in idx.query_many(fps[1:40000:7], k=0))

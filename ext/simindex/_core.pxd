@@ -83,3 +83,8 @@ cdef class ReadContext:
                      size_t psize) noexcept nogil
     cdef list _query(self, Plan plan, const uint64_t *queries, Py_ssize_t n, int k, Txn txn,
                      bint matches)
+
+
+cdef class Gate:
+    cdef int inside
+    cdef bint resizing

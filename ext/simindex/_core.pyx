@@ -20,7 +20,7 @@ cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
 
 from clmdb cimport *
-from posix.unistd cimport getpid
+from posix.unistd cimport getpid, usleep
 from simindex.errors import (
     StorageError, MapFullError, MapResizedError, CorruptError, ReadOnlyError, ClosedError,
 )
@@ -223,6 +223,95 @@ cdef inline bint _val_in_pages(const MDB_val *v, size_t psize) noexcept nogil:
 
 
 # ---------------------------------------------------------------- environments
+# ---------------------------------------------------------------- the resize gate
+cdef extern from *:
+    """
+    /* The gates this thread is inside, innermost last (calls nest at most a few deep). */
+    #define SI_GATE_MAX 32
+    static __thread void *si_gates[SI_GATE_MAX];
+    static __thread int si_ngates = 0;
+    static int si_gate_push(void *g) {
+        if (si_ngates == SI_GATE_MAX) return -1;
+        si_gates[si_ngates++] = g;
+        return 0;
+    }
+    static void si_gate_pop(void) { if (si_ngates) si_ngates--; }
+    static int si_gate_held(void *g) {
+        for (int i = 0; i < si_ngates; i++) if (si_gates[i] == g) return 1;
+        return 0;
+    }
+    """
+    int si_gate_push(void *g)
+    void si_gate_pop()
+    int si_gate_held(void *g)
+
+
+cdef class Gate:
+    """Many calls inside at once, or one map resize alone (LMDB needs no live transaction
+    of this process while it resizes).
+
+    Re-entrant per thread: a call already inside (add_unique queries inside its write)
+    never waits for a resize, which itself waits for that call to leave. Every method runs
+    under the GIL without releasing it, so the counters need no lock: entering is a few
+    loads and stores, not the two lock round trips of a threading.Condition.
+    """
+
+    def __cinit__(self):
+        self.inside = 0
+        self.resizing = False
+
+    def enter(self):
+        """Enter as one of many; waits while a resize runs (unless already inside)."""
+        if not si_gate_held(<void *>self):
+            while self.resizing:
+                with nogil:
+                    usleep(200)
+        if si_gate_push(<void *>self):
+            raise RuntimeError("calls nested too deep inside one thread")
+        self.inside += 1
+
+    def exit(self):
+        self.inside -= 1
+        si_gate_pop()
+
+    def nested(self):
+        """Whether this thread is inside (a resize must then wait for its outer call)."""
+        return bool(si_gate_held(<void *>self))
+
+    def shared(self):
+        return _Inside(self)
+
+    def begin_exclusive(self):
+        """Wait for other resizes and for every call to leave, then hold the gate alone."""
+        if si_gate_held(<void *>self):
+            raise RuntimeError("a map resize was attempted from inside a gated call")
+        while self.resizing:
+            with nogil:
+                usleep(200)
+        self.resizing = True
+        while self.inside:
+            with nogil:
+                usleep(200)
+
+    def end_exclusive(self):
+        self.resizing = False
+
+
+cdef class _Inside:
+    """`with gate.shared():` (a plain object, not a generator: every query passes here)."""
+    cdef Gate gate
+
+    def __cinit__(self, Gate gate):
+        self.gate = gate
+
+    def __enter__(self):
+        self.gate.enter()
+
+    def __exit__(self, *exc):
+        self.gate.exit()
+        return False
+
+
 cdef class Env:
     """One LMDB environment (a directory). Closing it invalidates its transactions."""
 
