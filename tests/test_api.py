@@ -56,6 +56,19 @@ def test_add_many_with_repeated_ids_keeps_each_ids_last_record(tmp_path):
         assert idx.verify() == []
 
 
+def test_add_many_whose_smallest_id_is_the_last_stored_one_replaces_it(tmp_path):
+    # the smallest new key equals the largest stored key, later in the call than a larger
+    # new key: not an append (it once raised MDB_KEYEXIST)
+    with Index(tmp_path / "i", k=3) as idx:
+        idx.add_many([("a", 0)])
+        idx.add_many([("aa", 1), ("a", 5)])
+        assert idx.get("a").fingerprint == 5 and len(idx) == 2
+        idx.add_many([(7, 0)])
+        idx.add_many([(9, 1), (8, 2), (7, 3)])
+        assert idx.get(7).fingerprint == 3 and len(idx) == 5
+        assert idx.stats()["stale"] == 2 and idx.verify() == []
+
+
 def test_add_many_forms(tmp_path):
     with Index(tmp_path / "i") as idx:
         idx.add_many([("a", 1), ("b", 2, {"m": 1})])

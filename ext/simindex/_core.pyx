@@ -802,11 +802,14 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
 
 
 cdef int _cmp_last(MDB_val *last, IdRef *first) noexcept nogil:
-    """Order of the stored last id key against the smallest new one (LMDB's key order)."""
+    """Order of the stored last id key against the smallest new one (LMDB's key order).
+
+    Equal keys compare equal: the input-order tie break of _cmp_idref must not make the
+    stored key look smaller, or an id already stored would be appended a second time."""
     cdef IdRef x
     x.p = <const char *>last.mv_data
     x.n = last.mv_size
-    x.i = 0
+    x.i = first.i
     return _cmp_idref(&x, first)
 
 
