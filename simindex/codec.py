@@ -16,6 +16,7 @@ MAX_ID_BYTES = 510          # LMDB's key limit (511) less the type tag
 MAX_META_BYTES = 16 << 20
 
 _TAG_STR, _TAG_BYTES, _TAG_INT = b"s", b"b", b"i"
+_NONE = msgpack.packb(None)
 
 
 def encode_id(id_):
@@ -99,6 +100,8 @@ def fp_array(fps):
 
 
 def pack_meta(meta, id_=None):
+    if meta is None:
+        return _NONE
     try:
         b = msgpack.packb(meta, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as e:
@@ -107,9 +110,6 @@ def pack_meta(meta, id_=None):
     if len(b) > MAX_META_BYTES:
         raise InputError(f"meta is {len(b)} bytes packed; the limit is {MAX_META_BYTES}")
     return b
-
-
-_NONE = msgpack.packb(None)
 
 
 def unpack(b, what="value"):
@@ -124,3 +124,40 @@ def unpack(b, what="value"):
 
 def pack(value):
     return msgpack.packb(value, use_bin_type=True)
+
+
+# A pending-log record: msgpack [id key, fingerprint, meta bytes] (see simindex/pending.py).
+MAX_LOG_RECORD = 1 + (MAX_ID_BYTES + 1 + 5) + 9 + (MAX_META_BYTES + 5)
+
+
+def pack_log_record(idkey, fp, meta_bytes):
+    return msgpack.packb([idkey, fp, meta_bytes], use_bin_type=True)
+
+
+def unpack_log_record(b):
+    """(id key, fingerprint, meta bytes) of a pending-log record, every field checked;
+    CorruptError when it is not one this package wrote."""
+    if len(b) > MAX_LOG_RECORD:
+        raise CorruptError(f"a log record of {len(b)} bytes is longer than any record")
+    try:
+        v = msgpack.unpackb(b, raw=False, use_list=True, max_bin_len=MAX_META_BYTES,
+                            max_str_len=0, max_array_len=3, max_map_len=0, max_ext_len=0)
+    except Exception as e:  # msgpack raises several unrelated types on damage
+        raise CorruptError(f"a log record cannot be decoded: {e}") from None
+    if not (type(v) is list and len(v) == 3 and type(v[0]) is bytes and type(v[1]) is int
+            and type(v[2]) is bytes):
+        raise CorruptError("a log record is not [id key, fingerprint, meta]")
+    idkey, fp, meta = v
+    if not 0 <= fp <= MAX_FP:
+        raise CorruptError(f"a log record's fingerprint {fp} is out of range")
+    try:
+        decode_id(idkey)
+    except (CorruptError, UnicodeDecodeError):
+        raise CorruptError(f"a log record's id key {idkey[:20]!r} is not valid") from None
+    if not 1 <= len(idkey) <= MAX_ID_BYTES + 1 or (idkey[:1] == _TAG_INT and len(idkey) != 9):
+        raise CorruptError(f"a log record's id key {idkey[:20]!r} has a bad length")
+    try:
+        msgpack.unpackb(meta, raw=False, strict_map_key=False)
+    except Exception as e:
+        raise CorruptError(f"a log record's meta cannot be decoded: {e}") from None
+    return idkey, fp, meta

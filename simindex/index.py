@@ -45,6 +45,10 @@ def _match(hit):
     return Match(id_, fp, dist, None if meta is None else unpack(meta, "meta value"))
 
 
+def _distance(m):
+    return m.distance
+
+
 def _check_verify(verify):
     if not callable(verify):
         raise InputTypeError(f"verify must be callable, got {type(verify).__name__}")
@@ -166,10 +170,15 @@ class Index:
 
     # ------------------------------------------------------------ lifetime
     def close(self):
-        """Flush and close; idempotent. Other handles on the same path stay open."""
+        """Fold the write buffer, flush and close; idempotent. Other handles on the same
+        path stay open."""
         st, self._store = self._store, None
         if st is not None:
-            _store.release(st)
+            try:
+                if st.pid == os.getpid() and not st.closed and st.failed is None:
+                    st.fold()
+            finally:
+                _store.release(st)
 
     @property
     def closed(self):
@@ -205,6 +214,18 @@ class Index:
         if self._readonly:
             raise ReadOnlyError(f"index {self.path} is open read-only")
         st.check_writable()
+        return st
+
+    def _fs(self):
+        """The store, after folding this process's write buffer: every call but add and
+        query reads or writes the state with everything added before it in records/."""
+        st = self._s()
+        st.fold()
+        return st
+
+    def _fw(self):
+        st = self._w()
+        st.fold()
         return st
 
     # ------------------------------------------------------------ parameters
@@ -247,10 +268,18 @@ class Index:
 
     # ------------------------------------------------------------ writes
     def add(self, id, fingerprint, meta=None):
-        """Store `fingerprint` under `id` (replacing any earlier record of that id)."""
+        """Store `fingerprint` under `id` (replacing any earlier record of that id).
+
+        With sync=False the record goes to this process's write buffer (see README).
+        """
         idk = encode_id(id)
         fp = check_fp(fingerprint)
-        self._w().add([idk], np.array([fp], dtype=np.uint64), [pack_meta(meta, id)])
+        mb = pack_meta(meta, id)
+        st = self._w()
+        if st.buffer is not None:
+            st.append(idk, fp, mb)
+        else:
+            st.add([idk], np.array([fp], dtype=np.uint64), [mb])
 
     def add_many(self, items, fingerprints=None, *, jobs=1):
         """Store many records: `add_many([(id, fp), (id, fp, meta), ...])` or, columnar,
@@ -264,12 +293,14 @@ class Index:
         idks, fps, metas = records_of(items, fingerprints)
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise ParameterError(f"jobs must be an int >= 1, got {jobs!r}")
+        st.fold()
         if idks:
             st.add(idks, fps, metas, jobs=jobs)
 
     def remove(self, id):
         """Remove the record of `id`; returns whether there was one."""
-        return self._w().remove(encode_id(id))
+        idk = encode_id(id)
+        return self._fw().remove(idk)
 
     def add_unique(self, id, fingerprint, meta=None, k=None):
         """Insert only if no stored record is within k bits; returns those that are.
@@ -283,6 +314,7 @@ class Index:
         fp = check_fp(fingerprint)
         mb = pack_meta(meta, id)
         q = np.array([fp], dtype=np.uint64)
+        st.fold()
 
         def admit(txn):
             hits = st.read(lambda ctx: ctx.query(st.plan.core, q, k, txn))[0]
@@ -300,17 +332,18 @@ class Index:
     # ------------------------------------------------------------ reads
     def get(self, id):
         """The stored Record of `id`, or None."""
-        return record_of(self._s().get(encode_id(id)))
+        idk = encode_id(id)
+        return record_of(self._fs().get(idk))
 
     def __contains__(self, id):
         try:
             idk = encode_id(id)
         except (InputError, InputTypeError):
             return False
-        return self._s().get(idk) is not None
+        return self._fs().get(idk) is not None
 
     def __len__(self):
-        return self._s().count()
+        return self._fs().count()
 
     def query(self, fingerprint, k=None, verify=None):
         """Stored records within k bits (default: the index's k) of `fingerprint`.
@@ -323,8 +356,37 @@ class Index:
         plan = st.plan
         k = plan.k if k is None else self._k(k, st)
         fp, core = check_fp(fingerprint), plan.core
+        buf = st.buffer
+        if buf is not None and buf.n:
+            st.fold_if_old()
+            if buf.n:
+                return _verified(self._query_buffered(st, fp, k), verify)
         out = st.read(lambda ctx: ctx.query_one(core, fp, k))
         return out if verify is None else _verified(out, verify)
+
+    def _query_buffered(self, st, fp, k):
+        """query() with records in the write buffer: what it would answer once they are
+        folded. The stored matches less those of ids with a newer buffered record, then
+        the buffered matches (each id's newest only), sorted by distance, stored first."""
+        buf, core = st.buffer, st.plan.core
+        while True:
+            with st._block:
+                gen, n = buf.gen, buf.n
+                mine = [(d, buf.idkeys[i], int(buf.fps[i]), buf.metas[i])
+                        for i, d in buf.within(fp, k)]
+            stored = st.read(lambda ctx: ctx.query_one(core, fp, k))
+            with st._block:
+                if buf.gen != gen:
+                    continue               # folded meanwhile: the records may hold them
+                if n:
+                    stored = [m for m in stored if not buf.shadows(encode_id(m.id), n)]
+            break
+        if not mine:
+            return stored
+        out = stored + [Match(decode_id(idk), f, d, unpack(mb, "meta value"))
+                        for d, idk, f, mb in mine]
+        out.sort(key=_distance)            # stable: stored (by seq), then buffer order
+        return out
 
     def query_many(self, fingerprints, k=None, verify=None):
         """query() for each fingerprint, as one batch scanned without the GIL.
@@ -334,6 +396,7 @@ class Index:
         st = self._s()
         k = self._k(k)
         q = fp_array(fingerprints)
+        st.fold()
         out = st.read(lambda ctx: ctx.query(st.plan.core, q, k, None, True))
         if verify is not None:
             _check_verify(verify)
@@ -362,7 +425,7 @@ class Index:
         Records above the lowest applied seq (not yet in every shard) join each table's
         entries directly, so the answer is exact for the snapshot.
         """
-        st = self._s()
+        st = self._fs()
         plan = st.plan
         pa, pb, pd = [], [], []
         with st.snapshot() as (rtxn, stxns):
@@ -443,16 +506,19 @@ class Index:
 
     # ------------------------------------------------------------ maintenance
     def flush(self):
-        """Apply pending records to every table and force everything to disk."""
-        self._w().flush()
+        """Fold the write buffer, apply pending records to every table and force everything
+        to disk."""
+        self._fw().flush()
 
     def compact(self):
         """Merge each table's runs into one and drop the entries of removed records."""
-        self._w().compact()
+        self._fw().compact()
 
     def stats(self):
         """Counts, parameters, runs and bytes on disk."""
         st = self._s()
+        buffered = st.buffered()
+        st.fold()
         plan = st.plan
         with st.snapshot() as (rtxn, stxns):
             count = rtxn.entries(_store.IDS_DB)
@@ -476,6 +542,7 @@ class Index:
             "pending": int(max(0, last - min(s[0] for s in states))),
             "prefix_bits": plan.prefix_bits, "bytes": size,
             "scheme": st.manifest.get("scheme"), "format": st.manifest["format"],
+            "buffered": buffered, "replayed": st.replayed, "torn_bytes": st.torn_bytes,
         }
 
     def verify(self):
@@ -483,7 +550,7 @@ class Index:
 
         Reads every block (checksums included); an empty list means the index is sound.
         """
-        st = self._s()
+        st = self._fs()
         plan = st.plan
         problems = []
         with st.snapshot() as (rtxn, stxns):

@@ -7,6 +7,10 @@ Write protocol (see README, "Guarantees"):
 3. After a crash, opening the index for writing replays what any shard missed. Until then
    queries check the unapplied records directly, so answers stay exact.
 
+With sync=False, single adds go to a write buffer first (simindex/pending.py): a per-process
+log in pending/ and memory, folded into records/ by one normal add of the buffered records.
+Every call but add and query folds first; a writable open replays the logs of dead processes.
+
 A process opens each index once: `acquire()` returns the shared store for a path, so LMDB
 never sees the same environment opened twice in one process.
 """
@@ -22,10 +26,11 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from . import _core, manifest
+from . import _core, manifest, pending
 from .errors import (
-    ClosedError, CorruptError, DiskFullError, MapFullError, MapResizedError, MissingIndexError,
-    NotAnIndexError, ParameterError, ParameterTypeError, ReadOnlyError, StorageError,
+    ClosedError, CorruptError, DiskFullError, Error, MapFullError, MapResizedError,
+    MissingIndexError, NotAnIndexError, ParameterError, ParameterTypeError, ReadOnlyError,
+    StorageError,
 )
 from .fingerprints import _scheme
 from .plan import Plan
@@ -42,7 +47,7 @@ APPLY_CHUNK = 1 << 24
 LAG_LIMIT = 256            # records a shard with nothing new may stay behind
 READER_CHECK_EVERY = 1.0   # seconds between clearing the reader slots of dead processes
 LOW_SPACE = 4 << 20        # an EIO with less free space than this is a short write: disk full
-_KNOWN = {manifest.NAME, RECORDS, "lock"}
+_KNOWN = {manifest.NAME, RECORDS, "lock", pending.PENDING}
 
 
 def shard_dir(s):
@@ -65,6 +70,26 @@ class _Gate(_core.Gate):
             self.end_exclusive()
 
 
+class _HeldLock:
+    """A lock that knows which thread holds it: a garbage-collected Index whose close the
+    collector runs in the middle of a section of the same thread must not fold or close
+    (see Store._reentered)."""
+    __slots__ = ("_lock", "holder")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.holder = None
+
+    def __enter__(self):
+        self._lock.acquire()
+        self.holder = threading.get_ident()
+
+    def __exit__(self, *exc):
+        self.holder = None
+        self._lock.release()
+        return False
+
+
 _registry = {}
 _registry_lock = threading.RLock()     # re-entrant: a garbage-collected Index may release
 
@@ -72,6 +97,8 @@ _registry_lock = threading.RLock()     # re-entrant: a garbage-collected Index m
 def _after_fork_in_child():
     global _registry_lock
     _registry_lock = threading.RLock()     # another thread may have held it at fork()
+    for store in _registry.values():
+        store.forget_log()                 # the log and its lock stay the parent's
     _registry.clear()                      # the parent's handles are never used here
 
 
@@ -124,15 +151,21 @@ def _identity(path):
 
 def release(store):
     # Closed under the registry lock, so no new handle on the same path can open its
-    # environments a second time while these are still open.
+    # environments a second time while these are still open. A store that could not close
+    # (a close the garbage collector ran inside a call) stays registered for the next handle.
     with _registry_lock:
         store.refs -= 1
         if store.refs > 0:
             return
-        for key, s in list(_registry.items()):
-            if s is store:
-                del _registry[key]
-        store.close()
+        try:
+            store.close()
+        finally:
+            if store.closed:
+                for key, s in list(_registry.items()):
+                    if s is store:
+                        del _registry[key]
+            else:
+                store.refs += 1
 
 
 class Store:
@@ -152,6 +185,15 @@ class Store:
         self.failed = None           # (errno, message) of the write error that makes this
                                      # handle refuse writes (no traceback: no cycles)
         self._reaped = {}            # env -> when its dead readers' slots were last cleared
+        # the write buffer of single adds (sync=False writers only), its log and its lock;
+        # lock order: _wlock, then _block
+        self.buffer = pending.Buffer() if not (readonly or sync) else None
+        self._block = _HeldLock()
+        self._log = None
+        self._shut = False           # closing: adds raise ClosedError
+        self.pending_dir = os.path.join(path, pending.PENDING)
+        self.replayed = 0            # records this handle replayed from dead writers' logs
+        self.torn_bytes = 0          # bytes of torn log tails it found and ignored
         if os.path.exists(path) and not os.path.isdir(path):
             raise NotAnIndexError(f"{path} is a file, not an index directory")
         if not os.path.exists(os.path.join(path, manifest.NAME)):
@@ -178,6 +220,7 @@ class Store:
             if not readonly:
                 self.manifest = manifest.upgrade(path, self.manifest)
                 self._fix_next_seq()
+                self._replay_logs()
                 self.apply_pending()
         except StorageError as e:
             self.close()
@@ -300,9 +343,30 @@ class Store:
             # A forked child's copy: the handles are the parent's; drop them untouched.
             self._pool, self.shards, self.records = [], [], None
             return
-        with self._wlock, self._gate.exclusive():
+        if self._reentered():
+            raise RuntimeError(f"{self.path}: close() was called from inside a call on the "
+                               f"index in the same thread (a garbage-collected handle)")
+        with self._wlock:
             if self.records is None:
                 return
+            error = None
+            if self.buffer is not None:
+                if self.failed is None:
+                    try:
+                        self.fold()
+                    except Error as e:
+                        error = e              # raised once everything is closed
+                with self._block:
+                    self._shut = True
+                    self._close_log()
+            try:
+                self._close_all()
+            finally:
+                if error is not None:
+                    raise error
+
+    def _close_all(self):
+        with self._gate.exclusive():
             if not self.readonly:
                 try:
                     for env in [self.records] + self.shards:
@@ -310,6 +374,12 @@ class Store:
                 except StorageError:
                     pass
             self._close_envs()
+
+    def forget_log(self):
+        """In a forked child: let go of the parent's log without touching it."""
+        log, self._log = self._log, None
+        if log is not None:
+            log.forget()
 
     @property
     def closed(self):
@@ -469,6 +539,173 @@ class Store:
     def count(self):
         self.check_open()
         return self.with_txn(self.records, lambda txn: txn.entries(IDS_DB))
+
+    # ------------------------------------------------------------ the write buffer
+    def append(self, idkey, fp, meta):
+        """Add one record through the write buffer (sync=False): one write to this process's
+        log, then memory. The record survives this process's death from the moment the
+        call returns; a full or old buffer is folded first."""
+        buf = self.buffer
+        if buf.n and (buf.n >= pending.FOLD or
+                      time.monotonic() - buf.since > pending.FOLD_AGE):
+            self.fold()
+        data = pending.entry(idkey, fp, meta)
+        with self._block:
+            if self._shut or self.records is None:
+                raise ClosedError(f"index {self.path} is closed")
+            self._check_failed()
+            log = self._log
+            if log is None:
+                try:
+                    log = self._log = pending.Log(self.pending_dir)
+                except OSError as e:
+                    raise self._log_error(e, f"cannot create a log in {self.pending_dir}") \
+                        from None
+            try:
+                log.append(data)
+            except OSError as e:
+                err = self._log_error(e, f"cannot write {log.path}")
+                if getattr(e, "torn", False):
+                    # the log could not be cut back: entries after the torn one would be lost
+                    self.failed = (err.errno, err.strerror)
+                raise err from None
+            buf.push(idkey, fp, meta, time.monotonic())
+
+    def _log_error(self, e, what):
+        """The simindex error of a failed log write: the record was not added."""
+        err = _space_error(StorageError(e.errno, f"{what}: {e.strerror}"), self.path,
+                           then="add the record again (it was not added)")
+        if isinstance(err, DiskFullError):
+            return err
+        return StorageError(e.errno, f"{what}: {e.strerror}; the record was not added")
+
+    def fold_if_old(self):
+        """Fold when the oldest buffered record is older than FOLD_AGE (a query's check)."""
+        buf = self.buffer
+        if buf is not None and buf.n and self.failed is None and \
+                time.monotonic() - buf.since > pending.FOLD_AGE:
+            self.fold()
+
+    def fold(self):
+        """Commit the buffered records to records/ (one add, in order) with the marker of
+        how far into the log they reach, switch to a new log, then apply them to the shards.
+
+        Every call of the index but add and query folds first. A handle whose writes failed
+        cannot fold: its buffered records stay in its log for the next writable open.
+        """
+        buf = self.buffer
+        if buf is None or not buf.n:
+            return
+        if self._reentered():
+            raise RuntimeError(f"{self.path}: a fold was attempted from inside a call on the "
+                               f"index in the same thread (a garbage-collected handle)")
+        with self._wlock:
+            with self._block:
+                if not buf.n:
+                    return
+                self._check_failed()
+                buf.gen += 1           # queries that read the buffer before this retry
+                log, n = self._log, buf.n
+                idkeys, metas, fps, end = buf.idkeys, buf.metas, buf.fps[:n], log.end
+
+                def commit(txn):
+                    put_records(txn, idkeys, fps, metas)
+                    txn.put(INFO_DB, pending.marker_key(log.token), end.to_bytes(8, "big"))
+                    pending.drop_stale_markers(txn, INFO_DB, self.pending_dir,
+                                               keep={log.token})
+                self.write(self.records, commit)
+                buf.clear()
+                buf.gen += 1
+                self._log = None
+                log.discard()
+            self.apply_pending(force=False)
+
+    def _reentered(self):
+        """Whether this thread is inside a call on this store: only the garbage collector
+        running a dropped Index's close can get here so, and a fold or close then would
+        deadlock or tear the buffer apart."""
+        return self._block.holder == threading.get_ident() or self._gate.nested()
+
+    def _close_log(self):
+        """At close (under _block): remove the log when its records are folded, else keep it
+        for the next writable open to replay."""
+        log, self._log = self._log, None
+        if log is None:
+            return
+        if self.buffer.n:
+            log.keep()
+        else:
+            log.discard()
+
+    def buffered(self):
+        return self.buffer.n if self.buffer is not None else 0
+
+    def _replay_logs(self):
+        """Apply the logs of writers that died with records buffered (a writable open)."""
+        d = self.pending_dir
+        try:
+            os.makedirs(d, exist_ok=True)       # indexes made before pending/ existed
+            names = sorted(os.listdir(d))
+        except OSError as e:
+            raise StorageError(e.errno, f"cannot create or list {d}: {e.strerror}") from e
+        for name in names:
+            if pending.is_log_name(name):
+                self._replay_log(name[:-len(".log")])
+        if self.with_txn(self.records, lambda txn: txn.prefixed(INFO_DB, pending.MARKER)):
+            self.write(self.records,
+                       lambda txn: pending.drop_stale_markers(txn, INFO_DB, d))
+
+    def _replay_log(self, token):
+        path = pending.log_path(self.pending_dir, token)
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            return                               # replayed by another process meanwhile
+        except OSError as e:
+            raise StorageError(e.errno, f"cannot open {path}: {e.strerror}") from e
+        with f:
+            self._replay_file(f, path, token)
+
+    def _replay_file(self, f, path, token):
+        """Replay the log open as `f` unless its writer lives (holds its lock) or another
+        process replayed and removed it since `f` was opened."""
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return                           # its writer is alive
+        except OSError as e:
+            raise StorageError(e.errno, f"cannot lock {path}: {e.strerror}") from e
+        try:
+            if os.fstat(f.fileno()).st_nlink == 0:
+                return                       # replayed and removed meanwhile
+            entries, good, size = pending.read_log(f)
+        except OSError as e:
+            raise StorageError(e.errno, f"cannot read {path}: {e.strerror}") from e
+        key = pending.marker_key(token)
+
+        def apply(txn):
+            v = txn.get(INFO_DB, key)
+            if v is not None and len(v) != 8:
+                raise CorruptError(f"{self.path}: the fold marker of {path} is damaged")
+            done = int.from_bytes(v, "big") if v is not None else 0
+            todo = [e for e in entries if e[0] >= done]
+            if todo:
+                put_records(txn, [e[1] for e in todo],
+                            np.array([e[2] for e in todo], dtype=np.uint64),
+                            [e[3] for e in todo])
+            txn.put(INFO_DB, key, max(done, good).to_bytes(8, "big"))
+            return len(todo)
+        if entries:
+            self.replayed += self.write(self.records, apply)
+        if size > good:
+            self.torn_bytes += size - good
+            pending.warn_torn(path, good, size)
+        try:
+            os.unlink(path)                  # before the lock goes with the close
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise StorageError(e.errno, f"cannot remove {path}: {e.strerror}") from e
 
     # ------------------------------------------------------------ shard application
     def apply_pending(self, force=True, jobs=1):
@@ -632,10 +869,11 @@ def _is_io(e):
     return type(e) in (StorageError, DiskFullError) and isinstance(e.errno, int) and e.errno > 0
 
 
-def _space_error(e, path):
+def _space_error(e, path, then="reopen the index"):
     """A DiskFullError when `e` means the disk (or a quota, or RLIMIT_FSIZE) is full.
 
     LMDB reports a short write as EIO, so an EIO with almost no free space counts too.
+    `then` says what to do once there is room.
     """
     if not _is_io(e) or isinstance(e, DiskFullError):
         return e
@@ -661,7 +899,7 @@ def _space_error(e, path):
     else:
         room = f"{free:,} bytes free" if free is not None else "free space unknown"
         why = f"the disk is full ({room} at {path})"
-    return DiskFullError(e.errno, f"{e.strerror}: {why}; make room and reopen the index")
+    return DiskFullError(e.errno, f"{e.strerror}: {why}; make room and {then}")
 
 
 def put_records(txn, idkeys, fps, metas):

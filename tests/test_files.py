@@ -54,8 +54,9 @@ def test_layout(tmp_path):
     path = tmp_path / "i"
     simindex.Index(path, shards=4).close()
     names = sorted(os.listdir(path))
-    assert names == ["lock", "manifest.msgpack", "records", "shard-000", "shard-001",
-                     "shard-002", "shard-003"]
+    assert names == ["lock", "manifest.msgpack", "pending", "records", "shard-000",
+                     "shard-001", "shard-002", "shard-003"]
+    assert os.listdir(path / "pending") == []
     m = msgpack.unpackb((path / "manifest.msgpack").read_bytes())
     assert m["magic"] == "simindex" and m["format"] == 1 and m["k"] == 3 and m["shards"] == 4
     assert m["layout"] == "packed-blocks-v2" and m["block_bytes"] == 16368

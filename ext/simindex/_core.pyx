@@ -544,6 +544,35 @@ cdef class Txn:
             raise _error(rc, f"{self.env.path}: delete from {db!r} failed")
         return True
 
+    def prefixed(self, db, bytes prefix not None):
+        """[(key, value), ...] of every key of the named database that starts with `prefix`,
+        in key order."""
+        cdef MDB_val k = _val(prefix), v
+        cdef MDB_cursor *cur = NULL
+        cdef int rc
+        cdef Py_ssize_t n = len(prefix)
+        self.check()
+        out = []
+        rc = mdb_cursor_open(self.txn, self.env.dbi(db), &cur)
+        if rc:
+            raise _error(rc, f"{self.env.path}: read from {db!r} failed")
+        try:
+            rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE)
+            while rc == 0:
+                if <Py_ssize_t>k.mv_size < n or memcmp(k.mv_data, <const char *>prefix, n):
+                    break
+                if not self.write and not (_val_in_pages(&k, self.env.psize) and
+                                           _val_in_pages(&v, self.env.psize)):
+                    raise CorruptError(f"{self.env.path}: a value in {db!r} is damaged (its "
+                                       f"size runs past its page)")
+                out.append((_bytes(k), _bytes(v)))
+                rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)
+            if rc and rc != MDB_NOTFOUND:
+                raise _error(rc, f"{self.env.path}: read from {db!r} failed")
+        finally:
+            mdb_cursor_close(cur)
+        return out
+
     def entries(self, db):
         """How many keys the named database holds."""
         cdef MDB_stat st
@@ -1155,6 +1184,48 @@ cdef uint64_t *np_ptr(arr) except NULL:
 def hamming(uint64_t a, uint64_t b):
     """Number of differing bits of two 64-bit fingerprints."""
     return si_popcount(a ^ b)
+
+
+cdef size_t _within(const uint64_t *fps, size_t n, uint64_t q, int k, uint32_t *pos,
+                    uint8_t *dist) noexcept nogil:
+    """Write the position and distance of every fps[i] within k bits of q; returns how many."""
+    cdef size_t i, m = 0
+    cdef int d
+    for i in range(n):
+        d = si_popcount(fps[i] ^ q)
+        if d <= k:
+            pos[m] = <uint32_t>i
+            dist[m] = <uint8_t>d
+            m += 1
+    return m
+
+
+def within(const uint64_t[::1] fps, Py_ssize_t n, uint64_t q, int k):
+    """[(position, distance), ...] of the first `n` fingerprints of `fps` within k bits of q,
+    in position order: the popcount filter of a write buffer, one Python object per hit."""
+    cdef uint32_t *pos
+    cdef uint8_t *dist
+    cdef size_t m, i
+    if n < 0 or n > fps.shape[0]:
+        raise ValueError(f"within: n ({n}) must be between 0 and the array's length "
+                         f"({fps.shape[0]})")
+    if n > 0xFFFFFFFF:
+        raise ValueError(f"within: n ({n}) must fit 32 bits")
+    if n == 0:
+        return []
+    pos = <uint32_t *>malloc(n * sizeof(uint32_t))
+    dist = <uint8_t *>malloc(n)
+    if pos == NULL or dist == NULL:
+        free(pos)
+        free(dist)
+        raise MemoryError()
+    try:
+        with nogil:
+            m = _within(&fps[0], <size_t>n, q, k, pos, dist)
+        return [(pos[i], dist[i]) for i in range(m)]
+    finally:
+        free(pos)
+        free(dist)
 
 
 cdef struct PairBuf:
