@@ -16,7 +16,7 @@ import msgpack
 
 from . import FORMAT_VERSION, Error, Index, ParameterError, __version__, _core, schemes
 from .inputs import FORMATS, FP_FORMATS, MAX_LINE, BadLine, open_input, read_items
-from .plan import MAX_TABLES, Plan, default_blocks, physical_memory, query_cost
+from .plan import MAX_TABLES, Plan, default_blocks, default_shards, physical_memory, query_cost
 
 BATCH = 100_000
 
@@ -393,8 +393,11 @@ def compact(index):
 @click.option("--k", type=click.IntRange(0, 63), default=3, show_default=True)
 def plan(size, k):
     """Table plans for SIZE fingerprints within K bits, and the one `build --expected SIZE`
-    picks (least estimated query time; without --expected build uses k+1 blocks)."""
+    picks (least estimated query time; without --expected build uses k+1 blocks), with
+    the shards it picks (without --expected: 16)."""
     chosen = default_blocks(k, size)
+    nshards = default_shards(size)
+    choice = f"<- build --expected {size} ({nshards} shard{'s' if nshards > 1 else ''})"
     click.echo("blocks\ttables\tprefix_bits\tcandidates_per_query\tquery_us\tbytes_on_disk"
                "\tchoice")
     for m in range(k + 1, min(k + 9, 65)):
@@ -408,7 +411,7 @@ def plan(size, k):
             if min(p.prefix_bits) != max(p.prefix_bits) else str(p.prefix_bits[0])
         us = query_cost(k, m, size, physical_memory()) / 1000
         click.echo(f"{m}\t{p.ntables}\t{bits}\t{cands:.3g}\t{us:.2g}\t{disk:.3g}\t"
-                   f"{'<- build --expected ' + str(size) if m == chosen else ''}")
+                   f"{choice if m == chosen else ''}")
 
 
 def main(argv=None):

@@ -11,7 +11,7 @@ from .errors import (
     ClosedError, CorruptError, InputError, InputTypeError, ParameterError, ReadOnlyError,
 )
 from .fingerprints import fingerprint
-from .plan import Plan, default_blocks
+from .plan import Plan, default_blocks, default_shards
 
 Id = Union[str, bytes, int]
 
@@ -157,13 +157,16 @@ class Index:
                  readonly=False, sync=True, scheme=None, expected=None):
         self._store = None
         self._readonly = readonly
-        if expected is not None and blocks is None and \
+        if expected is not None and \
                 not os.path.exists(os.path.join(os.fspath(path), manifest.NAME)):
             # a new index sized for `expected` fingerprints (ignored once it exists)
             if isinstance(expected, bool) or not isinstance(expected, int) or expected < 0:
                 raise ParameterError(f"expected must be a number of fingerprints, got "
                                      f"{expected!r}")
-            blocks = default_blocks(3 if k is None else Plan(k=k).k, expected)
+            if blocks is None:
+                blocks = default_blocks(3 if k is None else Plan(k=k).k, expected)
+            if shards is None:
+                shards = default_shards(expected)
         self._store = _store.acquire(path, k=k, blocks=blocks, shards=shards, create=create,
                                      readonly=readonly, sync=sync, scheme=scheme)
         self.path = self._store.path

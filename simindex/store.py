@@ -33,7 +33,7 @@ from .errors import (
     StorageError,
 )
 from .fingerprints import _scheme
-from .plan import Plan
+from .plan import DEFAULT_SHARDS, Plan
 from .shard import BLOCKS_DB, STATE_DB, ShardWriter, entry_order
 
 RECORDS = "records"
@@ -201,7 +201,7 @@ class Store:
                 why = "readonly=True" if readonly else "create=False"
                 raise MissingIndexError(f"no simindex index at {path} ({why} forbids making one)")
             plan = Plan(k=3 if k is None else k, blocks=blocks,
-                        shards=16 if shards is None else shards)
+                        shards=DEFAULT_SHARDS if shards is None else shards)
             try:
                 self._create(path, plan, scheme or DEFAULT_SCHEME)
             except StorageError as e:

@@ -311,3 +311,24 @@ def test_expected_size_picks_the_plan_of_a_new_index(tmp_path, monkeypatch):
         assert idx.blocks == 5
     with pytest.raises(simindex.ParameterError):
         Index(tmp_path / "bad", expected=-1)
+
+
+def test_expected_size_picks_the_fewest_shards_of_16_8M_fingerprints_or_less(tmp_path):
+    # every batch commits each shard it touches (an fsync each): small indexes get few shards
+    shards = simindex.plan.default_shards
+    assert shards(None) == 16
+    assert shards(0) == shards(1) == shards(1 << 24) == 1
+    assert shards((1 << 24) + 1) == 2 and shards(100_000_000) == 8
+    assert shards(10_000_000_000) == shards(10 ** 15) == 256
+    with Index(tmp_path / "small", expected=1_000_000) as idx:
+        assert idx.stats()["shards"] == 1
+        idx.add_many([("a", 0), ("b", 0b111), ("c", 1 << 63 | 0b1111)])
+        assert [(m.id, m.distance) for m in idx.query(0)] == [("a", 0), ("b", 3)]
+    with Index(tmp_path / "small", expected=100_000_000) as idx:   # an existing index keeps its shards
+        assert idx.stats()["shards"] == 1 and len(idx) == 3
+    with Index(tmp_path / "given", expected=1_000_000, shards=4) as idx:
+        assert idx.stats()["shards"] == 4
+    with Index(tmp_path / "unsized") as idx:
+        assert idx.stats()["shards"] == 16
+    with pytest.raises(simindex.ParameterError, match="expected"):
+        Index(tmp_path / "bad", expected=-1, blocks=4)

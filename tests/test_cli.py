@@ -165,17 +165,17 @@ def test_version_and_plan(tmp_path):
     p = run("plan", "--size", "10000000", "--k", "3", check=0).stdout.splitlines()
     assert p[0].startswith("blocks\ttables\tprefix_bits")
     rows = [r.split("\t") for r in p[1:]]
-    assert rows[0][:3] == ["4", "4", "16"] and rows[0][-1] == "<- build --expected 10000000"
+    assert rows[0][:3] == ["4", "4", "16"] and rows[0][-1] == "<- build --expected 10000000 (1 shard)"
     assert rows[2][:2] == ["6", "20"]
     # the plan build --expected picks is the one `plan` marks (it depends on this machine's RAM)
     chosen = simindex.plan.default_blocks(3, 100_000_000)
     big = run("plan", "--size", "100000000", check=0).stdout.splitlines()
-    assert [r.split("\t")[0] for r in big[1:] if r.endswith("--expected 100000000")] == \
-        [str(chosen)]
+    assert [r.split("\t")[0] for r in big[1:]
+            if r.endswith("--expected 100000000 (8 shards)")] == [str(chosen)]
     (tmp_path / "in.tsv").write_text("a\t01\n")
     run("build", tmp_path / "i", tmp_path / "in.tsv", "--expected", "100000000", check=0)
     with simindex.Index(tmp_path / "i", readonly=True) as idx:
-        assert idx.blocks == chosen
+        assert idx.blocks == chosen and idx.stats()["shards"] == 8
 
 
 def test_build_with_jobs_matches_a_serial_build(tmp_path):

@@ -107,12 +107,13 @@ def du(path):
 
 def bench_simindex(fps, queries, k, sample, truth, rows, root, incremental):
     path = os.path.join(root, "simindex")
-    idx = simindex.Index(path, k=k, expected=len(fps))       # the size planner picks blocks
+    idx = simindex.Index(path, k=k, expected=len(fps))       # the size planner picks blocks, shards
     _, dt = timed(lambda: idx.add_many(range(len(fps)), fps))
     rows.append(Row("simindex", "build (add_many, durable)", dt, "s"))
     idx.compact()
     n, tables = len(fps), idx.stats()["tables"]
-    print(f"# simindex plan: blocks={idx.blocks}, {tables} tables", flush=True)
+    print(f"# simindex plan: blocks={idx.blocks}, {tables} tables, {idx.stats()['shards']} shards",
+          flush=True)
     shards = sum(du(os.path.join(path, d)) for d in os.listdir(path) if d.startswith("shard-"))
     rows.append(Row("simindex", "disk, tables only, per fp per table", shards / n / tables, "B",
                     note=f"  (with records/: "
