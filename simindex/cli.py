@@ -16,7 +16,9 @@ import msgpack
 
 from . import FORMAT_VERSION, Error, Index, ParameterError, __version__, _core, schemes
 from .inputs import FORMATS, FP_FORMATS, MAX_LINE, BadLine, open_input, read_items
-from .plan import MAX_TABLES, Plan, default_blocks, default_shards, physical_memory, query_cost
+from .plan import (
+    MAX_TABLES, Plan, default_blocks, default_shards, index_bytes, physical_memory, query_cost,
+)
 
 BATCH = 100_000
 
@@ -405,8 +407,7 @@ def plan(size, k):
             break
         p = Plan(k=k, blocks=m, shards=16)
         cands = sum(size / 2 ** b for b in p.prefix_bits)
-        # 16.5 bytes per table entry, about 70 per record in records/ (measured at 1M)
-        disk = size * (16.5 * p.ntables + 70)
+        disk = index_bytes(k, m, size)
         bits = f"{min(p.prefix_bits)}-{max(p.prefix_bits)}" \
             if min(p.prefix_bits) != max(p.prefix_bits) else str(p.prefix_bits[0])
         us = query_cost(k, m, size, physical_memory()) / 1000

@@ -22,9 +22,10 @@ MAX_TABLES = 1024
 # misses) plus ~3 ns per candidate scanned in its prefix range.
 SEEK_NS, SCAN_NS = 400.0, 3.0
 PLANNED_TABLES = 64          # the planner never picks more tables than this
-# Bytes per fingerprint: 16.5 per table entry and ~70 per record (measured at 1M). An index
-# larger than the page cache can hold answers from disk: each seek then costs a random read.
-ENTRY_BYTES, RECORD_BYTES = 16.5, 70.0
+# Bytes per fingerprint: 10.1 per table entry and ~67 per record (block layout v2, after
+# compact(), measured at 1M and 10M). An index larger than the page cache can hold answers
+# from disk: each seek then costs a random read.
+ENTRY_BYTES, RECORD_BYTES = 10.1, 67.0
 DISK_SEEK_NS = 100_000.0
 CACHE_SHARE = 0.6            # of physical memory an index may count on for its pages
 

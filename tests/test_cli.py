@@ -167,6 +167,8 @@ def test_version_and_plan(tmp_path):
     rows = [r.split("\t") for r in p[1:]]
     assert rows[0][:3] == ["4", "4", "16"] and rows[0][-1] == "<- build --expected 10000000 (1 shard)"
     assert rows[2][:2] == ["6", "20"]
+    # bytes on disk: 4 tables of ~10.1 B per entry (block layout v2) plus ~67 B per record
+    assert float(rows[0][5]) == pytest.approx(10_000_000 * (4 * 10.1 + 67), rel=0.01)
     # the plan build --expected picks is the one `plan` marks (it depends on this machine's RAM)
     chosen = simindex.plan.default_blocks(3, 100_000_000)
     big = run("plan", "--size", "100000000", check=0).stdout.splitlines()
