@@ -72,7 +72,7 @@ def find_all(fingerprints, k=3, blocks=None):
     parts_a, parts_b = [], []
     for t in range(plan.ntables):
         keys = plan.core.keys(t, fps)
-        order = _shard.entry_order(keys, np.arange(len(keys), dtype=np.uint64))
+        order = _shard.prefix_order(keys, plan.core.prefix_mask(t))
         a, b, _ = _core.pairs_sorted(keys[order], order.astype(np.uint64),
                                      plan.core.prefix_mask(t), plan.earlier_masks(t), k)
         parts_a.append(a)

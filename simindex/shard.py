@@ -33,6 +33,23 @@ def entry_order(keys, seqs):
     return order
 
 
+def prefix_order(keys, pmask):
+    """A permutation grouping keys by their prefix `pmask` (the leading bits), prefixes
+    ascending and positions ascending within a prefix, as `_core.pairs_sorted` joins them.
+
+    While positions fit below the prefix, one packed array is sorted by value: numpy's
+    SIMD sort of 64-bit values is ~8x faster here than its argsort. Otherwise the full
+    (key, position) order, which groups the prefixes too.
+    """
+    low = ~np.uint64(pmask)
+    n = len(keys)
+    if n and int(low) & (int(low) + 1) == 0 and n - 1 <= int(low):
+        packed = (keys & np.uint64(pmask)) | np.arange(n, dtype=np.uint64)
+        packed.sort()
+        return (packed & low).astype(np.intp)
+    return entry_order(keys, np.arange(n, dtype=np.uint64))
+
+
 def load_state(txn):
     """(applied seq, runs array sorted by (table, run), next run id) of a shard."""
     a = txn.get(STATE_DB, b"applied")

@@ -85,6 +85,34 @@ def test_pairs_equal_brute_force(tmp_path, k, blocks, shards):
             assert {(a, b): d for a, b, d in idx.pairs(k=k - 1)} == want_k1
 
 
+def crowded_fps(seed, free_bits, n):
+    """n fingerprints that differ only in `free_bits` bit positions (0 and 63 among them):
+    hundreds share a table prefix, so their pairs are joined through sub-blocks."""
+    rng = random.Random(seed)
+    free = [0, 63] + rng.sample(range(1, 63), free_bits - 2)
+    base = rng.getrandbits(64)
+    return [base ^ sum(1 << b for b in free if rng.random() < 0.5) for _ in range(n)]
+
+
+@pytest.mark.parametrize("k,blocks,free_bits,n", [
+    (1, None, 10, 1000), (3, None, 12, 1000), (3, 6, 12, 1000), (5, 6, 16, 600),
+    (9, 10, 24, 500)])
+def test_pairs_in_crowded_prefixes_equal_brute_force(tmp_path, k, blocks, free_bits, n):
+    fps = crowded_fps(k * 10 + (blocks or 0), free_bits, n)
+    plan = simindex.plan.Plan(k=k, blocks=blocks, shards=1)
+    biggest = max(np.unique(plan.core.keys(t, np.array(fps, dtype=np.uint64)) &
+                            np.uint64(plan.core.prefix_mask(t)), return_counts=True)[1].max()
+                  for t in range(plan.ntables))
+    assert biggest > 100                     # groups far above the core's SUB_MIN of 32
+    want = brute_pairs(dict(enumerate(fps)), k)
+    assert simindex.find_all(fps, k=k, blocks=blocks) == sorted(want)
+    with simindex.Index(tmp_path / "i", k=k, blocks=blocks, shards=4) as idx:
+        idx.add_many([(str(i), fp) for i, fp in enumerate(fps)])
+        got = list(idx.pairs())
+        assert len(got) == len(set((a, b) for a, b, _ in got))   # each pair once
+        assert {(int(a), int(b)): d for a, b, d in got} == want
+
+
 def test_ties_sort_by_insertion_order(tmp_path):
     with simindex.Index(tmp_path / "i") as idx:
         idx.add("b", 0b1000)

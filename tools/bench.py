@@ -112,7 +112,8 @@ def bench_simindex(fps, queries, k, sample, truth, rows, root, incremental):
     rows.append(Row("simindex", "build (add_many, durable)", dt, "s"))
     idx.compact()
     n, tables = len(fps), idx.stats()["tables"]
-    print(f"# simindex plan: blocks={idx.blocks}, {tables} tables, {idx.stats()['shards']} shards",
+    ns = idx.stats()["shards"]
+    print(f"# simindex plan: blocks={idx.blocks}, {tables} tables, {ns} shard{'s' * (ns > 1)}",
           flush=True)
     shards = sum(du(os.path.join(path, d)) for d in os.listdir(path) if d.startswith("shard-"))
     rows.append(Row("simindex", "disk, tables only, per fp per table", shards / n / tables, "B",

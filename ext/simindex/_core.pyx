@@ -1261,55 +1261,153 @@ cdef int _pair_push(PairBuf *p, uint64_t a, uint64_t b, uint8_t d) noexcept nogi
     return 0
 
 
+# A prefix group larger than this is joined through sub-blocks of its remaining bits.
+DEF SUB_MIN = 32
+DEF SUB_MAX_BITS = 16        # buckets per sub-block: at most 2^16
+
+
+cdef int _pair_check(PairBuf *p, const uint64_t *keys, const uint64_t *ids, Py_ssize_t i,
+                     Py_ssize_t j, const uint64_t *earlier, Py_ssize_t ne,
+                     int k) noexcept nogil:
+    """Push (ids[i], ids[j]) if their keys are within k bits and agree on no earlier mask."""
+    cdef uint64_t x = keys[i] ^ keys[j], a, b
+    cdef int d = si_popcount(x)
+    cdef Py_ssize_t e
+    if d > k:
+        return 0
+    for e in range(ne):
+        if (x & earlier[e]) == 0:
+            return 0
+    a = ids[i]
+    b = ids[j]
+    if a > b:
+        a, b = b, a
+    return _pair_push(p, a, b, <uint8_t>d)
+
+
+cdef int _group_sub(PairBuf *p, const uint64_t *keys, const uint64_t *ids, Py_ssize_t g0,
+                    Py_ssize_t g1, int rest, const uint64_t *earlier, Py_ssize_t ne, int k,
+                    Py_ssize_t *counts, Py_ssize_t *perm) noexcept nogil:
+    """The pairs of one prefix group through k+1 sub-blocks of its `rest` low bits.
+
+    Two keys within k bits of each other differ in at most k of those bits, so they agree
+    on at least one whole sub-block; a pair is checked in the bucket of each sub-block it
+    agrees on and reported in the first, so each comes out once. Buckets hold the top bits
+    of a sub-block (about as many buckets as entries) and are counting-sorted into `perm`.
+    """
+    cdef Py_ssize_t g = g1 - g0, i, j, r0, r1, nb
+    cdef int s, u, t, lo = 0, w, bb, gbits = 64 - si_clz64(<uint64_t>g), rc
+    cdef uint64_t full, bmask, x
+    cdef uint64_t sub[64]
+    cdef bint skip
+    for s in range(k + 1):                      # sub-block s: `w` bits from bit `lo`
+        w = rest // (k + 1) + (1 if s < rest % (k + 1) else 0)
+        sub[s] = ((<uint64_t>1 << w) - 1) << lo if w < 64 else ~(<uint64_t>0)
+        lo += w
+    lo = 0
+    for s in range(k + 1):
+        w = rest // (k + 1) + (1 if s < rest % (k + 1) else 0)
+        full = sub[s]
+        bb = min(w, gbits, SUB_MAX_BITS)
+        nb = <Py_ssize_t>1 << bb
+        bmask = <uint64_t>(nb - 1)
+        t = lo + w - bb                          # the sub-block's top bb bits
+        memset(counts, 0, (nb + 1) * sizeof(Py_ssize_t))
+        for i in range(g0, g1):
+            counts[((keys[i] >> t) & bmask) + 1] += 1
+        for i in range(nb):
+            counts[i + 1] += counts[i]
+        for i in range(g0, g1):
+            x = (keys[i] >> t) & bmask
+            perm[counts[x]] = i
+            counts[x] += 1
+        r0 = 0
+        while r0 < g:
+            x = (keys[perm[r0]] >> t) & bmask
+            r1 = r0 + 1
+            while r1 < g and ((keys[perm[r1]] >> t) & bmask) == x:
+                r1 += 1
+            for i in range(r0, r1):
+                for j in range(i + 1, r1):
+                    x = keys[perm[i]] ^ keys[perm[j]]
+                    if (x & full) != 0:
+                        continue
+                    skip = False
+                    for u in range(s):           # reported at an earlier sub-block
+                        if (x & sub[u]) == 0:
+                            skip = True
+                            break
+                    if skip:
+                        continue
+                    rc = _pair_check(p, keys, ids, perm[i], perm[j], earlier, ne, k)
+                    if rc:
+                        return rc
+            r0 = r1
+        lo += w
+    return 0
+
+
 def pairs_sorted(const uint64_t[::1] keys, const uint64_t[::1] ids, uint64_t pmask,
                  const uint64_t[::1] earlier, int k):
-    """Every pair within `k` bits among entries sharing the prefix `pmask`, keys sorted.
+    """Every pair within `k` bits among entries sharing the prefix `pmask`; the keys come
+    grouped by that prefix (sorted by it, in any order within a group).
 
     A pair whose keys also agree on one of the `earlier` masks (the prefixes of tables
     already joined, in this table's bit order) was reported there and is skipped, so each
-    pair comes out once over all tables. Returns (a, b, d) arrays with a < b.
+    pair comes out once over all tables. Returns (a, b, d) arrays with a < b, in no
+    particular order. Groups larger than SUB_MIN are joined through sub-blocks (_group_sub)
+    instead of comparing all their pairs.
     """
-    cdef Py_ssize_t n = keys.shape[0], g0 = 0, g1, i, j, e, ne = earlier.shape[0]
-    cdef uint64_t x, a, b
-    cdef int d, rc = 0
-    cdef bint skip
+    cdef Py_ssize_t n = keys.shape[0], g0 = 0, g1, i, j, ne = earlier.shape[0], cap = 0
+    cdef uint64_t rest_mask = ~pmask
+    cdef int rc = 0, rest = si_popcount(rest_mask)
+    cdef const uint64_t *kp = &keys[0] if n else NULL
+    cdef const uint64_t *ip = &ids[0] if n else NULL
+    cdef const uint64_t *ep = &earlier[0] if ne else NULL
+    cdef Py_ssize_t *counts = NULL
+    cdef Py_ssize_t *perm = NULL
+    cdef void *tmp
+    # sub-blocks need the remaining bits at the bottom (the prefix leads every key) and at
+    # least one bit per sub-block
+    cdef bint sub = k < 64 and rest >= k + 1 and (rest_mask & (rest_mask + 1)) == 0
     cdef PairBuf p
     memset(&p, 0, sizeof(PairBuf))
     if ids.shape[0] != n:
         raise ValueError("keys and ids differ in length")
     try:
         with nogil:
+            if sub:
+                counts = <Py_ssize_t *>malloc(((1 << SUB_MAX_BITS) + 1) * sizeof(Py_ssize_t))
+                if counts == NULL:
+                    rc = SI_NOMEM
             while g0 < n and rc == 0:
                 g1 = g0 + 1
-                while g1 < n and (keys[g1] & pmask) == (keys[g0] & pmask):
+                while g1 < n and (kp[g1] & pmask) == (kp[g0] & pmask):
                     g1 += 1
-                for i in range(g0, g1):
-                    for j in range(i + 1, g1):
-                        x = keys[i] ^ keys[j]
-                        d = si_popcount(x)
-                        if d > k:
-                            continue
-                        skip = False
-                        for e in range(ne):
-                            if (x & earlier[e]) == 0:
-                                skip = True
+                if sub and g1 - g0 > SUB_MIN:
+                    if g1 - g0 > cap:
+                        tmp = realloc(perm, (g1 - g0) * sizeof(Py_ssize_t))
+                        if tmp == NULL:
+                            rc = SI_NOMEM
+                            break
+                        perm = <Py_ssize_t *>tmp
+                        cap = g1 - g0
+                    rc = _group_sub(&p, kp, ip, g0, g1, rest, ep, ne, k, counts, perm)
+                else:
+                    for i in range(g0, g1):
+                        for j in range(i + 1, g1):
+                            rc = _pair_check(&p, kp, ip, i, j, ep, ne, k)
+                            if rc:
                                 break
-                        if skip:
-                            continue
-                        a = ids[i]
-                        b = ids[j]
-                        if a > b:
-                            a, b = b, a
-                        rc = _pair_push(&p, a, b, <uint8_t>d)
                         if rc:
                             break
-                    if rc:
-                        break
                 g0 = g1
         if rc:
             raise MemoryError("pair buffer")
         return _pair_arrays(&p)
     finally:
+        free(counts)
+        free(perm)
         free(p.a)
         free(p.b)
         free(p.d)

@@ -10,7 +10,7 @@ from .. import _core, manifest
 from ..codec import decode_id
 from ..index import group_pairs
 from ..plan import Plan
-from ..shard import entry_order
+from ..shard import entry_order, prefix_order
 from ..store import RECORDS, SEQS_DB
 from ..errors import ParameterError
 from .cluster import connect, release
@@ -54,7 +54,7 @@ def _join(table, k, blocks, *parts):
     plan = Plan(k=k, blocks=blocks, shards=1)
     keys = np.concatenate([p[0] for p in parts])
     pos = np.concatenate([p[1] for p in parts])
-    order = entry_order(keys, pos)
+    order = prefix_order(keys, plan.core.prefix_mask(table))
     return _core.pairs_sorted(keys[order], pos[order], plan.core.prefix_mask(table),
                               plan.earlier_masks(table), k)
 
