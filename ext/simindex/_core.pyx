@@ -1266,11 +1266,10 @@ DEF SUB_MIN = 32
 DEF SUB_MAX_BITS = 16        # buckets per sub-block: at most 2^16
 
 
-cdef int _pair_check(PairBuf *p, const uint64_t *keys, const uint64_t *ids, Py_ssize_t i,
-                     Py_ssize_t j, const uint64_t *earlier, Py_ssize_t ne,
-                     int k) noexcept nogil:
-    """Push (ids[i], ids[j]) if their keys are within k bits and agree on no earlier mask."""
-    cdef uint64_t x = keys[i] ^ keys[j], a, b
+cdef inline int _pair_check(PairBuf *p, uint64_t x, uint64_t a, uint64_t b,
+                            const uint64_t *earlier, Py_ssize_t ne, int k) noexcept nogil:
+    """Push the pair (a, b) whose keys differ in `x` if that is within k bits and the keys
+    agree on no earlier table's prefix."""
     cdef int d = si_popcount(x)
     cdef Py_ssize_t e
     if d > k:
@@ -1278,8 +1277,6 @@ cdef int _pair_check(PairBuf *p, const uint64_t *keys, const uint64_t *ids, Py_s
     for e in range(ne):
         if (x & earlier[e]) == 0:
             return 0
-    a = ids[i]
-    b = ids[j]
     if a > b:
         a, b = b, a
     return _pair_push(p, a, b, <uint8_t>d)
@@ -1295,42 +1292,45 @@ cdef int _group_sub(PairBuf *p, const uint64_t *keys, const uint64_t *ids, Py_ss
     agrees on and reported in the first, so each comes out once. Buckets hold the top bits
     of a sub-block (about as many buckets as entries) and are counting-sorted into `perm`.
     """
-    cdef Py_ssize_t g = g1 - g0, i, j, r0, r1, nb
-    cdef int s, u, t, lo = 0, w, bb, gbits = 64 - si_clz64(<uint64_t>g), rc
-    cdef uint64_t full, bmask, x
+    cdef Py_ssize_t g = g1 - g0, i, j, r0, r1, nb, c
+    cdef int s, u, t, lo = 0, bb, gbits = 64 - si_clz64(<uint64_t>g), rc
+    cdef int width[64]
     cdef uint64_t sub[64]
+    cdef uint64_t bmask, bk, x
     cdef bint skip
-    for s in range(k + 1):                      # sub-block s: `w` bits from bit `lo`
-        w = rest // (k + 1) + (1 if s < rest % (k + 1) else 0)
-        sub[s] = ((<uint64_t>1 << w) - 1) << lo if w < 64 else ~(<uint64_t>0)
-        lo += w
+    for s in range(k + 1):                      # sub-block s: width[s] bits from bit `lo`
+        width[s] = rest // (k + 1) + (1 if s < rest % (k + 1) else 0)
+        sub[s] = ((<uint64_t>1 << width[s]) - 1) << lo if width[s] < 64 else ~(<uint64_t>0)
+        lo += width[s]
     lo = 0
     for s in range(k + 1):
-        w = rest // (k + 1) + (1 if s < rest % (k + 1) else 0)
-        full = sub[s]
-        bb = min(w, gbits, SUB_MAX_BITS)
+        bb = min(width[s], gbits, SUB_MAX_BITS)
         nb = <Py_ssize_t>1 << bb
         bmask = <uint64_t>(nb - 1)
-        t = lo + w - bb                          # the sub-block's top bb bits
-        memset(counts, 0, (nb + 1) * sizeof(Py_ssize_t))
+        t = lo + width[s] - bb                  # the sub-block's top bb bits
+        lo += width[s]
+        memset(counts, 0, nb * sizeof(Py_ssize_t))
         for i in range(g0, g1):
-            counts[((keys[i] >> t) & bmask) + 1] += 1
-        for i in range(nb):
-            counts[i + 1] += counts[i]
-        for i in range(g0, g1):
-            x = (keys[i] >> t) & bmask
-            perm[counts[x]] = i
-            counts[x] += 1
+            counts[(keys[i] >> t) & bmask] += 1
         r0 = 0
-        while r0 < g:
-            x = (keys[perm[r0]] >> t) & bmask
+        for bk in range(<uint64_t>nb):          # counts[bk]: where bucket bk starts
+            c = counts[bk]
+            counts[bk] = r0
+            r0 += c
+        for i in range(g0, g1):
+            bk = (keys[i] >> t) & bmask
+            perm[counts[bk]] = i
+            counts[bk] += 1
+        r0 = 0
+        while r0 < g:                           # each run of one bucket in perm
+            bk = (keys[perm[r0]] >> t) & bmask
             r1 = r0 + 1
-            while r1 < g and ((keys[perm[r1]] >> t) & bmask) == x:
+            while r1 < g and ((keys[perm[r1]] >> t) & bmask) == bk:
                 r1 += 1
             for i in range(r0, r1):
                 for j in range(i + 1, r1):
                     x = keys[perm[i]] ^ keys[perm[j]]
-                    if (x & full) != 0:
+                    if (x & sub[s]) != 0:
                         continue
                     skip = False
                     for u in range(s):           # reported at an earlier sub-block
@@ -1339,11 +1339,10 @@ cdef int _group_sub(PairBuf *p, const uint64_t *keys, const uint64_t *ids, Py_ss
                             break
                     if skip:
                         continue
-                    rc = _pair_check(p, keys, ids, perm[i], perm[j], earlier, ne, k)
+                    rc = _pair_check(p, x, ids[perm[i]], ids[perm[j]], earlier, ne, k)
                     if rc:
                         return rc
             r0 = r1
-        lo += w
     return 0
 
 
@@ -1377,7 +1376,7 @@ def pairs_sorted(const uint64_t[::1] keys, const uint64_t[::1] ids, uint64_t pma
     try:
         with nogil:
             if sub:
-                counts = <Py_ssize_t *>malloc(((1 << SUB_MAX_BITS) + 1) * sizeof(Py_ssize_t))
+                counts = <Py_ssize_t *>malloc((1 << SUB_MAX_BITS) * sizeof(Py_ssize_t))
                 if counts == NULL:
                     rc = SI_NOMEM
             while g0 < n and rc == 0:
@@ -1396,7 +1395,7 @@ def pairs_sorted(const uint64_t[::1] keys, const uint64_t[::1] ids, uint64_t pma
                 else:
                     for i in range(g0, g1):
                         for j in range(i + 1, g1):
-                            rc = _pair_check(&p, kp, ip, i, j, ep, ne, k)
+                            rc = _pair_check(&p, kp[i] ^ kp[j], ip[i], ip[j], ep, ne, k)
                             if rc:
                                 break
                         if rc:
