@@ -1,4 +1,5 @@
-"""Build of the compiled modules: ext/simindex/_core.pyx (LMDB, zlib) and _fingerprint.pyx (xxh3)."""
+"""Build of the compiled modules (ext/simindex/): the core's modules (LMDB, zlib) and
+_fingerprint (xxh3, MD5 from OpenSSL). See README "Layout of the code" for what each holds."""
 import platform
 
 from Cython.Build import cythonize
@@ -10,25 +11,29 @@ extra = ["-O3"]
 if platform.machine() in ("x86_64", "AMD64"):
     extra.append("-mpopcnt")
 
-core = Extension(
-    "simindex._core",
-    sources=["ext/simindex/_core.pyx"],
-    libraries=["lmdb", "z"],
-    extra_compile_args=extra,
-)
 
-# xxh3 comes from the system header (Debian libxxhash-dev), compiled inline; MD5 from OpenSSL.
-fingerprint = Extension(
-    "simindex._fingerprint",
-    sources=["ext/simindex/_fingerprint.pyx"],
-    libraries=["crypto"],            # MD5 of the compatibility schemes (libssl-dev)
-    extra_compile_args=extra,
-)
+def core(name, libraries=()):
+    return Extension(f"simindex.{name}", sources=[f"ext/simindex/{name}.pyx"],
+                     libraries=list(libraries), extra_compile_args=extra)
+
+
+modules = [
+    core("_layout"),                      # the on-disk format's constants, for Python
+    core("_lmdb", ["lmdb"]),              # environments, transactions, errors, resize gate
+    core("_permute"),                     # permuted keys of the tables
+    core("_blocks", ["lmdb", "z"]),       # the block codec and a shard's state
+    core("_records", ["lmdb", "z"]),      # the record codec
+    core("_join"),                        # Hamming kernels and the pair join
+    core("_query", ["lmdb"]),             # the query engine
+    # xxh3 comes from the system header (Debian libxxhash-dev), compiled inline; MD5 from
+    # OpenSSL (libssl-dev) for the compatibility schemes.
+    core("_fingerprint", ["crypto"]),
+]
 
 setup(
     ext_modules=cythonize(
-        [core, fingerprint],
-        include_path=["ext", "ext/simindex"],
+        modules,
+        include_path=["ext"],
         compiler_directives={
             "language_level": 3,
             "boundscheck": False,

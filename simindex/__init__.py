@@ -4,20 +4,22 @@ Block-permutation tables (Manku, Jain, Das Sarma, WWW 2007) stored in LMDB, scan
 compiled core. Every stored fingerprint within k bits of a query is returned, nothing else.
 """
 
+from ._layout import FORMAT_VERSION
 from ._version import __version__
 from .errors import (
-    ClosedError, CorruptError, DiskFullError, Error, FormatError, InputError, InputTypeError,
-    MapFullError, MissingIndexError, NotAnIndexError, ParameterError, ParameterTypeError,
-    ReadOnlyError, StorageError,
+    BadLine, ClosedError, CorruptError, DiskFullError, Error, FormatError, InputError,
+    InputTypeError, MapFullError, MissingIndexError, NotAnIndexError, ParameterError,
+    ParameterTypeError, ReadOnlyError, StorageError,
 )
 from .fingerprints import Scheme, compute, fingerprint, schemes, shingles, simhash, tokenize
-from .index import Index, Match, Record, find_all, hamming
-from .manifest import FORMAT as FORMAT_VERSION
+from .index import Index, hamming
+from .pairs import find_all
+from .results import Match, Record
 
 __all__ = [
     "Index", "Match", "Record", "find_all", "hamming", "__version__", "FORMAT_VERSION",
     "simhash", "compute", "shingles", "tokenize", "fingerprint", "schemes", "Scheme",
     "Error", "ParameterError", "ParameterTypeError", "InputError", "InputTypeError",
-    "ClosedError", "ReadOnlyError", "StorageError", "DiskFullError", "MapFullError",
-    "CorruptError", "FormatError", "MissingIndexError", "NotAnIndexError",
+    "BadLine", "ClosedError", "ReadOnlyError", "StorageError", "DiskFullError",
+    "MapFullError", "CorruptError", "FormatError", "MissingIndexError", "NotAnIndexError",
 ]

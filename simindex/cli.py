@@ -14,8 +14,9 @@ from math import comb
 import click
 import msgpack
 
-from . import FORMAT_VERSION, Error, Index, ParameterError, __version__, _core, schemes
-from .inputs import FORMATS, FP_FORMATS, MAX_LINE, BadLine, open_input, read_items
+from . import FORMAT_VERSION, BadLine, Error, Index, ParameterError, __version__, schemes
+from ._lmdb import lmdb_version
+from .inputs import FORMATS, FP_FORMATS, MAX_LINE, open_input, read_items
 from .plan import (
     MAX_TABLES, Plan, default_blocks, default_shards, index_bytes, physical_memory, query_cost,
 )
@@ -48,10 +49,10 @@ ray_option = click.option(
 
 
 def _cluster(index, address, **check):
-    """A simindex.dist.Cluster on INDEX after the checks of _open (exit 1 on errors)."""
+    """A simindex.distributed.Cluster on INDEX after the checks of _open (exit 1 on errors)."""
     _open(index, **check).close()
     try:
-        from .dist import Cluster
+        from .distributed import Cluster
     except ImportError as e:
         _fail(str(e))
     try:
@@ -133,7 +134,7 @@ def _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips, on_error):
 @click.version_option(
     version=__version__, prog_name="simindex",
     message=(f"%(prog)s %(version)s, on-disk format {FORMAT_VERSION}, "
-             f"{_core.lmdb_version()}, msgpack {'.'.join(map(str, msgpack.version))}"))
+             f"{lmdb_version()}, msgpack {'.'.join(map(str, msgpack.version))}"))
 def cli():
     """Exact near-duplicate search over 64-bit simhash fingerprints."""
 

@@ -4,18 +4,22 @@ All msgpack use of the package goes through this module, with fixed options and 
 input, so a damaged file can never make the decoder allocate without limit.
 """
 
+from __future__ import annotations
+
 import numbers
 
 import msgpack
 import numpy as np
 
+from ._layout import ID_TAG_BYTES as _TAG_BYTES, ID_TAG_INT as _TAG_INT
+from ._layout import ID_TAG_STR as _TAG_STR, MAX_ID_KEY
+from ._records import encode_ids as _encode_ids
 from .errors import CorruptError, InputError, InputTypeError
 
 MAX_FP = (1 << 64) - 1
-MAX_ID_BYTES = 510          # LMDB's key limit (511) less the type tag
+MAX_ID_BYTES = MAX_ID_KEY - 1    # LMDB's key limit less the type tag
 MAX_META_BYTES = 16 << 20
 
-_TAG_STR, _TAG_BYTES, _TAG_INT = b"s", b"b", b"i"
 _NONE = msgpack.packb(None)
 
 
@@ -45,8 +49,7 @@ def encode_id(id_):
 
 def encode_ids(ids):
     """encode_id of every id of a list, compiled for int and str ids."""
-    from . import _core
-    return _core.encode_ids(ids if type(ids) is list else list(ids), encode_id, MAX_ID_BYTES)
+    return _encode_ids(ids if type(ids) is list else list(ids), encode_id, MAX_ID_BYTES)
 
 
 def decode_id(key):
@@ -94,9 +97,37 @@ def fp_array(fps):
     for i, fp in enumerate(fps):
         try:
             out.append(check_fp(fp))
-        except (InputError, InputTypeError) as e:
+        except InputError as e:
             raise type(e)(f"at position {i}: {e}") from None
     return np.array(out, dtype=np.uint64)
+
+
+def encode_records(items, fingerprints=None):
+    """(id keys, fingerprint array, packed metas) of add_many's arguments, all checked first:
+    items (id, fp) or (id, fp, meta), or with `fingerprints` a list of ids and their
+    fingerprints."""
+    if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
+        raise InputTypeError(f"add_many takes an iterable of records (or of ids), got "
+                             f"{type(items).__name__} {items!r:.60}")
+    if fingerprints is not None:
+        ids = list(items)
+        fps = fp_array(fingerprints)
+        if len(ids) != len(fps):
+            raise InputError(f"add_many got {len(ids)} ids and {len(fps)} fingerprints")
+        return encode_ids(ids), fps, [_NONE] * len(ids)
+    idks, fpl, metas = [], [], []
+    for n, item in enumerate(items):
+        if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+            raise InputTypeError(
+                f"item {n} must be (id, fingerprint) or (id, fingerprint, meta), "
+                f"got {item!r:.80}")
+        try:
+            idks.append(encode_id(item[0]))
+            fpl.append(check_fp(item[1]))
+            metas.append(pack_meta(item[2] if len(item) == 3 else None, item[0]))
+        except InputError as e:
+            raise type(e)(f"item {n}: {e}") from None
+    return idks, np.array(fpl, dtype=np.uint64), metas
 
 
 def pack_meta(meta, id_=None):

@@ -5,6 +5,10 @@ parameters and input, ``TypeError`` for wrong types, ``OSError`` for storage), s
 does not know simindex still handles its errors.
 """
 
+from __future__ import annotations
+
+from typing import Optional
+
 
 class Error(Exception):
     """Base class of every error simindex raises on purpose."""
@@ -22,12 +26,36 @@ class InputError(Error, ValueError):
     """A fingerprint, id or meta value given by the caller is out of range or malformed."""
 
 
-class InputTypeError(Error, TypeError):
+class InputTypeError(InputError, TypeError):
     """A fingerprint, id or meta value has a type simindex does not accept."""
+
+
+class BadLine(InputError):
+    """One input line (of `simindex build`, `query` or a Ray build) broke a rule.
+
+    `where` is "file:line" (or the file alone when it cannot be read), `reason` the rule.
+    """
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+    def __reduce__(self):            # picklable: it crosses processes (Ray tasks)
+        return type(self), (self.where, self.reason)
 
 
 class ClosedError(Error, ValueError):
     """The index (or a handle on it) was used after close(), or in a child after fork()."""
+
+
+def closed_error(what: str, opened_in: Optional[int] = None) -> ClosedError:
+    """The ClosedError of a handle on `what` ("index /path") used after close(), or, with
+    `opened_in` (the pid that opened it), in a child after fork()."""
+    if opened_in is None:
+        return ClosedError(f"{what} is closed")
+    return ClosedError(f"{what} was opened in process {opened_in} and cannot be used after "
+                       f"fork(); open the index again in this process")
 
 
 class ReadOnlyError(Error, PermissionError):
@@ -35,7 +63,16 @@ class ReadOnlyError(Error, PermissionError):
 
 
 class StorageError(Error, OSError):
-    """The storage layer (LMDB or the file system) reported an error."""
+    """The storage layer (LMDB or the file system) reported an error.
+
+    `errno` is the operating system's error number when it reported one (EIO, ENOSPC...);
+    `code` the return code behind the error: LMDB's (negative, MDB_MAP_FULL and the like),
+    the errno, or the core's own for damage it found; None when there is neither.
+    """
+
+    def __init__(self, *args: object, code: Optional[int] = None) -> None:
+        super().__init__(*args)
+        self.code = code if code is not None else self.errno
 
 
 class MapFullError(StorageError):

@@ -19,6 +19,7 @@ from . import _fingerprint
 from .errors import InputError, InputTypeError, ParameterError
 
 WIDTHS = (64,)
+DEFAULT_SCHEME = "simindex-v1"     # what a new index records unless told otherwise
 _MAX_INT_WEIGHT_SUM = 1 << 62
 
 
@@ -74,6 +75,11 @@ _V1_TOKEN = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+")
 _1E0NG_TOKEN = re.compile("[\\w\u4e00-\u9fcc]+")
 _HASHES = ("xxh3", "md5-last8", "md5-first8")
 _MD5_LAST8, _MD5_FIRST8 = 1, 2          # hash kinds of the compiled vote loops
+
+
+def scheme_name(scheme):
+    """The name of a known scheme given as a name or a Scheme; ParameterError otherwise."""
+    return _scheme(scheme).name
 
 
 def _scheme(scheme):

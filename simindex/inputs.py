@@ -8,23 +8,11 @@ import zlib
 from typing import Any, NamedTuple, Optional
 
 from .codec import MAX_FP, check_fp, encode_id, pack_meta
-from .errors import Error, InputError, InputTypeError
+from .errors import BadLine, InputError
 
 MAX_LINE = 16 << 20
 FORMATS = ("tsv", "jsonl")
 FP_FORMATS = ("hex", "dec", "int64")
-
-
-class BadLine(Error, ValueError):
-    """One input line broke a rule; `where` is "file:line"."""
-
-    def __init__(self, where, reason):
-        super().__init__(f"{where}: {reason}")
-        self.where = where
-        self.reason = reason
-
-    def __reduce__(self):            # picklable: it crosses processes (Ray tasks)
-        return type(self), (self.where, self.reason)
 
 
 class Item(NamedTuple):
@@ -67,7 +55,7 @@ def _check_id(id_):
             raise ValueError(f"id {id_!r:.40} contains a tab or newline")
     try:
         encode_id(id_)
-    except (InputError, InputTypeError) as e:
+    except InputError as e:
         raise ValueError(str(e)) from None
     return id_
 
@@ -122,7 +110,7 @@ def parse_line(line, fmt, fp_format, where):
         return Item(id_, fp, None, _check_meta(obj.get("meta")), where)
     except RecursionError:
         raise BadLine(where, "JSON nested too deeply") from None
-    except (ValueError, InputError, InputTypeError) as e:
+    except ValueError as e:
         raise BadLine(where, str(e)) from None
 
 

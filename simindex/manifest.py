@@ -1,26 +1,30 @@
 """The manifest: magic, format version and every parameter of an index, checked on open."""
 
+from __future__ import annotations
+
 import os
 
+from ._layout import (
+    BLOCK_BYTES, FORMAT_VERSION as FORMAT, LAYOUT_V1, LAYOUT_V2 as LAYOUT, MANIFEST as NAME,
+    MANIFEST_MAGIC as MAGIC, V1_MAX_ENTRIES, WIDTH,
+)
 from ._version import __version__ as _version
 from .codec import pack, unpack
 from .errors import CorruptError, FormatError, NotAnIndexError, ParameterError, StorageError
 
-NAME = "manifest.msgpack"
-MAGIC = "simindex"
-FORMAT = 1
-# Block layouts a table may hold: v1 (16 bytes per entry; still read) and v2 (offset-coded
-# entries, ~10 bytes; what this version writes). A writable open upgrades the
-# manifest to v2 before its first write, so older code refuses an index that may hold v2.
-LAYOUT = "packed-blocks-v2"
-_LAYOUTS = {"packed-blocks-v1": ("block_entries", 1022), LAYOUT: ("block_bytes", 16368)}
+# Block layouts a table may hold, and the field that names each one's block size: v1 (16
+# bytes per entry; still read) and v2 (offset-coded entries, ~10 bytes; what this version
+# writes). A writable open upgrades the manifest to v2 before its first write, so older
+# code refuses an index that may hold v2.
+_LAYOUTS = {LAYOUT_V1: ("block_entries", V1_MAX_ENTRIES), LAYOUT: ("block_bytes", BLOCK_BYTES)}
 _MAX_BYTES = 1 << 16
 
 
-def make(plan, scheme=None):
-    return {"magic": MAGIC, "format": FORMAT, "width": 64, "k": plan.k,
+def make(plan, scheme=None) -> dict:
+    """The manifest of a new index with `plan` and fingerprint `scheme`."""
+    return {"magic": MAGIC, "format": FORMAT, "width": WIDTH, "k": plan.k,
             "blocks": plan.blocks, "shards": plan.shards, "tables": plan.ntables,
-            "layout": LAYOUT, "block_bytes": 16368, "scheme": scheme,
+            "layout": LAYOUT, "block_bytes": BLOCK_BYTES, "scheme": scheme,
             "created_by": f"simindex {_version}"}
 
 
@@ -67,9 +71,9 @@ def read(dirpath):
         raise FormatError(f"{path} has on-disk format {fmt!r}; this simindex reads format {FORMAT}")
     layout = m.get("layout")
     field, value = _LAYOUTS.get(layout, (None, None)) if isinstance(layout, str) else (None, None)
-    if field is None or m.get(field) != value or m.get("width") != 64:
+    if field is None or m.get(field) != value or m.get("width") != WIDTH:
         raise FormatError(f"{path} names layout {m.get('layout')!r}, width {m.get('width')!r}; "
-                          f"this simindex reads {' or '.join(_LAYOUTS)}, width 64")
+                          f"this simindex reads {' or '.join(_LAYOUTS)}, width {WIDTH}")
     scheme = m.get("scheme")
     from .fingerprints import schemes
     if scheme is not None and (not isinstance(scheme, str) or scheme not in schemes):

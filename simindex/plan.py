@@ -6,14 +6,20 @@ the chosen blocks first, in their original order, then the rest. Two fingerprint
 bits differ in at most k blocks, so they agree on all chosen blocks of at least one table.
 """
 
+from __future__ import annotations
+
 import os
 from itertools import combinations
 from math import comb
+from typing import Optional
 
-from . import _core
+import numpy as np
+
+from ._layout import WIDTH
+from ._permute import Permuter
 from .errors import ParameterError, ParameterTypeError
 
-WIDTH = 64
+DEFAULT_K = 3            # the largest distance a new index guarantees, unless told
 MAX_TABLES = 1024
 
 
@@ -39,7 +45,7 @@ SHARD_FPS = 1 << 24
 DEFAULT_SHARDS = 16
 
 
-def default_shards(expected=None):
+def default_shards(expected: Optional[int] = None) -> int:
     """shards=None picks 16, or with `expected` the fewest shards (a power of two, at most
     256) that keep each at or below SHARD_FPS (16.8M) fingerprints."""
     if expected is None:
@@ -50,14 +56,15 @@ def default_shards(expected=None):
     return shards
 
 
-def physical_memory():
+def physical_memory() -> Optional[int]:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
 
 
-def default_blocks(k, expected=None, memory=None):
+def default_blocks(k: int, expected: Optional[int] = None,
+                   memory: Optional[int] = None) -> int:
     """blocks=None picks k + 1 (the fewest tables, k + 1, and the longest prefix that works),
     or with `expected` (the number of fingerprints the index will hold) the plan of least
     estimated query time: more blocks give more, longer prefixes, so fewer candidates per
@@ -78,12 +85,12 @@ def default_blocks(k, expected=None, memory=None):
     return best[1]
 
 
-def index_bytes(k, blocks, expected):
+def index_bytes(k: int, blocks: int, expected: int) -> float:
     """Estimated bytes on disk of a plan holding `expected` fingerprints."""
     return expected * (ENTRY_BYTES * comb(blocks, k) + RECORD_BYTES)
 
 
-def query_cost(k, blocks, expected, memory=None):
+def query_cost(k: int, blocks: int, expected: int, memory: Optional[int] = None) -> float:
     """Estimated nanoseconds per query of a plan over `expected` fingerprints; with
     `memory` (bytes), seeks of a plan too big for CACHE_SHARE of it are disk reads."""
     base, extra = divmod(WIDTH, blocks)
@@ -104,9 +111,11 @@ def _check_int(name, value):
 
 
 class Plan:
-    """The checked parameters of an index and the C form of its permutation tables."""
+    """The checked parameters of an index and its permutation tables (`permuter` computes
+    their keys in C)."""
 
-    def __init__(self, k=3, blocks=None, shards=DEFAULT_SHARDS):
+    def __init__(self, k: int = DEFAULT_K, blocks: Optional[int] = None,
+                 shards: int = DEFAULT_SHARDS) -> None:
         k = _check_int("k", k)
         if not 0 <= k < WIDTH:
             raise ParameterError(f"k ({k}) must be between 0 and {WIDTH - 1}")
@@ -134,7 +143,7 @@ class Plan:
         self.chosen = [list(c) for c in combinations(range(blocks), blocks - k)]
         self.orders = [c + [b for b in range(blocks) if b not in c] for c in self.chosen]
         self.prefix_bits = [sum(self.widths[b] for b in c) for c in self.chosen]
-        self.core = _core.Plan(self.widths, self.orders, self.prefix_bits, self.shard_bits)
+        self.permuter = Permuter(self.widths, self.orders, self.prefix_bits, self.shard_bits)
         starts = [sum(self.widths[:b]) for b in range(blocks)]
         # each table's prefix as a mask over the original (unpermuted) bits
         self.orig_masks = []
@@ -145,25 +154,24 @@ class Plan:
             self.orig_masks.append(m)
 
     @property
-    def ntables(self):
+    def ntables(self) -> int:
         return len(self.chosen)
 
-    def key(self, table, fp):
-        return self.core.key(table, fp)
-
-    def shard_of(self, key):
-        return key >> (WIDTH - self.shard_bits) if self.shard_bits else 0
-
-    def earlier_masks(self, table):
+    def earlier_masks(self, table: int) -> np.ndarray:
         """Prefix masks of tables before `table`, in `table`'s permuted bit order.
 
         A pair that agrees on one of them was already found by that earlier table.
         """
-        import numpy as np
-        return np.array([self.core.key(table, m) for m in self.orig_masks[:table]],
+        return np.array([self.permuter.key(table, m) for m in self.orig_masks[:table]],
                         dtype=np.uint64)
 
-    def describe(self):
+    def shard_of_keys(self, keys: np.ndarray) -> np.ndarray:
+        """The shard holding each permuted key (its leading shard bits), as uint64."""
+        if not self.shard_bits:
+            return np.zeros(len(keys), dtype=np.uint64)
+        return keys >> np.uint64(WIDTH - self.shard_bits)
+
+    def describe(self) -> dict:
         return {"k": self.k, "blocks": self.blocks, "shards": self.shards,
                 "tables": self.ntables, "block_widths": self.widths,
                 "prefix_bits": self.prefix_bits}

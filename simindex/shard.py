@@ -1,20 +1,26 @@
-"""One shard: an LMDB environment holding, for every table, sorted runs of packed blocks.
+"""One shard's tables: sorted runs of packed blocks, and the state that lists them.
 
-The shard's `state` database records the highest record seq it has applied and its runs
-(table, run id, entry count); `blocks` holds the runs (see ext/simindex/_core.pyx for the
-block format). Runs are appended sorted and merged by size, like an LSM tree's tiers.
+The shard's state records the highest record seq it has applied and its runs (table, run
+id, entry count); its blocks database holds the runs (the codec is compiled: _blocks.pyx).
+Runs are appended sorted and merged by size, like an LSM tree's tiers.
 """
+
+from __future__ import annotations
+
+from typing import Optional
 
 import numpy as np
 
-from . import _core
+from ._blocks import RUN_DTYPE, delete_run, load_state, read_run, write_run
+from ._layout import (
+    BLOCK_ENTRIES, DB_BLOCKS, DB_STATE, STATE_APPLIED, STATE_NEXT_RUN, STATE_RUNS,
+)
+from ._lmdb import Txn
 
-STATE_DB, BLOCKS_DB = "state", "blocks"
-RUN_DTYPE = np.dtype([("run", "<u8"), ("count", "<u8"), ("table", "<u4"), ("pad", "<u4")])
-BLOCK_ENTRIES = _core.BLOCK_ENTRIES
+__all__ = ["ShardWriter", "entry_order", "load_state", "runs_of", "RUN_DTYPE"]
 
 
-def entry_order(keys, seqs):
+def entry_order(keys: np.ndarray, seqs: np.ndarray) -> np.ndarray:
     """The permutation sorting entries by (key, seq), as runs store them.
 
     numpy's unstable sort of 64-bit keys is SIMD and 3-4x faster than lexsort; only the
@@ -33,58 +39,29 @@ def entry_order(keys, seqs):
     return order
 
 
-def prefix_order(keys, pmask):
-    """A permutation grouping keys by their prefix `pmask` (the leading bits), prefixes
-    ascending and positions ascending within a prefix, as `_core.pairs_sorted` joins them.
-
-    While positions fit below the prefix, one packed array is sorted by value: numpy's
-    SIMD sort of 64-bit values is ~8x faster here than its argsort. Otherwise the full
-    (key, position) order, which groups the prefixes too.
-    """
-    low = ~np.uint64(pmask)
-    n = len(keys)
-    if n and int(low) & (int(low) + 1) == 0 and n - 1 <= int(low):
-        packed = (keys & np.uint64(pmask)) | np.arange(n, dtype=np.uint64)
-        packed.sort()
-        return (packed & low).astype(np.intp)
-    return entry_order(keys, np.arange(n, dtype=np.uint64))
-
-
-def load_state(txn):
-    """(applied seq, runs array sorted by (table, run), next run id) of a shard."""
-    a = txn.get(STATE_DB, b"applied")
-    applied = int.from_bytes(a, "little") if a is not None else 0
-    r = txn.get(STATE_DB, b"runs")
-    runs = np.frombuffer(r, dtype=RUN_DTYPE).copy() if r else np.empty(0, RUN_DTYPE)
-    nr = txn.get(STATE_DB, b"next_run")
-    next_run = int.from_bytes(nr, "little") if nr is not None else 1
-    return applied, runs, next_run
-
-
-def save_state(txn, applied, runs, next_run):
-    runs = np.sort(runs, order=("table", "run"))
-    txn.put(STATE_DB, b"applied", int(applied).to_bytes(8, "little"))
-    txn.put(STATE_DB, b"runs", runs.astype(RUN_DTYPE).tobytes())
-    txn.put(STATE_DB, b"next_run", int(next_run).to_bytes(8, "little"))
+def runs_of(runs: np.ndarray, table: int) -> list:
+    """(run, count) of each run of `table` in a runs array from load_state()."""
+    sel = runs[runs["table"] == table]
+    return [(int(r), int(c)) for r, c in zip(sel["run"], sel["count"])]
 
 
 class ShardWriter:
     """Changes to one shard inside one write transaction: new runs, merges, state."""
 
-    def __init__(self, txn):
+    def __init__(self, txn: Txn, ntables: int) -> None:
         self.txn = txn
-        self.applied, runs, self.next_run = load_state(txn)
+        self.applied, runs, self.next_run = load_state(txn, ntables)
         self.runs = [(int(r["table"]), int(r["run"]), int(r["count"])) for r in runs]
 
-    def table_runs(self, table):
+    def table_runs(self, table: int) -> list:
         return [(run, count) for (t, run, count) in self.runs if t == table]
 
-    def add_run(self, table, keys, seqs):
+    def add_run(self, table: int, keys: np.ndarray, seqs: np.ndarray) -> None:
         """Store sorted entries as a new run of `table`, then merge runs by size."""
         if len(keys) == 0:
             return
         run = self._new_run()
-        _core.write_run(self.txn, BLOCKS_DB, run, keys, seqs)
+        write_run(self.txn, DB_BLOCKS, run, keys, seqs)
         self.runs.append((table, run, len(keys)))
         self._merge_tiers(table)
 
@@ -106,10 +83,8 @@ class ShardWriter:
         if j < len(runs) - 1:
             self.merge(table, [r for r, _ in runs[j:]])
 
-    def read(self, run, count, check=False):
-        return _core.read_run(self.txn, BLOCKS_DB, run, count, check)
-
-    def merge(self, table, run_ids, live=None, newest=0):
+    def merge(self, table: int, run_ids: list, live: Optional[np.ndarray] = None,
+              newest: int = 0) -> None:
         """Replace the given runs of `table` by one.
 
         With `live` (the sorted seqs of a records snapshot whose newest seq is `newest`),
@@ -117,7 +92,7 @@ class ShardWriter:
         above `newest` belong to records added since and are kept.
         """
         counts = {r: c for (t, r, c) in self.runs if t == table}
-        parts = [self.read(r, counts[r]) for r in run_ids]
+        parts = [read_run(self.txn, DB_BLOCKS, r, counts[r]) for r in run_ids]
         keys = np.concatenate([p[0] for p in parts])
         seqs = np.concatenate([p[1] for p in parts])
         if live is not None:
@@ -125,23 +100,22 @@ class ShardWriter:
             keys, seqs = keys[keep], seqs[keep]
         order = entry_order(keys, seqs)
         for r in run_ids:
-            _core.delete_run(self.txn, BLOCKS_DB, r)
+            delete_run(self.txn, DB_BLOCKS, r)
         self.runs = [x for x in self.runs if not (x[0] == table and x[1] in run_ids)]
         if len(keys):
             run = self._new_run()
-            _core.write_run(self.txn, BLOCKS_DB, run, keys[order], seqs[order])
+            write_run(self.txn, DB_BLOCKS, run, keys[order], seqs[order])
             self.runs.append((table, run, len(keys)))
 
-    def save(self, applied=None):
+    def save(self, applied: Optional[int] = None) -> None:
+        """Write the state: the applied seq (advanced to `applied` when given) and the runs,
+        sorted by (table, run) as the scan loop reads them."""
         if applied is not None:
             self.applied = applied
         arr = np.zeros(len(self.runs), dtype=RUN_DTYPE)
         for i, (t, run, count) in enumerate(self.runs):
             arr[i] = (run, count, t, 0)
-        save_state(self.txn, self.applied, arr, self.next_run)
-
-
-def runs_of(runs, table):
-    """(run, count) of each run of `table` in a runs array from load_state()."""
-    sel = runs[runs["table"] == table]
-    return [(int(r), int(c)) for r, c in zip(sel["run"], sel["count"])]
+        arr = np.sort(arr, order=("table", "run"))
+        self.txn.put(DB_STATE, STATE_APPLIED, int(self.applied).to_bytes(8, "little"))
+        self.txn.put(DB_STATE, STATE_RUNS, arr.tobytes())
+        self.txn.put(DB_STATE, STATE_NEXT_RUN, int(self.next_run).to_bytes(8, "little"))

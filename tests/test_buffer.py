@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import simindex
-from simindex import pending
+from simindex import _testing as hook
 from conftest import planted_family, popcount
 from trials import ENV, spawn
 
@@ -46,7 +46,7 @@ def put(model, id_, fp, meta=None):
 @pytest.fixture
 def no_age_fold(monkeypatch):
     """Nothing folds by age while a test looks at the buffer (slow machines)."""
-    monkeypatch.setattr(pending, "FOLD_AGE", 3600.0)
+    monkeypatch.setattr(*hook.KNOBS["fold_age"], 3600.0)
 
 
 def logs(path):
@@ -55,8 +55,7 @@ def logs(path):
 
 
 def markers(idx):
-    st_ = idx._store
-    return st_.with_txn(st_.records, lambda t: t.prefixed("info", pending.MARKER))
+    return hook.log_markers(idx)
 
 
 # ---------------------------------------------------------------- exactness
@@ -85,7 +84,7 @@ def test_buffered_queries_equal_a_brute_force_and_the_answers_after_flush(tmp_pa
     for i, fp, meta in ops:
         idx.add(i, fp, meta=meta)
         put(model, i, fp, meta)
-    assert idx._store.buffered() == len(ops)
+    assert hook.buffered(idx) == len(ops)
     assert len(logs(path)) == 1
     queries = bases + [b ^ (1 << 17) for b in bases] + [rng.getrandbits(64) for _ in range(20)]
     before = {}
@@ -94,9 +93,9 @@ def test_buffered_queries_equal_a_brute_force_and_the_answers_after_flush(tmp_pa
             got = idx.query(q, k=kq)
             assert [tuple(m) for m in got] == oracle(model, q, kq)
             before[q, kq] = got
-    assert idx._store.buffered() == len(ops)             # queries never fold
+    assert hook.buffered(idx) == len(ops)             # queries never fold
     idx.flush()
-    assert idx._store.buffered() == 0 and logs(path) == []
+    assert hook.buffered(idx) == 0 and logs(path) == []
     for (q, kq), got in before.items():
         assert idx.query(q, k=kq) == got
     assert len(idx) == len(model) and idx.verify() == []
@@ -111,7 +110,7 @@ def test_query_text_and_verify_see_buffered_records(tmp_path, no_age_fold):
         assert got[0].id == "a" and got[0].meta == {"w": 9}
         assert idx.query_text("the quick brown fox jumps over the lazy dog",
                               verify=lambda m: m.id != "a") == [m for m in got if m.id != "a"]
-        assert idx._store.buffered() == 2
+        assert hook.buffered(idx) == 2
 
 
 class BufferMachine(RuleBasedStateMachine):
@@ -129,11 +128,11 @@ class BufferMachine(RuleBasedStateMachine):
         self.dir = tempfile.mkdtemp(prefix="simindex-buf-")
         self.model = {}
         self.idx = None
-        self.saved = (pending.FOLD, pending.FOLD_AGE)
+        self.saved = None
 
     @initialize(fold=st.sampled_from([1, 3, 8, 4096]), shards=st.sampled_from([1, 4]))
     def open(self, fold, shards):
-        pending.FOLD, pending.FOLD_AGE = fold, 3600.0
+        self.saved = hook.tune(fold=fold, fold_age=3600.0)
         self.idx = simindex.Index(f"{self.dir}/i", k=3, shards=shards, sync=False)
 
     @rule(id_=ids, fp=fps, meta=metas)
@@ -174,7 +173,7 @@ class BufferMachine(RuleBasedStateMachine):
     @rule()
     def flush(self):
         self.idx.flush()
-        assert self.idx._store.buffered() == 0
+        assert hook.buffered(self.idx) == 0
 
     @rule()
     def reopen(self):
@@ -184,7 +183,7 @@ class BufferMachine(RuleBasedStateMachine):
     @invariant()
     def bounded(self):
         if self.idx is not None:
-            assert self.idx._store.buffered() <= pending.FOLD
+            assert hook.buffered(self.idx) <= hook.KNOBS["fold"][0].FOLD
 
     def teardown(self):
         try:
@@ -194,7 +193,7 @@ class BufferMachine(RuleBasedStateMachine):
                 self.idx.close()
                 assert logs(f"{self.dir}/i") == []
         finally:
-            pending.FOLD, pending.FOLD_AGE = self.saved
+            hook.tune(**self.saved)
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -202,7 +201,7 @@ TestBufferMachine = BufferMachine.TestCase
 
 
 def test_threads_adding_and_querying_find_every_acknowledged_record(tmp_path, monkeypatch):
-    monkeypatch.setattr(pending, "FOLD", 16)       # folds all the time, under the queries
+    monkeypatch.setattr(*hook.KNOBS["fold"], 16)       # folds all the time, under the queries
     idx = simindex.Index(tmp_path / "i", k=3, shards=4, sync=False)
     acked, errors = [], []
     stop = threading.Event()
@@ -247,14 +246,14 @@ def test_threads_adding_and_querying_find_every_acknowledged_record(tmp_path, mo
 
 # ---------------------------------------------------------------- processes
 BUFFERED_WRITER = r"""
-import sys, simindex
+import sys, simindex, simindex._testing
 path, n = sys.argv[1], int(sys.argv[2])
-simindex.pending.FOLD_AGE = 3600.0        # nothing folds by age while the parent looks
+simindex._testing.tune(fold_age=3600.0)        # nothing folds by age while the parent looks
 fp = lambda i: (i * 0x9E3779B97F4A7C15 + 12345) % 2**64
 idx = simindex.Index(path, k=3, shards=4, sync=False)
 for i in range(n):
     idx.add(f"r{i}", fp(i), meta={"i": i})
-print("added", idx._store.buffered(), idx._store._log.path, flush=True)
+print("added", simindex._testing.buffered(idx), simindex._testing.log_path(idx), flush=True)
 for line in sys.stdin:
     if line.strip() == "flush":
         idx.flush()
@@ -290,14 +289,14 @@ def test_kill_9_after_buffered_adds_loses_nothing(tmp_path):
             assert f"r{i}" in [m.id for m in idx.query(fp_of(i), k=0)]
         s = idx.stats()
         assert s["replayed"] == 300 and s["torn_bytes"] == 0 and s["stale"] == 0
-        assert s["pending"] == 0 and idx.verify() == []
+        assert s["unapplied"] == 0 and idx.verify() == []
         assert logs(path) == [] and markers(idx) == []
 
 
 LOOP_WRITER = r"""
-import sys, simindex
+import sys, simindex, simindex._testing
 path = sys.argv[1]
-simindex.pending.FOLD = int(sys.argv[2])
+simindex._testing.tune(fold=int(sys.argv[2]))
 fp = lambda i: (i * 0x9E3779B97F4A7C15 + 12345) % 2**64
 idx = simindex.Index(path, k=3, shards=4, sync=False)
 print("ready", flush=True)
@@ -335,8 +334,7 @@ def test_kill_9_at_random_moments_of_single_adds(tmp_path, fold):
 
 
 def _entries(log):
-    with open(log, "rb") as f:
-        return pending.read_log(f)
+    return hook.read_log(log)
 
 
 @pytest.mark.parametrize("damage", ["cut", "flip", "cut-head"])
@@ -388,13 +386,13 @@ def test_a_damaged_middle_entry_stops_the_replay_there(tmp_path):
 
 
 MARKER_WRITER = r"""
-import shutil, sys, simindex
+import shutil, sys, simindex, simindex._testing
 path, saved = sys.argv[1], sys.argv[2]
 fp = lambda i: (i * 0x9E3779B97F4A7C15 + 12345) % 2**64
 idx = simindex.Index(path, k=3, shards=4, sync=False)
 for i in range(10):
     idx.add(f"r{i}", fp(i))
-log = idx._store._log.path
+log = simindex._testing.log_path(idx)
 shutil.copyfile(log, saved)               # the log as it was before the fold
 idx.flush()                               # the fold: commit with its marker, remove the log
 print(log, flush=True)
@@ -432,11 +430,9 @@ def test_a_log_partly_folded_applies_only_the_entries_past_its_marker(tmp_path):
     token = os.path.basename(log)[:-4]
     os.rename(log, log + ".away")               # hidden while the situation is staged
     with simindex.Index(path) as idx:
-        st_ = idx._store
         # what a fold of r0..r4 commits (its records and its marker), then the writer died
         idx.add_many([(f"r{i}", fp_of(i), {"i": i}) for i in range(5)])
-        st_.write(st_.records, lambda t: t.put("info", pending.marker_key(token),
-                                               entries[5][0].to_bytes(8, "big")))
+        hook.set_log_marker(idx, token, entries[5][0])
         idx.add("r2", 7, meta="newer")          # another writer's newer record of r2
     os.rename(log + ".away", log)
     with simindex.Index(path) as idx:
@@ -475,7 +471,7 @@ def test_a_log_removed_after_another_process_opened_it_is_not_replayed_again(tmp
         with simindex.Index(path) as idx:
             assert len(idx) == 12 and not os.path.exists(log) and markers(idx) == []
             last = idx.stats()["last_seq"]
-            idx._store._replay_file(late, log, os.path.basename(log)[:-4])
+            hook.replay_log(idx, late, log)
             s = idx.stats()
             assert s["last_seq"] == last and s["stale"] == 0 and s["replayed"] == 12
     finally:
@@ -510,13 +506,13 @@ def test_another_process_sees_buffered_records_after_the_fold_only(tmp_path):
 
 
 def test_an_add_folds_a_buffer_older_than_the_age_limit(tmp_path, monkeypatch):
-    monkeypatch.setattr(pending, "FOLD_AGE", 0.2)
+    monkeypatch.setattr(*hook.KNOBS["fold_age"], 0.2)
     path = str(tmp_path / "i")
     with simindex.Index(path, sync=False) as idx:
         idx.add("a", 1)
         time.sleep(0.3)
         idx.add("b", 2)                          # folds "a" first
-        assert idx._store.buffered() == 1
+        assert hook.buffered(idx) == 1
         out = subprocess.run([sys.executable, "-c",
                               "import sys, simindex\n"
                               "print(len(simindex.Index(sys.argv[1], readonly=True)))", path],
@@ -524,16 +520,16 @@ def test_an_add_folds_a_buffer_older_than_the_age_limit(tmp_path, monkeypatch):
         assert out.strip() == "1"
         time.sleep(0.3)
         assert [m.id for m in idx.query(2, k=0)] == ["b"]   # a query folds an old buffer too
-        assert idx._store.buffered() == 0
+        assert hook.buffered(idx) == 0
 
 
 def test_a_full_buffer_folds(tmp_path, monkeypatch, no_age_fold):
-    monkeypatch.setattr(pending, "FOLD", 10)
+    monkeypatch.setattr(*hook.KNOBS["fold"], 10)
     path = str(tmp_path / "i")
     with simindex.Index(path, sync=False) as idx:
         for i in range(25):
             idx.add(i, fp_of(i))
-        assert idx._store.buffered() == 5
+        assert hook.buffered(idx) == 5
         assert len(markers(idx)) == 1              # the last fold's; earlier ones dropped
     with simindex.Index(path) as idx:
         assert len(idx) == 25 and markers(idx) == []
@@ -580,9 +576,9 @@ def test_a_forked_child_neither_writes_to_nor_holds_the_parents_log(tmp_path):
 
 
 GC_INSIDE = r"""
-import gc, sys, simindex
+import gc, sys, simindex, simindex._testing
 path = sys.argv[1]
-simindex.pending.FOLD = 50
+simindex._testing.tune(fold=50)
 fp = lambda i: (i * 0x9E3779B97F4A7C15 + 12345) % 2**64
 idx = simindex.Index(path, k=3, shards=4, sync=False)
 
@@ -626,7 +622,7 @@ def test_an_index_without_pending_dir_opens_and_buffers(tmp_path):
     assert not os.path.exists(os.path.join(path, "pending"))  # read-only: untouched
     with simindex.Index(path, sync=False) as idx:
         idx.add("b", 2)
-        assert idx._store.buffered() == 1 and len(logs(path)) == 1
+        assert hook.buffered(idx) == 1 and len(logs(path)) == 1
     with simindex.Index(path) as idx:
         assert len(idx) == 2
 
@@ -641,7 +637,7 @@ def test_bad_input_writes_nothing(tmp_path, no_age_fold):
                          (("x", 1), {"meta": object()}), (("x" * 600, 1), {})]:
             with pytest.raises((simindex.InputError, simindex.InputTypeError)):
                 idx.add(*args, **kw)
-        assert idx._store.buffered() == 1 and os.path.getsize(log) == size
+        assert hook.buffered(idx) == 1 and os.path.getsize(log) == size
         assert "x" not in idx
 
 
@@ -649,7 +645,7 @@ def test_sync_true_adds_do_not_buffer(tmp_path):
     path = str(tmp_path / "i")
     with simindex.Index(path) as idx:
         idx.add("a", 1)
-        assert idx._store.buffer is None and logs(path) == []
+        assert not hook.has_buffer(idx) and logs(path) == []
         out = subprocess.run([sys.executable, "-c",
                               "import sys, simindex\n"
                               "print(len(simindex.Index(sys.argv[1], readonly=True)))", path],
@@ -658,13 +654,13 @@ def test_sync_true_adds_do_not_buffer(tmp_path):
 
 
 DISK_FULL = r"""
-import json, os, sys, simindex
+import json, os, sys, simindex, simindex._testing
 root, phase = sys.argv[1], sys.argv[2]
 path = os.path.join(root, "idx")
 fp = lambda i: (i * 0x9E3779B97F4A7C15 + 12345) % 2**64
-simindex.pending.FOLD_AGE = 3600.0
+simindex._testing.tune(fold_age=3600.0)
 if phase == "fold":
-    simindex.pending.FOLD = 40            # folds fill the disk while logs come and go
+    simindex._testing.tune(fold=40)            # folds fill the disk while logs come and go
 idx = simindex.Index(path, k=3, shards=2, sync=False)
 st = os.statvfs(root)
 with open(os.path.join(root, "ballast"), "wb") as f:   # leave ~600 KiB

@@ -1,4 +1,4 @@
-"""simindex.dist on a real local Ray that can reach nothing but loopback: every answer is the
+"""simindex.distributed on a real local Ray that can reach nothing but loopback: every answer is the
 single-process one and the brute force's, and a killed actor loses no acknowledged record."""
 
 import os
@@ -14,8 +14,8 @@ import simindex
 from conftest import brute, brute_pairs, one_table_family, planted_family, shard_boundary_fps
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'simindex[ray]')")
-dist = pytest.importorskip("simindex.dist")
-sandbox = pytest.importorskip("simindex.dist.sandbox")
+dist = pytest.importorskip("simindex.distributed")
+sandbox = pytest.importorskip("simindex.distributed.sandbox")
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_cluster_answers_like_the_index(local_ray, tmp_path):
         with simindex.Index(tmp_path / "i", readonly=True) as idx:
             assert answers(idx.query_many(queries)) == answers(c.query_many(queries))
     with simindex.Index(tmp_path / "i") as idx:
-        assert idx.verify() == [] and idx.stats()["pending"] == 0
+        assert idx.verify() == [] and idx.stats()["unapplied"] == 0
 
 
 def test_a_killed_actor_comes_back_and_loses_nothing(local_ray, tmp_path):
@@ -226,7 +226,7 @@ def test_ledger_writes_run_once_per_request(tmp_path):
     # Ray re-runs a call whose reply was lost on the restarted actor: the ledger returns
     # the stored result instead of writing again (no Ray needed to show it)
     from simindex.codec import encode_id, pack_meta
-    from simindex.dist.servers import LedgerServer
+    from simindex.distributed.servers import LedgerServer
     with simindex.Index(tmp_path / "i", k=3, shards=2):
         pass
     led = LedgerServer(str(tmp_path / "i"))

@@ -100,8 +100,8 @@ def crowded_fps(seed, free_bits, n):
 def test_pairs_in_crowded_prefixes_equal_brute_force(tmp_path, k, blocks, free_bits, n):
     fps = crowded_fps(k * 10 + (blocks or 0), free_bits, n)
     plan = simindex.plan.Plan(k=k, blocks=blocks, shards=1)
-    biggest = max(np.unique(plan.core.keys(t, np.array(fps, dtype=np.uint64)) &
-                            np.uint64(plan.core.prefix_mask(t)), return_counts=True)[1].max()
+    biggest = max(np.unique(plan.permuter.keys(t, np.array(fps, dtype=np.uint64)) &
+                            np.uint64(plan.permuter.prefix_mask(t)), return_counts=True)[1].max()
                   for t in range(plan.ntables))
     assert biggest > 100                     # groups far above the core's SUB_MIN of 32
     want = brute_pairs(dict(enumerate(fps)), k)

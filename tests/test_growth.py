@@ -3,32 +3,34 @@
 import numpy as np
 
 import simindex
+from simindex import _testing as hook
 from conftest import run_py
 
 GROW = r"""
-import sys, numpy as np, simindex
-simindex.store.INITIAL_MAP = 1 << 20
+import sys, numpy as np, simindex, simindex._testing
+simindex._testing.tune(initial_map=1 << 20)
 idx = simindex.Index(sys.argv[1])
 fps = np.random.default_rng(int(sys.argv[2])).integers(0, 2**64, 60000, dtype=np.uint64)
 idx.add_many([f"{sys.argv[2]}.{i}" for i in range(60000)], fps)
-print(idx._store.records.info()["mapsize"], idx._store.shards[0].info()["mapsize"])
+sizes = simindex._testing.mapsizes(idx)
+print(sizes["records"], sizes[0])
 """
 
 
 def test_map_grows_when_full(tmp_path, monkeypatch):
-    monkeypatch.setattr(simindex.store, "INITIAL_MAP", 1 << 20)
+    monkeypatch.setattr(*hook.KNOBS["initial_map"], 1 << 20)
     path = tmp_path / "i"
     with simindex.Index(path, shards=2) as idx:
         fps = np.random.default_rng(0).integers(0, 2**64, 60000, dtype=np.uint64)
         idx.add_many([f"d{i}" for i in range(60000)], fps)
-        assert idx._store.records.info()["mapsize"] > 1 << 20
-        assert idx._store.shards[0].info()["mapsize"] > 1 << 20
+        sizes = hook.mapsizes(idx)
+        assert sizes["records"] > 1 << 20 and sizes[0] > 1 << 20
         assert len(idx) == 60000 and idx.verify() == []
         assert all(ms for ms in idx.query_many(fps[:1000], k=0))
 
 
 def test_reader_adopts_a_map_grown_by_another_process(tmp_path, monkeypatch):
-    monkeypatch.setattr(simindex.store, "INITIAL_MAP", 1 << 20)
+    monkeypatch.setattr(*hook.KNOBS["initial_map"], 1 << 20)
     path = str(tmp_path / "i")
     simindex.Index(path, shards=2).close()
     with simindex.Index(path, readonly=True) as ro:
@@ -44,7 +46,7 @@ def test_reader_adopts_a_map_grown_by_another_process(tmp_path, monkeypatch):
 
 
 def test_add_unique_adopts_a_map_grown_by_another_process(tmp_path, monkeypatch):
-    monkeypatch.setattr(simindex.store, "INITIAL_MAP", 1 << 20)
+    monkeypatch.setattr(*hook.KNOBS["initial_map"], 1 << 20)
     path = str(tmp_path / "i")
     with simindex.Index(path, shards=2) as idx:
         idx.add("first", 12345)
@@ -55,7 +57,7 @@ def test_add_unique_adopts_a_map_grown_by_another_process(tmp_path, monkeypatch)
 
 
 def test_a_pending_pairs_iterator_does_not_block_growth(tmp_path, monkeypatch):
-    monkeypatch.setattr(simindex.store, "INITIAL_MAP", 1 << 20)
+    monkeypatch.setattr(*hook.KNOBS["initial_map"], 1 << 20)
     with simindex.Index(tmp_path / "i", shards=2) as idx:
         idx.add_many([("a", 0), ("b", 1)])
         it = idx.pairs()
@@ -69,7 +71,7 @@ def test_the_map_grows_while_other_threads_query_and_add_unique(tmp_path, monkey
     """A resize waits for the queries in flight and holds new ones back; a thread inside a
     write (add_unique's query) is never made to wait for it."""
     import threading
-    monkeypatch.setattr(simindex.store, "INITIAL_MAP", 1 << 20)
+    monkeypatch.setattr(*hook.KNOBS["initial_map"], 1 << 20)
     fps = np.random.default_rng(5).integers(0, 2**64, 80000, dtype=np.uint64)
     errors, stop = [], threading.Event()
     with simindex.Index(tmp_path / "i", shards=2) as idx:
@@ -101,6 +103,6 @@ def test_the_map_grows_while_other_threads_query_and_add_unique(tmp_path, monkey
         for t in threads:
             t.join()
         assert errors == []
-        assert idx._store.records.info()["mapsize"] >= 1 << 22     # grew twice at least
+        assert hook.mapsizes(idx)["records"] >= 1 << 22          # grew twice at least
         assert len(idx) == 1 + 40000 + 300 and idx.verify() == []
         assert all(len(ms) == 1 for ms in idx.query_many(fps[1:40000:7], k=0))

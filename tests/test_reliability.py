@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 
 import simindex
+from simindex import _testing as hook
 from trials import (
     build_pristine, corrupt_trial, disk_full_trial, io_counts, io_trial, spawn,
 )
 
 HOLD = r"""
-import sys, time, simindex
+import sys, time, simindex, simindex._testing
 idx = simindex.Index(sys.argv[1], readonly=True)
-with idx._store.snapshot():                  # read transactions on every environment
+with simindex._testing.snapshot(idx):        # read transactions on every environment
     print("holding", flush=True)
     time.sleep(600)
 """
@@ -50,7 +51,7 @@ def test_a_reader_killed_inside_a_transaction_does_not_pin_the_file(tmp_path):
         assert pinned > 4 << 20
         reader.send_signal(signal.SIGKILL)
         reader.communicate()
-        time.sleep(simindex.store.READER_CHECK_EVERY + 0.1)
+        time.sleep(hook.KNOBS["reader_check_every"][0].READER_CHECK_EVERY + 0.1)
         replace_all(5, 200)                              # clears the dead reader's slot
         before = data_bytes(path)
         replace_all(20, 300)
@@ -111,12 +112,10 @@ def test_a_handle_that_saw_a_write_error_refuses_writes_until_reopened(tmp_path)
     path = str(tmp_path / "i")
     with simindex.Index(path, shards=2) as idx:
         idx.add("a", 1)
-        st = idx._store
-
         def fail(txn):
             raise simindex.StorageError(5, f"{path}/records: commit failed: Input/output error")
         with pytest.raises(simindex.StorageError, match="Input/output"):
-            st.write(st.records, fail)
+            hook.write_records(idx, fail)
         with pytest.raises(simindex.StorageError, match="refuses writes.*open it again"):
             idx.add("b", 2)
         assert [m.id for m in idx.query(1, k=0)] == ["a"]          # reads still work
@@ -197,9 +196,9 @@ def test_corrupt_files_deep(pristine, tmp_path):
 
 def _second_leaf_of(f, db):
     """The page number of the second leaf of LMDB database `db` in data file `f`."""
-    meta = simindex.store._read_meta(f)
+    meta = hook.read_meta(f)
     data = open(f, "rb").read()
-    psize = meta[0]
+    psize = meta.psize
 
     def nodes(pgno):
         page = data[pgno * psize:(pgno + 1) * psize]
@@ -210,7 +209,7 @@ def _second_leaf_of(f, db):
                               for j in (0, 2, 4, 6))
             yield page[off + 8:off + 8 + ks], page[off + 8 + ks:off + 56 + ks], \
                 lo | hi << 16 | fl << 32
-    root = next(int.from_bytes(v[40:48], "little") for k, v, _ in nodes(meta[3][1])
+    root = next(int.from_bytes(v[40:48], "little") for k, v, _ in nodes(meta.roots[1])
                 if k == db.encode())
     return [child for _k, _v, child in nodes(root)][1]     # root is a branch page
 

@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 import simindex
+from simindex import _testing as hook
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -55,8 +56,8 @@ while True:
 """
 
 REPLAYER = r"""
-import sys, simindex
-simindex.store.APPLY_CHUNK = 13      # many small shard transactions to be killed between
+import sys, simindex, simindex._testing
+simindex._testing.tune(apply_chunk=13)   # many small shard transactions to be killed between
 simindex.Index(sys.argv[1])
 print("replayed", flush=True)
 """
@@ -80,15 +81,10 @@ def run_and_kill(path, start, mode, delay, shards=8):
 def stage_unapplied(path, batches, mode="many"):
     """Commit batches to records/ only, as a writer killed before it touched the shards."""
     idx = simindex.Index(path)
-    st = idx._store
     for b in batches:
         ids, fps = batch(b, mode)
-        idks = [simindex.codec.encode_id(i) for i in ids]
-        metas = [simindex.codec.pack_meta(None)] * len(ids)
-        st.write(st.records, lambda txn: st.put_records(txn, idks, fps, metas))
-    idx._store = None
-    st._close_envs()
-    simindex.store._registry.clear()
+        hook.commit_unapplied(idx, ids, fps)
+    hook.crash(idx)
 
 
 def recover(path, acked, mode, upto=None):
@@ -100,7 +96,7 @@ def recover(path, acked, mode, upto=None):
     try:
         problems = idx.verify()
         bad_shards = {p.split()[0] for p in problems}
-        if idx.stats()["pending"]:
+        if idx.stats()["unapplied"]:
             bad_shards.add("pending")
         lost = 0
         for b in acked:
@@ -401,7 +397,7 @@ if how == "tmpfs":
 else:
     resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
 with simindex.Index(path) as idx:                          # reopens and replays
-    out["pending"] = idx.stats()["pending"]
+    out["pending"] = idx.stats()["unapplied"]
     out["lost"] = sum(1 for a in out["acked"] for i, ms in
                       zip(batch(a)[0], idx.query_many(batch(a)[1], k=0))
                       if i not in {m.id for m in ms})

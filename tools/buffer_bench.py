@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 import simindex
+from simindex import _testing as hook
 
 
 def brute(ids, fps, q, k):
@@ -35,10 +36,11 @@ def main(argv=None):
     ap.add_argument("--queries", type=int, default=10_000)
     ap.add_argument("--buffered", type=int, default=2_000)
     ap.add_argument("--k", type=int, default=3)
-    ap.add_argument("--fold", type=int, default=None, help="set simindex.pending.FOLD")
+    ap.add_argument("--fold", type=int, default=None,
+                    help="records a write buffer holds before it folds (simindex.writebuffer.FOLD)")
     a = ap.parse_args(argv)
     if a.fold is not None:
-        simindex.pending.FOLD = a.fold
+        hook.tune(fold=a.fold)
     rng = np.random.default_rng(42)
     base = rng.integers(0, 2**64, a.base, dtype=np.uint64)
     more = rng.integers(0, 2**64, a.adds, dtype=np.uint64)
@@ -47,7 +49,7 @@ def main(argv=None):
     queries = np.concatenate([picks, rng.integers(0, 2**64, a.queries - len(picks),
                                                   dtype=np.uint64)]).tolist()
     root = tempfile.mkdtemp(prefix="simindex-buffer-bench-")
-    fold = getattr(getattr(simindex, "pending", None), "FOLD", None)
+    fold = hook.KNOBS["fold"][0].FOLD
     print(f"# simindex {simindex.__version__} ({os.path.dirname(simindex.__file__)}), "
           f"base={a.base:,} adds={a.adds:,} queries={a.queries:,} k={a.k}, FOLD={fold}; "
           f"python {sys.version.split()[0]}")
@@ -96,7 +98,7 @@ def main(argv=None):
                 extra_ids.append(nxt)
                 extra_fps.append(fp)
                 nxt += 1
-            buffered = idx._store.buffered() if hasattr(idx._store, "buffered") else 0
+            buffered = hook.buffered(idx)
             lat += latencies(queries[r:r + step])
             sample = queries[r:r + step:100]
             allids = np.concatenate([ids, np.array(extra_ids)])

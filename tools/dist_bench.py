@@ -1,9 +1,9 @@
-"""Throughput of simindex.dist on this machine: distributed build, fan-out queries and batch
+"""Throughput of simindex.distributed on this machine: distributed build, fan-out queries and batch
 pairs with 1, 2 and 4 workers (shard actors), beside the single-process Index.
 
     python3 tools/dist_bench.py --n 1000000
 
-Runs a local Ray inside a loopback-only network namespace (root; see simindex.dist.sandbox)
+Runs a local Ray inside a loopback-only network namespace (root; see simindex.distributed.sandbox)
 unless --address joins an existing cluster. Fixed seed, k=3; input is N random fingerprints
 plus planted near-duplicates written as 4 TSV files (one parse task each); 10k queries,
 half planted. Every answer is checked against the single-process index.
@@ -62,8 +62,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     import ray
 
-    from simindex import dist
-    from simindex.dist.sandbox import loopback_only
+    from simindex import distributed as dist
+    from simindex.distributed.sandbox import loopback_only
     if a.address is None:
         why = loopback_only()
         if why:

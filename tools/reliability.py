@@ -57,9 +57,10 @@ def concurrency(work, readers, writers, seconds):
     path = os.path.join(work, "conc")
     simindex.Index(path, k=3, shards=8).close()
     rs = [trials.spawn(READER, path, seconds) for _ in range(readers)]
-    hold = trials.spawn("import sys, time, simindex\ni = simindex.Index(sys.argv[1], "
-                        "readonly=True)\nwith i._store.snapshot():\n    print('holding', "
-                        "flush=True)\n    time.sleep(600)", path)
+    hold = trials.spawn("import sys, time, simindex, simindex._testing as hook\n"
+                        "i = simindex.Index(sys.argv[1], readonly=True)\n"
+                        "with hook.snapshot(i):\n    print('holding', flush=True)\n"
+                        "    time.sleep(600)", path)
     hold.stdout.readline()
     hold.kill()                        # a reader killed inside its read transactions
     hold.communicate()

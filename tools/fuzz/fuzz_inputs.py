@@ -11,6 +11,7 @@ import atheris
 
 with atheris.instrument_imports():
     from simindex import inputs
+    from simindex.errors import BadLine
 
 
 def one(data):
@@ -20,7 +21,7 @@ def one(data):
     raw = fdp.ConsumeBytes(fdp.remaining_bytes())
     try:
         inputs.parse_line(raw.decode("utf-8", "replace"), fmt or "tsv", fp_format, "f:1")
-    except inputs.BadLine:
+    except BadLine:
         pass
     stream = io.BufferedReader(io.BytesIO(raw))
     orig = inputs.open_input
@@ -29,7 +30,7 @@ def one(data):
         for _ in inputs.read_items(["f.gz" if raw[:2] == b"\x1f\x8b" else "f"], fmt,
                                    fp_format, max_line=4096):
             pass
-    except inputs.BadLine:
+    except BadLine:
         pass
     finally:
         inputs.open_input = orig

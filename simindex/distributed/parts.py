@@ -4,19 +4,19 @@ import os
 
 import ray
 
-from ..errors import Error, InputError, InputTypeError
+from ..codec import encode_records
+from ..errors import BadLine, Error, InputError
 from ..fingerprints import fingerprint
-from ..index import records_of
-from ..inputs import BadLine, read_items
+from ..inputs import read_items
 from ..plan import Plan
-from ..store import RECORD_CHUNK
+from ..protocol import RECORD_CHUNK
 from . import route
 from .route import fetch
 
 
 def _columns(items, plan):
     """(id keys, fps, metas, owners): owners[s] marks the records with a key in shard s."""
-    idks, fps, metas = records_of(items)
+    idks, fps, metas = encode_records(items)
     return idks, fps, metas, (None if plan is None else route.owners(Plan(**plan), fps))
 
 
@@ -50,7 +50,7 @@ def encode(items, offset, plan=None):
     """Columns of a list of (id, fp) or (id, fp, meta) tuples (checked like add_many)."""
     try:
         return _columns(items, plan)
-    except (InputError, InputTypeError) as e:
+    except InputError as e:
         raise type(e)(f"in the records from number {offset} on: {e}") from None
 
 

@@ -1,9 +1,12 @@
 """Which shards a record or a query reaches, and the fan-out of a query to shard servers."""
 
+from __future__ import annotations
+
 import numpy as np
 import ray as _ray
 
 from ..errors import Error
+from ..plan import Plan
 
 
 def fetch(refs):
@@ -17,35 +20,17 @@ def fetch(refs):
         raise
 
 
-def shard_lead(plan, keys):
-    """The shard owning each permuted key: its leading `shard_bits` bits."""
-    if not plan.shard_bits:
-        return np.zeros(len(keys), dtype=np.int64)
-    return (keys >> np.uint64(64 - plan.shard_bits)).astype(np.int64)
-
-
-def owners(plan, fps):
+def owners(plan: Plan, fps: np.ndarray) -> np.ndarray:
     """(shards, n) bools: shard s holds an entry of record i in some table."""
-    out = np.zeros((plan.shards, len(fps)), dtype=bool)
-    for t in range(plan.ntables):
-        lead = shard_lead(plan, plan.core.keys(t, fps))
-        out[lead, np.arange(len(fps))] = True
-    return out
+    return plan.permuter.shard_owners(fps, plan.shards)
 
 
-def reach(plan, queries):
+def reach(plan: Plan, queries: np.ndarray) -> np.ndarray:
     """(shards, n) bools: shard s holds part of some table's prefix range of query i."""
-    out = np.zeros((plan.shards, len(queries)), dtype=bool)
-    shard = np.arange(plan.shards)[:, None]
-    for t in range(plan.ntables):
-        mask = np.uint64(plan.core.prefix_mask(t))
-        lo = plan.core.keys(t, queries) & mask
-        hi = lo | ~mask
-        out |= (shard_lead(plan, lo)[None, :] <= shard) & (shard <= shard_lead(plan, hi)[None, :])
-    return out
+    return plan.permuter.shard_reach(queries, plan.shards)
 
 
-def scan(plan, shards, queries, k):
+def scan(plan: Plan, shards: list, queries: np.ndarray, k: int) -> tuple:
     """Candidates of every query from the shard servers it reaches, all scans finished:
     (qidx, seqs, distances, per-query lowest applied seq of the scanned shards)."""
     r = reach(plan, queries)

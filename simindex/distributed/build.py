@@ -1,15 +1,20 @@
 """Distributed build: map tasks parse input partitions, the cluster's actors write them."""
 
+from __future__ import annotations
+
 import os
 import time
+from typing import Any, Optional, Union
 
 from ..index import Index
 from .cluster import Cluster, connect, release
 from .parts import collect, partitions
 
 
-def build(index_path, inputs, *, shards=None, k=None, blocks=None, scheme=None, address=None,
-          fmt=None, fp_format="hex"):
+def build(index_path: Union[str, os.PathLike], inputs: Any, *, shards: Optional[int] = None,
+          k: Optional[int] = None, blocks: Optional[int] = None, scheme: Optional[str] = None,
+          address: Optional[str] = None, fmt: Optional[str] = None,
+          fp_format: str = "hex") -> dict:
     """Create (or extend) the index at `index_path` from `inputs` on Ray.
 
     `inputs` is a list of TSV/JSONL files (plain or gzip; one parse task each) or any
@@ -33,7 +38,7 @@ def build(index_path, inputs, *, shards=None, k=None, blocks=None, scheme=None, 
             for ref in partitions(inputs, scheme, fmt, fp_format, plan=plan):
                 chunks, error = collect(ref)
                 for idks, fps, metas, owners in chunks:
-                    cluster._add_encoded(idks, fps, metas, owners)
+                    cluster.add_columns(idks, fps, metas, owners)
                     added += len(idks)
                 if error is not None:
                     raise error

@@ -1,18 +1,24 @@
 """All near-duplicate pairs and groups of a data set too big for one machine (the paper's
 batch mode): per table, partition the permuted keys by prefix, join within partitions."""
 
+from __future__ import annotations
+
 import os
+from typing import Any, Optional
 
 import numpy as np
 import ray
 
-from .. import _core, manifest
+from .. import environments, manifest
+from .._layout import DB_SEQS, MANIFEST
+from .._records import read_tail, split_record
 from ..codec import decode_id
-from ..index import group_pairs
-from ..plan import Plan
-from ..shard import entry_order, prefix_order
-from ..store import RECORDS, SEQS_DB
 from ..errors import ParameterError
+from ..fingerprints import DEFAULT_SCHEME
+from ..pairs import group_pairs, join_table
+from ..plan import DEFAULT_K, Plan
+from ..shard import entry_order
+from ..transactions import Transactions
 from .cluster import connect, release
 from .route import fetch
 from .parts import collect, partitions
@@ -24,24 +30,25 @@ CHUNK = 1 << 20        # records per map partition of a stored index
 @ray.remote
 def _index_records(path):
     """(positions, fps, ids) of the live records of a stored index, in insertion order."""
-    from ..store import INITIAL_MAP
-    env = _core.Env(os.path.join(path, RECORDS), readonly=True, mapsize=INITIAL_MAP, maxdbs=4)
+    env = environments.open_records(path, readonly=True, sync=True)
+    txns = Transactions(path, [env], what=f"index {path}")
+
+    def read(txn):
+        seqs, fps = read_tail(txn, DB_SEQS, 0)
+        ids = [decode_id(split_record(txn.get(DB_SEQS, int(s).to_bytes(8, "big")))[1])
+               for s in seqs.tolist()]
+        return seqs, fps, ids
     try:
-        env.open_db(SEQS_DB)
-        with _core.Txn(env) as txn:
-            seqs, fps = _core.read_tail(txn, SEQS_DB, 0)
-            ids = [decode_id(_core.split_record(txn.get(SEQS_DB, int(s).to_bytes(8, "big")))[1])
-                   for s in seqs.tolist()]
+        return txns.read_txn(env, read)
     finally:
-        env.close()
-    return seqs, fps, ids
+        txns.close(sync=False)
 
 
 @ray.remote
 def _split(fps, positions, table, k, blocks, pbits):
     """Map: one table's keys of a partition, cut into 2**pbits parts by leading bits."""
     plan = Plan(k=k, blocks=blocks, shards=1)
-    keys = plan.core.keys(table, fps)
+    keys = plan.permuter.keys(table, fps)
     if not pbits:
         return keys, positions
     part = (keys >> np.uint64(64 - pbits)).astype(np.int64)
@@ -54,15 +61,13 @@ def _join(table, k, blocks, *parts):
     plan = Plan(k=k, blocks=blocks, shards=1)
     keys = np.concatenate([p[0] for p in parts])
     pos = np.concatenate([p[1] for p in parts])
-    order = prefix_order(keys, plan.core.prefix_mask(table))
-    return _core.pairs_sorted(keys[order], pos[order], plan.core.prefix_mask(table),
-                              plan.earlier_masks(table), k)
+    return join_table(plan, table, keys, pos, k)
 
 
 def _sources(source, k, blocks, fmt, fp_format):
     """(k, blocks, [(positions ref, fps ref)], position -> id) of an index or of inputs."""
     if isinstance(source, (str, os.PathLike)) and \
-            os.path.exists(os.path.join(os.fspath(source), manifest.NAME)):
+            os.path.exists(os.path.join(os.fspath(source), MANIFEST)):
         path = os.path.abspath(os.fspath(source))
         m = manifest.read(path)
         k = _check_k(m["k"] if k is None else k, m["k"])
@@ -74,9 +79,9 @@ def _sources(source, k, blocks, fmt, fp_format):
         parts = [(ray.put(seqs[i:i + CHUNK]), ray.put(fps[i:i + CHUNK]))
                  for i in range(0, len(seqs), CHUNK)]
         return k, m["blocks"], parts, names.__getitem__
-    k = _check_k(3 if k is None else k, 63)
+    k = _check_k(DEFAULT_K if k is None else k, 63)
     parts, ids, n = [], [], 0
-    for ref in partitions(source, "simindex-v1", fmt, fp_format):
+    for ref in partitions(source, DEFAULT_SCHEME, fmt, fp_format):
         chunks, error = collect(ref)
         if error is not None:
             raise error
@@ -123,8 +128,9 @@ def _pair_positions(source, k, blocks, partitions_, fmt, fp_format):
     return a[order], b[order], d[order], name
 
 
-def pairs(source, *, k=None, blocks=None, partitions=None, address=None, fmt=None,
-          fp_format="hex"):
+def pairs(source: Any, *, k: Optional[int] = None, blocks: Optional[int] = None,
+          partitions: Optional[int] = None, address: Optional[str] = None,
+          fmt: Optional[str] = None, fp_format: str = "hex") -> list:
     """Every pair within k bits, once: [(id_a, id_b, distance)], a before b.
 
     `source` is a stored index (its live records, a added before b; k defaults to the
@@ -141,8 +147,9 @@ def pairs(source, *, k=None, blocks=None, partitions=None, address=None, fmt=Non
         release(started)
 
 
-def clusters(source, *, k=None, blocks=None, partitions=None, address=None, fmt=None,
-             fp_format="hex"):
+def clusters(source: Any, *, k: Optional[int] = None, blocks: Optional[int] = None,
+             partitions: Optional[int] = None, address: Optional[str] = None,
+             fmt: Optional[str] = None, fp_format: str = "hex") -> list:
     """Groups of records linked by pairs within k bits (connected components of size >= 2),
     each in input (or insertion) order, groups in order of their first record."""
     started = connect(address)

@@ -1,20 +1,26 @@
 """Cluster: an index served by Ray actors, one per shard plus one for the records."""
 
+from __future__ import annotations
+
 import os
 import threading
 import uuid
+from typing import Any, Callable, Iterable, Optional, Union
 
 import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .. import _core, manifest
-from ..codec import check_fp, decode_id, encode_id, fp_array, pack_meta, unpack
-from ..errors import ClosedError, InputError, InputTypeError, MissingIndexError, ParameterError
-from ..errors import ReadOnlyError
+from .. import manifest
+from .._layout import MANIFEST
+from ..codec import check_fp, encode_id, encode_records, fp_array, pack_meta
+from ..errors import InputError, MissingIndexError, ParameterError, ReadOnlyError, closed_error
 from ..fingerprints import fingerprint
-from ..index import _check_verify, _match, _verified, record_of, records_of
-from ..store import APPLY_CHUNK, LAG_LIMIT, RECORD_CHUNK
+from ..protocol import APPLY_CHUNK, LAG_LIMIT, RECORD_CHUNK
+from ..results import (
+    Id, Match, Record, check_verify, match_of, record_of, verified,
+    verified_many,
+)
 from . import route
 from .route import fetch
 from .servers import LedgerServer, ShardServer, plan_of
@@ -28,7 +34,7 @@ _ray_lock = threading.Lock()
 _ray_users = 0          # Clusters and calls using a Ray that this process started
 
 
-def connect(address=None):
+def connect(address: Optional[str] = None) -> bool:
     """Join the Ray cluster at `address`, or start a local one; True if this process started
     it (then release() shuts it down when its last user is done)."""
     global _ray_users
@@ -46,7 +52,7 @@ def connect(address=None):
         return True
 
 
-def release(started):
+def release(started: bool) -> None:
     """The end of a use that connect() reported as started here."""
     global _ray_users
     if not started:
@@ -67,12 +73,13 @@ class Cluster:
     `readonly=True` opens every environment read-only and refuses writes.
     """
 
-    def __init__(self, index_path, *, address=None, nodes=None, readonly=False):
+    def __init__(self, index_path: Union[str, os.PathLike], *, address: Optional[str] = None,
+                 nodes: Optional[dict] = None, readonly: bool = False) -> None:
         # actors resolve paths in their own working directory: send an absolute one
         self.path = os.path.abspath(os.fspath(index_path))
-        if not os.path.exists(os.path.join(self.path, manifest.NAME)):
+        if not os.path.exists(os.path.join(self.path, MANIFEST)):
             raise MissingIndexError(f"no simindex index at {self.path} (create it with "
-                                    f"simindex.Index or simindex.dist.build)")
+                                    f"simindex.Index or simindex.distributed.build)")
         self._manifest = manifest.read(self.path)
         self.plan = plan_of(self.path)
         self.readonly = bool(readonly)
@@ -106,7 +113,7 @@ class Cluster:
             raise
 
     # ------------------------------------------------------------ life cycle
-    def close(self):
+    def close(self) -> None:
         """Stop the actors (their environments flush and close) and a Ray started here."""
         if self._closed:
             return
@@ -122,18 +129,18 @@ class Cluster:
             ray.kill(a)
         release(self._started)
 
-    def __enter__(self):
+    def __enter__(self) -> "Cluster":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
-        return f"<simindex.dist.Cluster {self.path!r} shards={self.plan.shards}>"
+    def __repr__(self) -> str:
+        return f"<simindex.distributed.Cluster {self.path!r} shards={self.plan.shards}>"
 
     def _check(self, write=False):
         if self._closed:
-            raise ClosedError(f"cluster on {self.path} is closed")
+            raise closed_error(f"cluster on {self.path}")
         if write and self.readonly:
             raise ReadOnlyError(f"cluster on {self.path} is read-only")
 
@@ -145,18 +152,18 @@ class Cluster:
         return self._client + threading.get_ident().to_bytes(8, "little"), n
 
     @property
-    def k(self):
+    def k(self) -> int:
         return self.plan.k
 
     @property
-    def blocks(self):
+    def blocks(self) -> int:
         return self.plan.blocks
 
     @property
-    def scheme(self):
+    def scheme(self) -> Optional[str]:
         return self._manifest["scheme"]
 
-    def fingerprint(self, text):
+    def fingerprint(self, text: str) -> int:
         return fingerprint(text, scheme=self.scheme)
 
     def _k(self, k):
@@ -168,7 +175,7 @@ class Cluster:
         return k
 
     # ------------------------------------------------------------ writes
-    def catch_up(self):
+    def catch_up(self) -> None:
         """Bring every shard up to the records committed when the call began (the replay
         after an actor restart); flush() for the whole index."""
         self._check(write=True)
@@ -218,14 +225,19 @@ class Cluster:
         if gap:
             self.catch_up()
 
-    def add_many(self, items, fingerprints=None):
+    def add_many(self, items: Iterable[Any], fingerprints: Any = None) -> None:
         """As Index.add_many: everything is checked first; records commit in the ledger in
         atomic chunks (durable), then the shards apply their parts."""
         self._check(write=True)
-        idks, fps, metas = records_of(items, fingerprints)
-        self._add_encoded(idks, fps, metas)
+        idks, fps, metas = encode_records(items, fingerprints)
+        self.add_columns(idks, fps, metas)
 
-    def _add_encoded(self, idks, fps, metas, owners=None):
+    def add_columns(self, idks: list, fps: np.ndarray, metas: list,
+                    owners: Optional[np.ndarray] = None) -> None:
+        """add_many of records already encoded (simindex.codec.encode_records), with, when
+        known, `owners`: the (shards, n) bools of route.owners (distributed.build has its
+        map tasks compute them)."""
+        self._check(write=True)
         batches = []
         for i in range(0, len(idks), RECORD_CHUNK):
             j = i + RECORD_CHUNK
@@ -235,10 +247,11 @@ class Cluster:
         if batches:
             self._apply(batches)
 
-    def add(self, id, fingerprint, meta=None):
+    def add(self, id: Id, fingerprint: int, meta: Any = None) -> None:
         self.add_many([(id, fingerprint, meta)])
 
-    def add_unique(self, id, fingerprint, meta=None, k=None):
+    def add_unique(self, id: Id, fingerprint: int, meta: Any = None,
+                   k: Optional[int] = None) -> list[Match]:
         """As Index.add_unique: atomic across clients (the ledger holds the records write
         lock while the shards scan)."""
         self._check(write=True)
@@ -249,76 +262,83 @@ class Cluster:
         if added is not None:
             prev, seqs = added
             self._apply([(prev, seqs, np.array([fp], dtype=np.uint64), None)])
-        return [_match(h) for h in hits]
+        return [match_of(h) for h in hits]
 
-    def remove(self, id):
+    def remove(self, id: Id) -> bool:
         """Remove the record of `id`; returns whether there was one."""
         self._check(write=True)
         return fetch(self.ledger.remove.remote(self._request(), encode_id(id)))
 
-    def add_text(self, id, text, meta=None):
+    def add_text(self, id: Id, text: str, meta: Any = None) -> int:
         fp = self.fingerprint(text)
         self.add(id, fp, meta)
         return fp
 
-    def add_unique_text(self, id, text, meta=None, k=None):
+    def add_unique_text(self, id: Id, text: str, meta: Any = None,
+                        k: Optional[int] = None) -> list[Match]:
         return self.add_unique(id, self.fingerprint(text), meta, k)
 
     # ------------------------------------------------------------ reads
-    def query_many(self, fingerprints, k=None, verify=None):
+    def query_many(self, fingerprints: Any, k: Optional[int] = None,
+                   verify: Optional[Callable[[int, Match], bool]] = None
+                   ) -> list[list[Match]]:
         """As Index.query_many: shards scan their parts at once, then the ledger resolves."""
         self._check()
         k = self._k(k)
         q = fp_array(fingerprints)
         if verify is not None:
-            _check_verify(verify)
+            check_verify(verify)
         if not len(q):
             return []
         # every shard snapshot is taken before the ledger's records snapshot (see resolve)
         qidx, seqs, dists, applied = route.scan(self.plan, self.shards, q, k)
         hits = fetch(self.ledger.resolve.remote(q, qidx, seqs, dists, applied, k))
-        out = [[_match(h) for h in hs] for hs in hits]
+        out = [[match_of(h) for h in hs] for hs in hits]
         if verify is not None:
-            out = [[m for m in ms if verify(i, m)] for i, ms in enumerate(out)]
+            out = verified_many(out, verify)
         return out
 
-    def query(self, fingerprint, k=None, verify=None):
+    def query(self, fingerprint: int, k: Optional[int] = None,
+              verify: Optional[Callable[[Match], bool]] = None) -> list[Match]:
         ms = self.query_many(np.array([check_fp(fingerprint)], dtype=np.uint64), k)[0]
-        return _verified(ms, verify)
+        return verified(ms, verify)
 
-    def query_text(self, text, k=None, verify=None):
+    def query_text(self, text: str, k: Optional[int] = None,
+                   verify: Optional[Callable[[Match], bool]] = None) -> list[Match]:
         return self.query(self.fingerprint(text), k, verify)
 
-    def get(self, id):
+    def get(self, id: Id) -> Optional[Record]:
         """The stored Record of `id`, or None."""
         self._check()
         return record_of(fetch(self.ledger.get.remote(encode_id(id))))
 
-    def __contains__(self, id):
+    def __contains__(self, id: object) -> bool:
         try:
             idk = encode_id(id)
-        except (InputError, InputTypeError):
+        except InputError:
             return False
         self._check()
         return fetch(self.ledger.get.remote(idk)) is not None
 
-    def __len__(self):
+    def __len__(self) -> int:
         self._check()
         return fetch(self.ledger.count.remote())
 
-    def pairs(self, k=None, partitions=None):
-        """dist.pairs over this index's stored records."""
+    def pairs(self, k: Optional[int] = None, partitions: Optional[int] = None
+              ) -> list[tuple[Id, Id, int]]:
+        """distributed.pairs over this index's stored records."""
         from .batch import pairs
         self._check()
         return pairs(self.path, k=self._k(k), partitions=partitions)
 
-    def clusters(self, k=None, partitions=None):
-        """dist.clusters over this index's stored records."""
+    def clusters(self, k: Optional[int] = None, partitions: Optional[int] = None
+                 ) -> list[list[Id]]:
+        """distributed.clusters over this index's stored records."""
         from .batch import clusters
         self._check()
         return clusters(self.path, k=self._k(k), partitions=partitions)
 
-    def pids(self):
+    def pids(self) -> dict:
         """{"records": pid, shard: pid, ...} of the actor processes (for operations and tests)."""
         self._check()
         out = {"records": fetch(self.ledger.pid.remote())}

@@ -7,7 +7,7 @@ package does, and raises a clear ImportError when it is missing.
 try:
     import ray  # noqa: F401
 except ImportError as e:                     # pragma: no cover - depends on the install
-    raise ImportError("simindex.dist needs Ray: pip install 'simindex[ray]'") from e
+    raise ImportError("simindex.distributed needs Ray: pip install 'simindex[ray]'") from e
 
 from .batch import clusters, pairs
 from .build import build

@@ -1,0 +1,340 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The block codec: a table's sorted entries (permuted key, record seq) stored as runs of
+packed blocks in a shard's `blocks` database, and the shard's state that lists the runs.
+
+The format is in layout.pxd. Runs are written once, sorted, with MDB_APPEND (full pages, no
+splits) and never changed: a merge writes a new run and deletes the old ones
+(simindex/shard.py decides which). Decoding is inline in _blocks.pxd for the scan loops.
+"""
+
+import numpy as np
+
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, realloc, free
+from libc.string cimport memcpy, memset, strlen
+
+from simindex.clmdb cimport (
+    MDB_txn, MDB_cursor, MDB_dbi, MDB_val, MDB_APPEND, MDB_RESERVE, MDB_SET_RANGE, MDB_NEXT,
+    MDB_NOTFOUND, MDB_KEYEXIST, mdb_put, mdb_get, mdb_cursor_open, mdb_cursor_close,
+    mdb_cursor_get, mdb_cursor_del,
+)
+cimport simindex.bits as bits
+cimport simindex.layout as layout
+from simindex._lmdb cimport Txn, error, CORRUPT_STATE, NO_MEMORY
+from simindex.errors import CorruptError
+
+cdef extern from "zlib.h" nogil:
+    unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int len)
+
+# A shard's runs as numpy reads and writes them (layout.pxd, RUN_ENTRY).
+RUN_DTYPE = np.dtype({
+    "names": ["run", "count", "table", "pad"],
+    "formats": ["<u8", "<u8", "<u4", "<u4"],
+    "offsets": [layout.RUN_ID_AT, layout.RUN_COUNT_AT, layout.RUN_TABLE_AT,
+                layout.RUN_TABLE_AT + 4],
+    "itemsize": layout.RUN_ENTRY,
+})
+
+
+# ---------------------------------------------------------------- writing runs
+cdef inline int _width(uint64_t span) noexcept nogil:
+    """Bytes needed to store offsets up to `span`."""
+    return 0 if span == 0 else (71 - bits.clz64(span)) >> 3
+
+
+cdef int _block_widths(const uint64_t *keys, const uint64_t *seqs, size_t c,
+                       uint64_t *smin) noexcept nogil:
+    """kw + sw of a v2 block holding these entries (keys sorted); sets the least seq."""
+    cdef uint64_t lo = seqs[0], hi = seqs[0]
+    cdef size_t i
+    for i in range(1, c):
+        if seqs[i] < lo:
+            lo = seqs[i]
+        elif seqs[i] > hi:
+            hi = seqs[i]
+    smin[0] = lo
+    return _width(keys[c - 1] - keys[0]) + _width(hi - lo)
+
+
+cdef size_t _block_count(const uint64_t *keys, const uint64_t *seqs, size_t rem) noexcept nogil:
+    """How many of the next `rem` entries fill one v2 block: the most whose widths fit."""
+    cdef size_t cap = layout.BLOCK_BYTES - layout.V2_HEADER - layout.V2_PAD
+    cdef size_t c = rem if rem < cap // 16 else cap // 16        # fits at any width
+    cdef size_t nc
+    cdef uint64_t smin
+    cdef int w, tries
+    for tries in range(6):
+        w = _block_widths(keys, seqs, c, &smin)
+        nc = rem if w == 0 else cap // <size_t>w
+        if nc > rem:
+            nc = rem
+        if nc > layout.V2_MAX_ENTRIES:
+            nc = layout.V2_MAX_ENTRIES
+        if nc <= c:
+            break
+        w = _block_widths(keys, seqs, nc, &smin)
+        if nc * <size_t>w > cap:
+            break
+        c = nc
+    return c
+
+
+def write_run(Txn txn, str db, uint64_t run_id, const uint64_t[::1] keys,
+              const uint64_t[::1] seqs):
+    """Append sorted (key, seq) entries as run `run_id` in v2 blocks; returns the block count.
+
+    Keys must be sorted and the run id larger than any run already stored, so every block
+    goes in with MDB_APPEND (no page splits, full pages).
+    """
+    cdef Py_ssize_t n = keys.shape[0], i, c, off = 0
+    cdef uint32_t blockno = 0
+    cdef uint8_t kbuf[layout.BLOCK_KEY]
+    cdef MDB_val k, v
+    cdef uint8_t *p
+    cdef uint8_t *ko
+    cdef uint8_t *so
+    cdef uint8_t tmp[8]
+    cdef int rc = 0, kw, sw
+    cdef uint64_t kbase, sbase
+    cdef MDB_dbi dbi
+    txn.check()
+    dbi = txn.env.dbi(db)
+    if seqs.shape[0] != n:
+        raise ValueError("keys and seqs differ in length")
+    with nogil:
+        while off < n:
+            c = _block_count(&keys[off], &seqs[off], n - off)
+            kbase = keys[off]
+            kw = _width(keys[off + c - 1] - kbase)
+            sw = _block_widths(&keys[off], &seqs[off], c, &sbase) - kw
+            bits.store_be64(kbuf, run_id)
+            bits.store_be64(kbuf + 8, keys[off + c - 1])
+            bits.store_be32(kbuf + 16, blockno)
+            k.mv_size = layout.BLOCK_KEY
+            k.mv_data = kbuf
+            v.mv_size = layout.V2_HEADER + c * (kw + sw) + layout.V2_PAD
+            v.mv_data = NULL
+            rc = mdb_put(txn.txn, dbi, &k, &v, MDB_APPEND | MDB_RESERVE)
+            if rc:
+                break
+            p = <uint8_t *>v.mv_data
+            memset(p, 0, v.mv_size)
+            bits.store32(p, layout.V2_MAGIC)
+            bits.store32(p + 4, <uint32_t>c)
+            p[12] = <uint8_t>kw
+            p[13] = <uint8_t>sw
+            bits.store64(p + 16, kbase)
+            bits.store64(p + 24, sbase)
+            ko = p + layout.V2_HEADER
+            so = ko + c * kw
+            for i in range(c):
+                bits.store64(tmp, keys[off + i] - kbase)
+                memcpy(ko + i * kw, tmp, kw)
+                bits.store64(tmp, seqs[off + i] - sbase)
+                memcpy(so + i * sw, tmp, sw)
+            bits.store32(p + 8, <uint32_t>crc32(
+                0, p + 12, <unsigned int>(v.mv_size - 12 - layout.V2_PAD)))
+            off += c
+            blockno += 1
+    if rc == MDB_KEYEXIST:
+        raise CorruptError(f"{txn.env.path}: run {run_id} is not newer than the runs stored")
+    if rc:
+        raise error(rc, f"{txn.env.path}: writing run {run_id} failed")
+    return blockno
+
+
+# ---------------------------------------------------------------- reading and deleting runs
+def read_run(Txn txn, str db, uint64_t run_id, size_t count, bint check=False):
+    """All (keys, seqs) of run `run_id` as uint64 arrays, checking structure (and crc if asked).
+
+    `count` is the entry count the shard state records for the run; a mismatch is damage.
+    """
+    cdef MDB_cursor *cur
+    cdef MDB_val k, v
+    cdef uint8_t kbuf[layout.BLOCK_KEY]
+    cdef int rc
+    cdef size_t got = 0, i
+    cdef uint32_t blockno = 0
+    cdef uint64_t prev = 0, key
+    cdef Block b
+    cdef str reason = None
+    txn.check()
+    keys = np.empty(count, dtype=np.uint64)
+    seqs = np.empty(count, dtype=np.uint64)
+    cdef uint64_t[::1] ko = keys
+    cdef uint64_t[::1] so = seqs
+    rc = mdb_cursor_open(txn.txn, txn.env.dbi(db), &cur)
+    if rc:
+        raise error(rc, f"{txn.env.path}: cursor failed")
+    memset(kbuf, 0, layout.BLOCK_KEY)
+    bits.store_be64(kbuf, run_id)
+    k.mv_size = layout.BLOCK_KEY
+    k.mv_data = kbuf
+    try:
+        rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE)
+        while rc == 0:
+            if k.mv_size != layout.BLOCK_KEY:
+                reason = "a block key has the wrong size"
+                break
+            if bits.load_be64(k.mv_data) != run_id:
+                break
+            if open_block(&k, &v, &b):
+                reason = f"block {blockno} has a bad header or size"
+                break
+            if bits.load_be32(<uint8_t *>k.mv_data + 16) != blockno:
+                reason = f"block {blockno} is missing"
+                break
+            if check and b.crc != <uint32_t>crc32(0, b.checked, <unsigned int>b.checked_size):
+                reason = f"block {blockno} fails its checksum"
+                break
+            if got + b.c > count:
+                reason = f"the run holds more than the {count} entries recorded"
+                break
+            for i in range(b.c):
+                key = key_at(&b, i)
+                if key < prev:
+                    reason = f"block {blockno} is out of order"
+                    break
+                prev = key
+                ko[got + i] = key
+                so[got + i] = seq_at(&b, i)
+            if reason is not None:
+                break
+            if bits.load_be64(<uint8_t *>k.mv_data + 8) != prev:
+                reason = f"block {blockno}'s key does not match its last entry"
+                break
+            got += b.c
+            blockno += 1
+            rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)
+    finally:
+        mdb_cursor_close(cur)
+    if rc and rc != MDB_NOTFOUND:
+        raise error(rc, f"{txn.env.path}: reading run {run_id} failed")
+    if reason is None and got != count:
+        reason = f"the run holds {got} entries, {count} recorded"
+    if reason is not None:
+        raise CorruptError(f"{txn.env.path}: run {run_id}: {reason}")
+    return keys, seqs
+
+
+def delete_run(Txn txn, str db, uint64_t run_id):
+    """Delete every block of run `run_id`; returns how many were deleted."""
+    cdef MDB_cursor *cur
+    cdef MDB_val k, v
+    cdef uint8_t kbuf[layout.BLOCK_KEY]
+    cdef int rc
+    cdef size_t n = 0
+    txn.check()
+    rc = mdb_cursor_open(txn.txn, txn.env.dbi(db), &cur)
+    if rc:
+        raise error(rc, f"{txn.env.path}: cursor failed")
+    memset(kbuf, 0, layout.BLOCK_KEY)
+    bits.store_be64(kbuf, run_id)
+    with nogil:
+        # Re-seek after each delete: the first remaining block of the run, or the next run.
+        while True:
+            k.mv_size = layout.BLOCK_KEY
+            k.mv_data = kbuf
+            rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE)
+            if rc or k.mv_size < 8 or bits.load_be64(k.mv_data) != run_id:
+                break
+            rc = mdb_cursor_del(cur, 0)
+            if rc:
+                break
+            n += 1
+        mdb_cursor_close(cur)
+    if rc and rc != MDB_NOTFOUND:
+        raise error(rc, f"{txn.env.path}: deleting run {run_id} failed")
+    return n
+
+
+# ---------------------------------------------------------------- a shard's state
+cdef int read_state(MDB_txn *txn, MDB_dbi state_dbi, int ntables,
+                    RunList *out) noexcept nogil:
+    """Read a shard's applied seq and runs into `out` (its arrays grow as needed and belong
+    to it: free_state). 0, or an error code; runs must be sorted by table."""
+    cdef MDB_val k, v
+    cdef int rc, t
+    cdef size_t nruns, i
+    cdef uint32_t table
+    cdef const uint8_t *p
+    cdef void *tmp
+    k.mv_size = strlen(layout.STATE_APPLIED)
+    k.mv_data = <void *>layout.STATE_APPLIED
+    rc = mdb_get(txn, state_dbi, &k, &v)
+    if rc == MDB_NOTFOUND:
+        out.applied = 0
+    elif rc:
+        return rc
+    elif v.mv_size != 8:
+        return CORRUPT_STATE
+    else:
+        out.applied = bits.load64(v.mv_data)
+    k.mv_size = strlen(layout.STATE_RUNS)
+    k.mv_data = <void *>layout.STATE_RUNS
+    rc = mdb_get(txn, state_dbi, &k, &v)
+    if rc == MDB_NOTFOUND:
+        v.mv_size = 0
+        v.mv_data = NULL
+    elif rc:
+        return rc
+    if v.mv_size % layout.RUN_ENTRY:
+        return CORRUPT_STATE
+    nruns = v.mv_size // layout.RUN_ENTRY
+    if out.table_start == NULL:
+        out.table_start = <uint32_t *>calloc(ntables + 1, sizeof(uint32_t))
+        if out.table_start == NULL:
+            return NO_MEMORY
+    if nruns > out.cap or out.run_ids == NULL:
+        tmp = realloc(out.run_ids, (nruns + 1) * sizeof(uint64_t))
+        if tmp == NULL:
+            return NO_MEMORY
+        out.run_ids = <uint64_t *>tmp
+        out.cap = nruns + 1
+    memset(out.table_start, 0, (ntables + 1) * sizeof(uint32_t))
+    p = <const uint8_t *>v.mv_data
+    for i in range(nruns):
+        table = bits.load32(p + layout.RUN_ENTRY * i + layout.RUN_TABLE_AT)
+        if table >= <uint32_t>ntables or \
+                (i and table < bits.load32(p + layout.RUN_ENTRY * (i - 1) + layout.RUN_TABLE_AT)):
+            return CORRUPT_STATE
+        out.table_start[table + 1] += 1
+        out.run_ids[i] = bits.load64(p + layout.RUN_ENTRY * i + layout.RUN_ID_AT)
+    for t in range(ntables):
+        out.table_start[t + 1] += out.table_start[t]
+    out.nruns = nruns
+    return 0
+
+
+cdef void free_state(RunList *out) noexcept nogil:
+    free(out.run_ids)
+    free(out.table_start)
+    out.run_ids = NULL
+    out.table_start = NULL
+    out.cap = 0
+    out.nruns = 0
+
+
+def load_state(Txn txn, int ntables):
+    """(applied seq, runs as a RUN_DTYPE array sorted by (table, run), next run id) of the
+    shard that `txn` reads; the same checks as the scan loop's (CorruptError on damage)."""
+    cdef RunList rl
+    cdef int rc
+    cdef MDB_dbi dbi
+    txn.check()
+    dbi = txn.env.dbi(layout.DB_STATE.decode())
+    memset(&rl, 0, sizeof(RunList))
+    try:
+        rc = read_state(txn.txn, dbi, ntables, &rl)
+        if rc:
+            raise error(rc, f"{txn.env.path}: cannot read the shard state")
+        applied = rl.applied
+    finally:
+        free_state(&rl)
+    r = txn.get(layout.DB_STATE.decode(), layout.STATE_RUNS)
+    runs = np.frombuffer(r, dtype=RUN_DTYPE).copy() if r else np.empty(0, RUN_DTYPE)
+    nr = txn.get(layout.DB_STATE.decode(), layout.STATE_NEXT_RUN)
+    if nr is not None and len(nr) != 8:
+        raise CorruptError(f"{txn.env.path}: a shard's state record is damaged")
+    next_run = int.from_bytes(nr, "little") if nr is not None else 1
+    return applied, runs, next_run

@@ -1,0 +1,44 @@
+# The block-permutation tables in C form (ext/simindex/_permute.pyx): per table, where each
+# block of a fingerprint goes in its permuted key, and the mask of the key's prefix. The
+# key and shard-range functions are inline here so every scan loop compiles them in.
+from libc.stdint cimport uint8_t, uint64_t
+
+
+cdef struct Tables:
+    int ntables
+    int nblocks
+    int shard_bits          # a shard is a range of keys sharing these leading bits
+    uint8_t *src_shift      # ntables x nblocks: where block j of table t comes from...
+    uint8_t *dst_shift      # ...and where it goes
+    uint64_t *bmask         # ntables x nblocks: the block's width as a mask
+    uint64_t *pmask         # ntables: the table's prefix as a mask over the permuted key
+
+
+cdef inline uint64_t permute(const Tables *p, int t, uint64_t fp) noexcept nogil:
+    """The permuted key of `fp` in table `t`: the chosen blocks first, then the rest."""
+    cdef uint64_t r = 0
+    cdef int j, base = t * p.nblocks
+    for j in range(p.nblocks):
+        r |= ((fp >> p.src_shift[base + j]) & p.bmask[base + j]) << p.dst_shift[base + j]
+    return r
+
+
+cdef inline void prefix_range(const Tables *p, int t, uint64_t key, uint64_t *lo,
+                              uint64_t *hi, int *s0, int *s1) noexcept nogil:
+    """The keys [lo, hi] of table `t` sharing the prefix of permuted `key`, and the shards
+    [s0, s1] that hold them (one when the prefix is at least as long as the shard bits)."""
+    lo[0] = key & p.pmask[t]
+    hi[0] = lo[0] | ~p.pmask[t]
+    if p.shard_bits:
+        s0[0] = <int>(lo[0] >> (64 - p.shard_bits))
+        s1[0] = <int>(hi[0] >> (64 - p.shard_bits))
+    else:
+        s0[0] = 0
+        s1[0] = 0
+
+
+cdef class Permuter:
+    cdef Tables c
+    cdef readonly int ntables
+    cdef readonly int nblocks
+    cdef readonly int shard_bits

@@ -1,0 +1,60 @@
+# The query engine (ext/simindex/_query.pyx): read transactions on an index's records and
+# shards, the nogil scan of every table's prefix ranges, and the resolution of candidates.
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from simindex.clmdb cimport MDB_env, MDB_txn, MDB_cursor, MDB_dbi
+from simindex._lmdb cimport Env, Txn, Handle
+from simindex._permute cimport Permuter
+from simindex._blocks cimport RunList
+from simindex._records cimport Tail
+
+
+cdef enum ViewState:
+    VIEW_NEW = 0        # no read transaction yet
+    VIEW_RESET = 1      # a transaction and cursor kept across calls, reset between them
+    VIEW_ACTIVE = 2     # renewed for this call, its state parsed
+
+
+cdef struct ShardView:
+    MDB_txn *txn
+    MDB_cursor *cur
+    ViewState state
+    size_t parsed          # id of the snapshot whose state `runs` holds (0: none)
+    RunList runs           # the shard's applied seq and its runs per table
+
+
+cdef struct Hit:
+    uint64_t seq
+    uint64_t fp
+    const uint8_t *val
+    size_t vlen
+    uint32_t dist
+
+
+cdef struct HitBuf:
+    Hit *h
+    size_t n
+    size_t cap
+
+
+cdef class ReadContext(Handle):
+    cdef list envs
+    cdef Env records
+    cdef int nshards
+    cdef MDB_env *rec_env
+    cdef MDB_env **shard_envs
+    cdef ShardView *views
+    cdef MDB_dbi *blocks_dbi
+    cdef MDB_dbi *state_dbi
+    cdef MDB_txn *rec_txn
+    cdef MDB_cursor *rec_cur    # on seqs, kept across calls and renewed with rec_txn
+    cdef ViewState rec_state
+    cdef MDB_dbi seqs_dbi
+    cdef size_t psize
+    cdef readonly size_t anomalies
+    cdef int _begin_records(self) noexcept nogil
+    cdef int _activate(self, int s, int ntables) noexcept nogil
+    cdef void _release(self) noexcept nogil
+    cdef int _finish(self, MDB_txn *rtxn, uint64_t q, HitBuf *hits, size_t start,
+                     size_t psize) noexcept nogil
+    cdef list _query(self, Permuter perm, const uint64_t *queries, Py_ssize_t n, int k,
+                     Txn txn, bint matches)

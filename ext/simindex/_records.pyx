@@ -1,0 +1,390 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The record codec: records/ stores each record under a fresh seq and each id key under ids.
+
+A record is `fp | id key length | id key | msgpack(meta)` (layout.pxd). Writing assigns seqs
+in input order and replaces an id's older record; reading decodes ids back to their type.
+Python's simindex/records.py runs these inside the write protocol's transactions.
+"""
+
+import numpy as np
+
+from libc.stdint cimport uint8_t, uint64_t
+from libc.stdlib cimport malloc, realloc, free, qsort
+from libc.string cimport memcmp, memcpy
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+
+cdef extern from "Python.h":
+    const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
+
+cdef extern from "zlib.h" nogil:
+    unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int len)
+
+from simindex.clmdb cimport (
+    MDB_cursor, MDB_dbi, MDB_val, MDB_APPEND, MDB_RESERVE, MDB_SET_RANGE, MDB_SET_KEY,
+    MDB_NEXT, MDB_LAST, MDB_NOTFOUND, MDB_KEYEXIST, mdb_put, mdb_get, mdb_del,
+    mdb_cursor_open, mdb_cursor_close, mdb_cursor_get,
+)
+cimport simindex.bits as bits
+cimport simindex.layout as layout
+from simindex._lmdb cimport Txn, error, val_in_pages, CORRUPT_RECORD, NO_MEMORY
+from simindex.errors import CorruptError
+
+
+def checksum(data, unsigned long start=0):
+    """zlib's CRC-32 of `data` (bytes-like), continuing from `start` (the write buffer's
+    log frames its entries with it, as the blocks do theirs)."""
+    cdef const uint8_t[::1] v = memoryview(data).cast("B")
+    cdef size_t n = v.shape[0]
+    if n == 0:
+        return start
+    with nogil:
+        start = crc32(start, &v[0], <unsigned int>n)
+    return start
+
+
+# ---------------------------------------------------------------- writing records
+cdef struct IdRef:
+    const char *p
+    size_t n
+    size_t i
+
+
+cdef int _cmp_idref(const void *a, const void *b) noexcept nogil:
+    """LMDB's default key order (bytes, then length), then input order: a stable sort."""
+    cdef const IdRef *x = <const IdRef *>a
+    cdef const IdRef *y = <const IdRef *>b
+    cdef size_t m = x.n if x.n < y.n else y.n
+    cdef int c = memcmp(x.p, y.p, m)
+    if c:
+        return c
+    if x.n != y.n:
+        return -1 if x.n < y.n else 1
+    return -1 if x.i < y.i else (1 if x.i > y.i else 0)
+
+
+cdef int _cmp_last(MDB_val *last, IdRef *first) noexcept nogil:
+    """Order of the stored last id key against the smallest new one (LMDB's key order).
+
+    Equal keys compare equal: the input-order tie break of _cmp_idref must not make the
+    stored key look smaller, or an id already stored would be appended a second time."""
+    cdef IdRef x
+    x.p = <const char *>last.mv_data
+    x.n = last.mv_size
+    x.i = first.i
+    return _cmp_idref(&x, first)
+
+
+def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
+                const uint64_t[::1] fps, list metas not None, uint64_t next_seq):
+    """Store records under fresh seqs, replacing an id's earlier record.
+
+    Returns (next_seq, replaced). `metas[i]` is the msgpack encoding of the meta value.
+    Records are appended in seq order; ids are then written in key order, which LMDB
+    does with far fewer page visits than in input order, and simply appended when every
+    key is new and above the stored ones (ascending int ids, a fresh index).
+    """
+    cdef Py_ssize_t i, n = len(idkeys)
+    cdef MDB_dbi ids = txn.env.dbi(ids_db), sq = txn.env.dbi(seqs_db)
+    cdef MDB_val k, v, sk
+    cdef uint8_t seqbuf[8]
+    cdef uint8_t oldbuf[8]
+    cdef bytes idk, mb
+    cdef size_t idlen, mlen, j
+    cdef uint8_t *p
+    cdef int rc
+    cdef size_t replaced = 0
+    cdef IdRef *refs = NULL
+    cdef MDB_cursor *cur = NULL
+    cdef bint append
+    txn.check()
+    if fps.shape[0] != n or len(metas) != n:
+        raise ValueError("ids, fingerprints and metas differ in length")
+    for i in range(n):
+        if not isinstance(idkeys[i], bytes) or not isinstance(metas[i], bytes):
+            raise TypeError("id keys and metas must be bytes")
+    if n == 0:
+        return next_seq, 0
+    refs = <IdRef *>malloc(n * sizeof(IdRef))
+    if refs == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            idk = idkeys[i]
+            mb = metas[i]
+            idlen = PyBytes_GET_SIZE(idk)
+            mlen = PyBytes_GET_SIZE(mb)
+            refs[i].p = PyBytes_AS_STRING(idk)
+            refs[i].n = idlen
+            refs[i].i = i
+            bits.store_be64(seqbuf, next_seq + i)
+            sk.mv_size = 8
+            sk.mv_data = seqbuf
+            v.mv_size = layout.RECORD_HEADER + idlen + mlen
+            v.mv_data = NULL
+            rc = mdb_put(txn.txn, sq, &sk, &v, MDB_APPEND | MDB_RESERVE)
+            if rc == MDB_KEYEXIST:
+                raise CorruptError(f"{txn.env.path}: record sequence {next_seq + i} already used")
+            if rc:
+                raise error(rc, f"{txn.env.path}: writing a record failed")
+            p = <uint8_t *>v.mv_data
+            bits.store64(p, fps[i])
+            p[8] = <uint8_t>(idlen & 0xFF)
+            p[9] = <uint8_t>(idlen >> 8)
+            memcpy(p + layout.RECORD_HEADER, refs[i].p, idlen)
+            memcpy(p + layout.RECORD_HEADER + idlen, PyBytes_AS_STRING(mb), mlen)
+        qsort(refs, n, sizeof(IdRef), _cmp_idref)
+        # every key new and above the stored ones: append without looking anything up
+        append = True
+        for j in range(1, n):
+            if refs[j - 1].n == refs[j].n and memcmp(refs[j - 1].p, refs[j].p, refs[j].n) == 0:
+                append = False
+                break
+        if append:
+            rc = mdb_cursor_open(txn.txn, ids, &cur)
+            if rc:
+                raise error(rc, f"{txn.env.path}: reading the ids failed")
+            rc = mdb_cursor_get(cur, &k, &v, MDB_LAST)
+            mdb_cursor_close(cur)
+            if rc == 0:
+                append = _cmp_last(&k, &refs[0]) < 0
+            elif rc != MDB_NOTFOUND:
+                raise error(rc, f"{txn.env.path}: reading the ids failed")
+        for j in range(n):
+            k.mv_size = refs[j].n
+            k.mv_data = <void *>refs[j].p
+            if not append:
+                rc = mdb_get(txn.txn, ids, &k, &v)
+                if rc == 0:
+                    if v.mv_size != 8:
+                        raise CorruptError(f"{txn.env.path}: id entry has a bad size")
+                    memcpy(oldbuf, v.mv_data, 8)
+                    sk.mv_size = 8
+                    sk.mv_data = oldbuf
+                    rc = mdb_del(txn.txn, sq, &sk, NULL)
+                    if rc and rc != MDB_NOTFOUND:
+                        raise error(rc, f"{txn.env.path}: replacing a record failed")
+                    replaced += 1
+                elif rc != MDB_NOTFOUND:
+                    raise error(rc, f"{txn.env.path}: reading an id failed")
+            bits.store_be64(seqbuf, next_seq + refs[j].i)
+            sk.mv_size = 8
+            sk.mv_data = seqbuf
+            rc = mdb_put(txn.txn, ids, &k, &sk, MDB_APPEND if append else 0)
+            if rc:
+                raise error(rc, f"{txn.env.path}: writing an id failed")
+    finally:
+        free(refs)
+    return next_seq + n, replaced
+
+
+def encode_ids(list ids not None, fallback, Py_ssize_t max_bytes):
+    """Records keys of many ids, as simindex.codec.encode_id makes them (type tag, then the
+    8-byte big-endian int or the UTF-8 text), in one compiled pass.
+
+    An id that is not a plain int in [0, 2**64) or a str of at most `max_bytes` UTF-8 bytes
+    goes through `fallback` (encode_id), which encodes it or raises the error that names it.
+    """
+    cdef Py_ssize_t i, n = len(ids), size
+    cdef list out = [None] * n
+    cdef object x
+    cdef bytes b
+    cdef char *p
+    cdef const char *u
+    cdef unsigned long long v
+    for i in range(n):
+        x = ids[i]
+        if type(x) is int and x >= 0 and x <= 0xFFFFFFFFFFFFFFFF:
+            v = x
+            b = PyBytes_FromStringAndSize(NULL, 9)
+            p = PyBytes_AS_STRING(b)
+            p[0] = layout.ID_TAG_INT
+            bits.store_be64(p + 1, v)
+            out[i] = b
+        elif type(x) is str:
+            try:
+                u = PyUnicode_AsUTF8AndSize(x, &size)
+            except UnicodeEncodeError:
+                out[i] = fallback(x)            # a lone surrogate: the fallback says so
+                continue
+            if size > max_bytes:
+                out[i] = fallback(x)
+                continue
+            b = PyBytes_FromStringAndSize(NULL, size + 1)
+            p = PyBytes_AS_STRING(b)
+            p[0] = layout.ID_TAG_STR
+            memcpy(p + 1, u, size)
+            out[i] = b
+        else:
+            out[i] = fallback(x)
+    return out
+
+
+# ---------------------------------------------------------------- reading records
+cdef tuple record_id_meta(const uint8_t *p, size_t n):
+    """(id, meta bytes or None) of a stored record value, the id decoded to its type.
+
+    A record's meta of msgpack nil comes back as None, so most matches need no decoding.
+    """
+    cdef size_t idlen
+    cdef const uint8_t *key
+    cdef object id_, meta
+    if n < layout.RECORD_HEADER:
+        raise CorruptError("a stored record is shorter than its header")
+    idlen = p[8] | (<size_t>p[9] << 8)
+    if idlen < 1 or layout.RECORD_HEADER + idlen > n:
+        raise CorruptError("a stored record's id runs past its end")
+    key = p + layout.RECORD_HEADER
+    if key[0] == layout.ID_TAG_STR:
+        try:
+            id_ = PyUnicode_DecodeUTF8(<const char *>key + 1, idlen - 1, "strict")
+        except UnicodeDecodeError:
+            raise CorruptError("a stored text id is not valid UTF-8") from None
+    elif key[0] == layout.ID_TAG_BYTES:
+        id_ = PyBytes_FromStringAndSize(<const char *>key + 1, idlen - 1)
+    elif key[0] == layout.ID_TAG_INT and idlen == 9:
+        id_ = bits.load_be64(key + 1)
+    else:
+        raise CorruptError(f"a stored id has an unknown type tag {key[0]!r}")
+    if n - layout.RECORD_HEADER - idlen == 1 and \
+            p[layout.RECORD_HEADER + idlen] == layout.MSGPACK_NIL:
+        meta = None
+    else:
+        meta = PyBytes_FromStringAndSize(<const char *>p + layout.RECORD_HEADER + idlen,
+                                         n - layout.RECORD_HEADER - idlen)
+    return id_, meta
+
+
+def split_record(bytes value not None):
+    """(fingerprint, id key, meta bytes) of a stored record value, checking its sizes."""
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(value)
+    cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(value)
+    cdef size_t idlen
+    if n < layout.RECORD_HEADER:
+        raise CorruptError("a stored record is shorter than its header")
+    idlen = p[8] | (<size_t>p[9] << 8)
+    if layout.RECORD_HEADER + idlen > <size_t>n:
+        raise CorruptError("a stored record's id runs past its end")
+    return bits.load64(p), value[layout.RECORD_HEADER:layout.RECORD_HEADER + idlen], \
+        value[layout.RECORD_HEADER + idlen:]
+
+
+cdef int _tail_push(Tail *tail, uint64_t seq, uint64_t fp) noexcept nogil:
+    cdef void *tmp
+    if tail.n == tail.cap:
+        tail.cap = tail.cap * 2 if tail.cap else 1024
+        tmp = realloc(tail.seq, tail.cap * 8)
+        if tmp == NULL:
+            return NO_MEMORY
+        tail.seq = <uint64_t *>tmp
+        tmp = realloc(tail.fp, tail.cap * 8)
+        if tmp == NULL:
+            return NO_MEMORY
+        tail.fp = <uint64_t *>tmp
+    tail.seq[tail.n] = seq
+    tail.fp[tail.n] = fp
+    tail.n += 1
+    return 0
+
+
+cdef int _read_tail(MDB_cursor *cur, uint64_t start, size_t limit, Tail *tail) noexcept nogil:
+    """Append (seq, fp) of every record with seq >= start, at most `limit` (0: all)."""
+    cdef MDB_val key, val
+    cdef uint8_t kbuf[8]
+    cdef int rc
+    bits.store_be64(kbuf, start)
+    key.mv_size = 8
+    key.mv_data = kbuf
+    rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE)
+    while rc == 0:
+        if key.mv_size != 8 or val.mv_size < layout.RECORD_HEADER:
+            return CORRUPT_RECORD
+        rc = _tail_push(tail, bits.load_be64(key.mv_data), bits.load64(val.mv_data))
+        if rc:
+            return rc
+        if limit and tail.n >= limit:
+            return 0
+        rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)
+    return 0 if rc == MDB_NOTFOUND else rc
+
+
+cdef int load_tail(MDB_cursor *cur, uint64_t start, Tail *tail) noexcept nogil:
+    """Load (seq, fp) of every record with seq >= start: those not yet in every table."""
+    return _read_tail(cur, start, 0, tail)
+
+
+cdef void free_tail(Tail *tail) noexcept nogil:
+    free(tail.seq)
+    free(tail.fp)
+    tail.seq = NULL
+    tail.fp = NULL
+    tail.n = tail.cap = 0
+
+
+def read_tail(Txn txn, str seqs_db, uint64_t start, size_t limit=0):
+    """(seqs, fps) of the records with seq >= start, in seq order, at most `limit` (0: all)."""
+    cdef MDB_cursor *cur
+    cdef int rc
+    cdef Tail tail
+    txn.check()
+    rc = mdb_cursor_open(txn.txn, txn.env.dbi(seqs_db), &cur)
+    if rc:
+        raise error(rc, f"{txn.env.path}: cursor failed")
+    tail.seq = tail.fp = NULL
+    tail.n = tail.cap = 0
+    try:
+        with nogil:
+            rc = _read_tail(cur, start, limit, &tail)
+        if rc:
+            raise error(rc, f"{txn.env.path}: reading records failed")
+        seqs = np.empty(tail.n, dtype=np.uint64)
+        fps = np.empty(tail.n, dtype=np.uint64)
+        _copy_u64(seqs, tail.seq, tail.n)
+        _copy_u64(fps, tail.fp, tail.n)
+        return seqs, fps
+    finally:
+        mdb_cursor_close(cur)
+        free_tail(&tail)
+
+
+cdef void _copy_u64(arr, const uint64_t *src, size_t n):
+    cdef uint64_t[::1] m = arr
+    if n:
+        memcpy(&m[0], src, n * 8)
+
+
+def records_lookup(Txn txn, str seqs_db, const uint64_t[::1] seqs):
+    """(fingerprints, ids) of the records of ascending `seqs`, looked up in one pass; a
+    record removed since (no such seq) gives fingerprint 0 and id None."""
+    cdef Py_ssize_t i, n = seqs.shape[0]
+    cdef MDB_dbi dbi = txn.env.dbi(seqs_db)
+    cdef MDB_cursor *cur = NULL
+    cdef MDB_val k, v
+    cdef uint8_t kbuf[8]
+    cdef int rc
+    txn.check()
+    fps = np.zeros(n, dtype=np.uint64)
+    cdef uint64_t[::1] fo = fps
+    ids = [None] * n
+    rc = mdb_cursor_open(txn.txn, dbi, &cur)
+    if rc:
+        raise error(rc, f"{txn.env.path}: reading records failed")
+    try:
+        for i in range(n):
+            bits.store_be64(kbuf, seqs[i])
+            k.mv_size = 8
+            k.mv_data = kbuf
+            rc = mdb_cursor_get(cur, &k, &v, MDB_SET_KEY)
+            if rc == MDB_NOTFOUND:
+                continue
+            if rc:
+                raise error(rc, f"{txn.env.path}: reading records failed")
+            if v.mv_size < layout.RECORD_HEADER or \
+                    (not txn.write and not val_in_pages(&v, txn.env.psize)):
+                raise CorruptError(f"{txn.env.path}: a stored record is damaged (its size "
+                                   f"runs past its page or is below its header)")
+            fo[i] = bits.load64(v.mv_data)
+            ids[i] = record_id_meta(<const uint8_t *>v.mv_data, v.mv_size)[0]
+    finally:
+        mdb_cursor_close(cur)
+    return fps, ids

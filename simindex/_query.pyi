@@ -1,0 +1,29 @@
+"""Type stubs of the query engine (ext/simindex/_query.pyx)."""
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+import numpy.typing as npt
+
+from ._lmdb import Env, Handle, Txn
+from ._permute import Permuter
+
+U64 = npt.NDArray[np.uint64]
+Hit = tuple[int, int, int, Any, Optional[bytes]]   # (distance, fingerprint, seq, id, meta)
+
+def set_match_type(cls: type, unpack: Callable[[bytes, str], Any]) -> None: ...
+
+class ReadContext(Handle):
+    @property
+    def anomalies(self) -> int: ...
+    def __init__(self, records: Env, shards: list[Env]) -> None: ...
+    def close(self) -> None: ...
+    def applied(self, ntables: int) -> list[int]: ...
+    def query(self, perm: Permuter, queries: U64, k: int, txn: Optional[Txn] = ...,
+              matches: bool = ...) -> list[list[Any]]: ...
+    def query_one(self, perm: Permuter, fingerprint: int, k: int) -> list[Any]: ...
+    def resolve(self, queries: U64, qidx: U64, seqs: U64, dists: npt.NDArray[np.uint8],
+                applied: U64, k: int, txn: Optional[Txn] = ...) -> list[list[Hit]]: ...
+
+def scan_shard(txn: Txn, perm: Permuter, shard: int, queries: U64, k: int
+               ) -> tuple[U64, U64, npt.NDArray[np.uint8], int]: ...

@@ -1,0 +1,19 @@
+"""Type stubs of the record codec (ext/simindex/_records.pyx)."""
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+import numpy.typing as npt
+
+from ._lmdb import Txn
+
+U64 = npt.NDArray[np.uint64]
+
+def checksum(data: bytes, start: int = ...) -> int: ...
+def records_put(txn: Txn, ids_db: str, seqs_db: str, idkeys: list[bytes], fps: U64,
+                metas: list[bytes], next_seq: int) -> tuple[int, int]: ...
+def encode_ids(ids: list[Any], fallback: Callable[[Any], bytes], max_bytes: int
+               ) -> list[bytes]: ...
+def split_record(value: bytes) -> tuple[int, bytes, bytes]: ...
+def read_tail(txn: Txn, seqs_db: str, start: int, limit: int = ...) -> tuple[U64, U64]: ...
+def records_lookup(txn: Txn, seqs_db: str, seqs: U64) -> tuple[U64, list[Optional[Any]]]: ...

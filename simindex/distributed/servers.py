@@ -1,0 +1,192 @@
+"""The processes of a Cluster: one ledger serving records/, one server per shard.
+
+Each is a plain class run as a Ray actor that holds its LMDB environment open. They write
+through the single-machine write protocol (simindex/protocol.py) and its transaction
+runners (simindex/transactions.py): the ledger commits records first (the durability
+point), then each shard applies them as sorted runs and advances its applied seq; a shard
+that missed records (its actor restarted) is caught up from the ledger.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .. import environments, manifest, protocol, records
+from .._layout import DB_INFO, DB_SEQS, INFO_REQUEST
+from .._query import ReadContext, scan_shard
+from .._records import read_tail
+from ..codec import pack, unpack
+from ..errors import Error
+from ..plan import Plan
+from ..shard import load_state
+from ..transactions import Transactions
+from . import route
+
+
+def plan_of(path: str) -> Plan:
+    """The Plan recorded in an index's manifest."""
+    m = manifest.read(path)
+    return Plan(k=m["k"], blocks=m["blocks"], shards=m["shards"])
+
+
+class _Server:
+    """An actor that holds one environment. An error while opening it (a damaged file) is
+    kept and raised by every call, so the caller gets the typed error, not a dead actor
+    that Ray restarts without end."""
+
+    txns = None
+    _error = None
+
+    def __init__(self, *args):
+        try:
+            self._open(*args)
+        except Error as e:
+            self._error = e
+
+    def __getattribute__(self, name):
+        if name[0] != "_" and name != "pid":
+            error = object.__getattribute__(self, "_error")
+            if error is not None:
+                raise error
+        return object.__getattribute__(self, name)
+
+    def pid(self):
+        return os.getpid()
+
+    def close(self):
+        """Flush (a shard's last meta page is not synced by its commits) and close."""
+        self.txns.close(sync=not self.env.readonly)
+
+
+class ShardServer(_Server):
+    """One shard environment: applies committed records and scans for candidates."""
+
+    def _open(self, path, shard, readonly=False):
+        self.plan = plan_of(path)
+        self.shard = shard
+        self.env = environments.open_shard(path, shard, readonly=readonly, sync=True)
+        self.txns = Transactions(path, [self.env], what=f"shard {shard} of index {path}")
+
+    def applied(self):
+        return self.txns.read_txn(self.env, lambda txn: load_state(txn, self.plan.ntables)[0])
+
+    def apply(self, seqs, fps, since, last):
+        """Store this shard's part of the records committed after seq `since` up to `last`
+        (`seqs` ascending: all of them, or at least those with an entry in this shard).
+        Returns the shard's applied seq after it: below `since` when the shard missed
+        earlier records (its actor restarted) and must be caught up from the ledger first."""
+        entries = protocol.Entries(self.plan, seqs, fps)
+        return self.txns.write(
+            self.env, lambda txn: protocol.apply(txn, self.plan, self.shard, entries, last,
+                                                 since=since),
+            then=protocol.SHARD_WRITE_FAILED)
+
+    def scan(self, queries, k):
+        """(qidx, seqs, distances, applied) of this shard's candidates for each query."""
+        return self.txns.read_txn(self.env, lambda txn: scan_shard(
+            txn, self.plan.permuter, self.shard, queries, k))
+
+
+class LedgerServer(_Server):
+    """records/: assigns seqs, commits records, and resolves candidates into matches."""
+
+    def _open(self, path, readonly=False):
+        self.path = path
+        self.plan = plan_of(path)
+        self.env = env = environments.open_records(path, readonly=readonly, sync=True)
+        self.txns = Transactions(path, [env], what=f"the ledger of index {path}",
+                                 context=lambda: ReadContext(env, []))
+
+    def _once(self, request, fn):
+        """fn(txn) in a write transaction, at most once per request id.
+
+        Ray runs a call again on a restarted actor when the first run's reply was lost; the
+        result is stored with the write itself, under the caller's (client, thread) key, so a
+        second run returns it instead of writing again (a repeated remove could otherwise
+        delete a record another client added meanwhile). A caller's calls are sequential, so
+        only its latest request needs remembering.
+        """
+        who, n = request
+        key = INFO_REQUEST + who
+
+        def run(txn):
+            old = txn.get(DB_INFO, key)
+            if old is not None:
+                seen = unpack(old, "request record")
+                if seen[0] == n:
+                    return _revive(seen[1])
+            out = fn(txn)
+            txn.put(DB_INFO, key, pack([n, _flat(out)]))
+            return out
+        return self.txns.write(self.env, run)
+
+    def last(self):
+        """The newest seq given out (0 for none)."""
+        return self.txns.read_txn(self.env, records.last_seq)
+
+    def commit(self, request, idkeys, fps, metas):
+        """Commit records atomically and durably; returns (prev, seqs): the newest seq before
+        them and the seqs they got."""
+        def fn(txn):
+            prev = records.last_seq(txn)
+            seq0 = records.put(txn, idkeys, fps, metas)
+            return prev, np.arange(seq0, seq0 + len(idkeys), dtype=np.uint64)
+        return self._once(request, fn)
+
+    def not_before(self, top):
+        """Never give out a seq at or below `top` (one a shard already applied)."""
+        protocol.raise_seq_floor(self.txns, self.env, top)
+
+    def tail(self, start, limit=0):
+        """(seqs, fps) of the live records with seq >= start, at most `limit` (0: all)."""
+        return self.txns.read_txn(self.env, lambda txn: read_tail(txn, DB_SEQS, start, limit))
+
+    def resolve(self, queries, qidx, seqs, dists, applied, k):
+        """Matches of each query from the shards' candidates (see ReadContext.resolve)."""
+        order = np.argsort(qidx, kind="stable")
+        return self.txns.read(lambda ctx: ctx.resolve(queries, qidx[order], seqs[order],
+                                                      dists[order], applied, k))
+
+    def add_unique(self, request, idk, fp, meta, k, shards):
+        """Insert unless a record within k bits exists (returning those). The shard servers
+        scan while this holds the records write lock, so it is atomic across clients."""
+        q = np.array([fp], dtype=np.uint64)
+
+        def fn(txn):
+            qidx, seqs, dists, applied = route.scan(self.plan, shards, q, k)
+            hits = self.txns.read(
+                lambda ctx: ctx.resolve(q, qidx, seqs, dists, applied, k, txn))[0]
+            if hits:
+                return None, hits
+            prev = records.last_seq(txn)
+            seq0 = records.put(txn, [idk], q, [meta])
+            return (prev, np.array([seq0], dtype=np.uint64)), []
+        return self._once(request, fn)
+
+    def remove(self, request, idk):
+        return self._once(request, lambda txn: records.remove(txn, idk))
+
+    def get(self, idk):
+        return self.txns.read_txn(self.env, lambda txn: records.get(txn, idk))
+
+    def count(self):
+        return self.txns.read_txn(self.env, records.count)
+
+
+def _flat(out):
+    """A write's result in msgpack terms (arrays as lists) for the request record."""
+    if isinstance(out, np.ndarray):
+        return {"u64": out.tolist()}
+    if isinstance(out, (tuple, list)):
+        return [_flat(x) for x in out]
+    return out
+
+
+def _revive(v):
+    if isinstance(v, dict) and "u64" in v:
+        return np.array(v["u64"], dtype=np.uint64)
+    if isinstance(v, list):
+        return tuple(_revive(x) for x in v)
+    return v

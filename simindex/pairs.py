@@ -1,0 +1,154 @@
+"""All near-duplicate pairs: of a stored index (`stored_pairs`), of fingerprints in memory
+(`find_all`), and the connected components they form (`group_pairs`).
+
+Per table, every entry sharing the table's prefix is joined with the others of its group
+in C (_join.pairs_sorted); a pair that also shares the prefix of an earlier table was found
+there and is skipped, so each is reported once.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import numpy as np
+
+from ._blocks import read_run
+from ._join import pairs_sorted
+from ._layout import DB_BLOCKS, DB_SEQS
+from ._records import read_tail, records_lookup
+from .codec import fp_array
+from .plan import DEFAULT_K, Plan
+from .shard import entry_order, load_state, runs_of
+
+
+def prefix_order(keys: np.ndarray, pmask: int) -> np.ndarray:
+    """A permutation grouping keys by their prefix `pmask` (the leading bits), prefixes
+    ascending and positions ascending within a prefix, as pairs_sorted joins them.
+
+    While positions fit below the prefix, one packed array is sorted by value: numpy's
+    SIMD sort of 64-bit values is ~8x faster here than its argsort. Otherwise the full
+    (key, position) order, which groups the prefixes too.
+    """
+    low = ~np.uint64(pmask)
+    n = len(keys)
+    if n and int(low) & (int(low) + 1) == 0 and n - 1 <= int(low):
+        packed = (keys & np.uint64(pmask)) | np.arange(n, dtype=np.uint64)
+        packed.sort()
+        return (packed & low).astype(np.intp)
+    return entry_order(keys, np.arange(n, dtype=np.uint64))
+
+
+def join_table(plan: Plan, table: int, keys: np.ndarray, ids: np.ndarray, k: int) -> tuple:
+    """(a, b, d) of the pairs within k of one table's keys (any order), named by `ids`."""
+    pmask = plan.permuter.prefix_mask(table)
+    order = prefix_order(keys, pmask)
+    return pairs_sorted(keys[order], ids[order], pmask, plan.earlier_masks(table), k)
+
+
+def find_all(fingerprints, k: int = DEFAULT_K, blocks: Optional[int] = None) -> list:
+    """Every pair of positions (i, j), i < j, whose fingerprints are within k bits, sorted.
+
+    In memory, with the same block-permutation tables as the index. Equal fingerprints at
+    different positions are a pair.
+    """
+    fps = fp_array(fingerprints)
+    plan = Plan(k=k, blocks=blocks, shards=1)
+    pos = np.arange(len(fps), dtype=np.uint64)
+    parts = [join_table(plan, t, plan.permuter.keys(t, fps), pos, k)
+             for t in range(plan.ntables)]
+    a = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.uint64)
+    b = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.uint64)
+    order = np.lexsort((b, a))
+    return list(zip(a[order].tolist(), b[order].tolist()))
+
+
+def stored_pairs(store, k: int) -> list:
+    """[(seq_a, seq_b, distance, id_a, id_b)] of every stored pair within k, once each.
+
+    Computed whole inside one snapshot of `store`, so iterating never holds the index open.
+    Records above the lowest applied seq (not yet in every shard) join each table's entries
+    directly, so the answer is exact for the snapshot.
+    """
+    plan = store.plan
+    pa, pb, pd = [], [], []
+    with store.snapshot() as (rtxn, *stxns):
+        states = [load_state(t, plan.ntables) for t in stxns]
+        a_min = min(s[0] for s in states)
+        tseqs, tfps = read_tail(rtxn, DB_SEQS, a_min + 1)
+
+        for t in range(plan.ntables):
+            earlier = plan.earlier_masks(t)
+            pmask = plan.permuter.prefix_mask(t)
+            tkeys = plan.permuter.keys(t, tfps)
+            tshard = plan.shard_of_keys(tkeys)
+            # a prefix at least as long as the shard bits stays in one shard
+            if plan.prefix_bits[t] >= plan.shard_bits:
+                groups = [[s] for s in range(plan.shards)]
+            else:
+                groups = [list(range(plan.shards))]
+            for group in groups:
+                ks, ss = [], []
+                for s in group:
+                    for run, count in runs_of(states[s][1], t):
+                        kk, sq = read_run(stxns[s], DB_BLOCKS, run, count)
+                        if len(tseqs):
+                            applied = sq <= np.uint64(a_min)   # newer: from the tail
+                            kk, sq = kk[applied], sq[applied]
+                        ks.append(kk)
+                        ss.append(sq)
+                # the unapplied records of the group's key range, once per group
+                mine = tshard == np.uint64(group[0]) if len(group) == 1 else slice(None)
+                if len(tseqs):
+                    ks.append(tkeys[mine])
+                    ss.append(tseqs[mine])
+                if sum(len(x) for x in ks) < 2:
+                    continue
+                if len(ks) == 1:
+                    keys, seqs = ks[0], ss[0]          # one run: already sorted
+                else:
+                    keys, seqs = np.concatenate(ks), np.concatenate(ss)
+                    order = entry_order(keys, seqs)
+                    keys, seqs = keys[order], seqs[order]
+                a, b, d = pairs_sorted(keys, seqs, pmask, earlier, k)
+                pa.append(a)
+                pb.append(b)
+                pd.append(d)
+        if not pa:
+            return []
+        a, b, d = np.concatenate(pa), np.concatenate(pb), np.concatenate(pd)
+        # every record of a pair, looked up once and in seq order
+        uniq, inv = np.unique(np.concatenate([a, b]), return_inverse=True)
+        fps, ids = records_lookup(rtxn, DB_SEQS, uniq)
+    live = np.array([i is not None for i in ids], dtype=bool)
+    ia, ib = inv[:len(a)], inv[len(a):]
+    x = fps[ia] ^ fps[ib]
+    dist = np.unpackbits(x.view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1)
+    # removed or replaced since indexed: gone, or its table entry disagrees
+    keep = live[ia] & live[ib] & (dist == d)
+    return [(sa, sb, dd, ids[ja], ids[jb])
+            for sa, sb, dd, ja, jb in zip(a[keep].tolist(), b[keep].tolist(), d[keep].tolist(),
+                                          ia[keep].tolist(), ib[keep].tolist())]
+
+
+def group_pairs(links: Iterable[tuple]) -> list:
+    """Connected components of size >= 2 of links (key_a, key_b, id_a, id_b): lists of ids
+    in key order, groups in order of their smallest key (keys: seqs or input positions)."""
+    parent, ids = {}, {}
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for a, b, ia, ib in links:
+        ids[a], ids[b] = ia, ib
+        parent.setdefault(a, a)
+        parent.setdefault(b, b)
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    groups = {}
+    for x in sorted(parent):
+        groups.setdefault(find(x), []).append(ids[x])
+    return [groups[r] for r in sorted(groups)]

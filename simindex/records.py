@@ -1,0 +1,89 @@
+"""Record operations inside a records/ transaction: the log of truth of an index.
+
+records/ maps each id key to the seq of its latest record and each seq to the record
+(the codec is compiled: _records.pyx). Its info database counts what the write protocol
+needs: the next seq to give out (seqs are never reused) and how many records were removed
+or replaced since the last compaction (their table entries are stale).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ._layout import DB_IDS, DB_INFO, DB_SEQS, INFO_NEXT_SEQ, INFO_STALE
+from ._lmdb import Txn
+from ._records import records_put
+from .errors import CorruptError
+
+
+def _be(n: int) -> bytes:
+    return int(n).to_bytes(8, "big")
+
+
+def next_seq(txn: Txn) -> int:
+    """The seq the next record will get (1 in a new index)."""
+    v = txn.get(DB_INFO, INFO_NEXT_SEQ)
+    return int.from_bytes(v, "big") if v is not None else 1
+
+
+def last_seq(txn: Txn) -> int:
+    """The newest seq given out (0 for none)."""
+    return next_seq(txn) - 1
+
+
+def raise_next_seq(txn: Txn, top: int) -> None:
+    """Never give out a seq at or below `top` again (one a shard already applied: after an
+    OS crash a shard may hold seqs records/ lost, and their table entries must stay stale)."""
+    if next_seq(txn) <= top:
+        txn.put(DB_INFO, INFO_NEXT_SEQ, _be(top + 1))
+
+
+def stale(txn: Txn) -> int:
+    """Records removed or replaced since the last compaction."""
+    v = txn.get(DB_INFO, INFO_STALE)
+    return int.from_bytes(v, "big") if v else 0
+
+
+def add_stale(txn: Txn, by: int) -> None:
+    txn.put(DB_INFO, INFO_STALE, _be(max(0, stale(txn) + by)))
+
+
+def put(txn: Txn, idkeys: list, fps: np.ndarray, metas: list) -> int:
+    """Write records (id keys, uint64 fingerprints, packed metas) in a records/ write
+    transaction; returns the first seq given out: record i gets seq0 + i. An id stored
+    before loses its older record."""
+    seq0 = next_seq(txn)
+    seq, replaced = records_put(txn, DB_IDS, DB_SEQS, idkeys, fps, metas, seq0)
+    txn.put(DB_INFO, INFO_NEXT_SEQ, _be(seq))
+    if replaced:
+        add_stale(txn, replaced)
+    return seq0
+
+
+def remove(txn: Txn, idkey: bytes) -> bool:
+    """Delete the record of an id key in a records/ write transaction; whether there was one."""
+    old = txn.get(DB_IDS, idkey)
+    if old is None:
+        return False
+    txn.delete(DB_IDS, idkey)
+    txn.delete(DB_SEQS, old)
+    add_stale(txn, 1)
+    return True
+
+
+def get(txn: Txn, idkey: bytes) -> Optional[bytes]:
+    """The stored record value of an id key, or None."""
+    seq = txn.get(DB_IDS, idkey)
+    if seq is None:
+        return None
+    value = txn.get(DB_SEQS, seq)
+    if value is None:
+        raise CorruptError(f"{txn.env.path}: an id points to a missing record")
+    return value
+
+
+def count(txn: Txn) -> int:
+    """How many records (ids) are stored."""
+    return txn.entries(DB_IDS)

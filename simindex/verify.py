@@ -1,0 +1,74 @@
+"""verify(): check every environment's pages, every block, and every table against records/.
+
+LMDB aborts the process on a cursor step onto a damaged page, so the pages of the snapshot
+are walked with plain file reads first (simindex/lmdbfile.py); an environment with damaged
+pages is reported and not read through LMDB. Then every block is read with its checksum,
+and each shard's entries of each table are compared with what the records say they must be.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import lmdbfile
+from ._blocks import read_run
+from ._layout import DB_BLOCKS, DB_IDS, DB_SEQS, shard_dir
+from ._records import read_tail
+from .errors import CorruptError
+from .shard import load_state, runs_of
+
+
+def problems(store) -> list:
+    """What is wrong with the index of `store` (a list of str; [] when it is sound)."""
+    plan = store.plan
+    found = []
+    with store.snapshot() as txns:
+        # the pages of these snapshots stay unreused while they are open
+        for txn in txns:
+            f = os.path.join(txn.env.path, lmdbfile.DATA_FILE)
+            meta = lmdbfile.read_meta(f, txn.id)
+            if meta is not None:              # None: a newer commit raced past it
+                found += lmdbfile.walk(f, meta)
+        if found:
+            return found
+        rtxn, stxns = txns[0], txns[1:]
+        seqs, fps = read_tail(rtxn, DB_SEQS, 0)
+        n_ids = rtxn.entries(DB_IDS)
+        if n_ids != len(seqs):
+            found.append(f"records: {n_ids} ids but {len(seqs)} records")
+        for s, txn in enumerate(stxns):
+            try:
+                applied, runs, _ = load_state(txn, plan.ntables)
+            except CorruptError as e:
+                found.append(f"{shard_dir(s)}: {e}")
+                continue
+            sel = seqs <= np.uint64(applied)
+            for t in range(plan.ntables):
+                keys = plan.permuter.keys(t, fps[sel])
+                mine = plan.shard_of_keys(keys) == np.uint64(s)
+                want = _sorted_pairs(keys[mine], seqs[sel][mine])
+                parts = []
+                for run, count in runs_of(runs, t):
+                    try:
+                        parts.append(read_run(txn, DB_BLOCKS, run, count, True))
+                    except CorruptError as e:
+                        found.append(f"{shard_dir(s)} table {t}: {e}")
+                gk = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.uint64)
+                gs = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.uint64)
+                live = np.isin(gs, seqs)
+                have = _sorted_pairs(gk[live], gs[live])
+                if not np.array_equal(have, want):
+                    found.append(
+                        f"{shard_dir(s)} table {t}: holds {len(have)} live entries "
+                        f"for {len(want)} records, {len(np.setdiff1d(want, have))} missing, "
+                        f"{len(np.setdiff1d(have, want))} wrong")
+    return found
+
+
+def _sorted_pairs(keys, seqs):
+    """(key, seq) rows sorted, as one structured array for exact comparison."""
+    out = np.empty(len(keys), dtype=[("k", "<u8"), ("s", "<u8")])
+    out["k"], out["s"] = keys, seqs
+    return np.sort(out, order=("k", "s"))
