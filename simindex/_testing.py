@@ -88,7 +88,7 @@ def replay_log(idx: Index, f, path: str) -> None:
 def mapsizes(idx: Index) -> dict:
     """{"records": bytes, 0: bytes, 1: ...}: the map size of each environment."""
     st = _store(idx)
-    out = {"records": st.records.info()["mapsize"]}
+    out: dict = {"records": st.records.info()["mapsize"]}
     out.update((s, env.info()["mapsize"]) for s, env in enumerate(st.shard_envs))
     return out
 
@@ -136,7 +136,7 @@ def after_compact_snapshot(idx: Index, fn: Callable[[], None]) -> Iterator[None]
     records from another process while it merges)."""
     st = _store(idx)
     real = st.read_records
-    calls = []
+    calls: list = []
 
     def read_records(f):
         out = real(f)

@@ -18,7 +18,8 @@ from . import FORMAT_VERSION, BadLine, Error, Index, ParameterError, __version__
 from ._lmdb import lmdb_version
 from .inputs import FORMATS, FP_FORMATS, MAX_LINE, open_input, read_items
 from .plan import (
-    MAX_TABLES, Plan, default_blocks, default_shards, index_bytes, physical_memory, query_cost,
+    DEFAULT_K, MAX_TABLES, Plan, default_blocks, default_shards, index_bytes, physical_memory,
+    query_cost,
 )
 
 BATCH = 100_000
@@ -393,7 +394,7 @@ def compact(index):
 
 @cli.command()
 @click.option("--size", type=click.IntRange(1), required=True, help="Expected fingerprints.")
-@click.option("--k", type=click.IntRange(0, 63), default=3, show_default=True)
+@click.option("--k", type=click.IntRange(0, 63), default=DEFAULT_K, show_default=True)
 def plan(size, k):
     """Table plans for SIZE fingerprints within K bits, and the one `build --expected SIZE`
     picks (least estimated query time; without --expected build uses k+1 blocks), with

@@ -157,7 +157,7 @@ def pack(value):
     return msgpack.packb(value, use_bin_type=True)
 
 
-# A pending-log record: msgpack [id key, fingerprint, meta bytes] (see simindex/pending.py).
+# A write-buffer log record: msgpack [id key, fingerprint, meta bytes] (simindex/writebuffer.py).
 MAX_LOG_RECORD = 1 + (MAX_ID_BYTES + 1 + 5) + 9 + (MAX_META_BYTES + 5)
 
 
@@ -166,7 +166,7 @@ def pack_log_record(idkey, fp, meta_bytes):
 
 
 def unpack_log_record(b):
-    """(id key, fingerprint, meta bytes) of a pending-log record, every field checked;
+    """(id key, fingerprint, meta bytes) of a write-buffer log record, every field checked;
     CorruptError when it is not one this package wrote."""
     if len(b) > MAX_LOG_RECORD:
         raise CorruptError(f"a log record of {len(b)} bytes is longer than any record")

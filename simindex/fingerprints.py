@@ -5,13 +5,15 @@ over features, of +w (the feature's token hash has bit i set) or -w (it has not)
 strictly positive. A tie (sum exactly 0) leaves the bit clear.
 """
 
+from __future__ import annotations
+
 import hashlib
 import math
 import numbers
 import re
 import unicodedata
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
@@ -77,16 +79,16 @@ _HASHES = ("xxh3", "md5-last8", "md5-first8")
 _MD5_LAST8, _MD5_FIRST8 = 1, 2          # hash kinds of the compiled vote loops
 
 
-def scheme_name(scheme):
+def scheme_name(scheme: Union[str, "Scheme"]) -> str:
     """The name of a known scheme given as a name or a Scheme; ParameterError otherwise."""
     return _scheme(scheme).name
 
 
-def _scheme(scheme):
+def _scheme(scheme: Union[str, "Scheme", None]) -> "Scheme":
     if isinstance(scheme, Scheme):
         scheme = scheme.name
     try:
-        return schemes[scheme]
+        return schemes[scheme]  # type: ignore[index]   # a wrong type is a KeyError here
     except (KeyError, TypeError):
         raise ParameterError(
             f"unknown fingerprint scheme {scheme!r}; known: {', '.join(schemes)}") from None
@@ -106,7 +108,7 @@ def _text(text):
     return text
 
 
-def tokenize(text, *, scheme="simindex-v1"):
+def tokenize(text: str, *, scheme: Union[str, "Scheme"] = DEFAULT_SCHEME) -> list[str]:
     """The tokens a scheme shingles, hashes and votes over (see `schemes`)."""
     s = _scheme(scheme)
     text = _text(text)
@@ -117,7 +119,7 @@ def tokenize(text, *, scheme="simindex-v1"):
     return text.split()
 
 
-def shingles(tokens, width=3):
+def shingles(tokens: Sequence[str], width: int = 3) -> Iterator[tuple[str, ...]]:
     """Every window of `width` consecutive tokens, as tuples.
 
     Fewer tokens than `width` (but at least one) make one shingle of them all, so a short
@@ -182,7 +184,7 @@ def _weight(w, n):
     return w
 
 
-def simhash(features, *, width=64, hash="xxh3"):
+def simhash(features: Iterable[Any], *, width: int = 64, hash: str = "xxh3") -> int:
     """The simhash of weighted features.
 
     `features`: an iterable of str/bytes (weight 1 each; repeats add up), an iterable of
@@ -232,7 +234,7 @@ def simhash(features, *, width=64, hash="xxh3"):
     return _fingerprint.vote(hashes, np.array(weights, dtype=np.float64))
 
 
-def compute(hashes, *, width=64):
+def compute(hashes: Union[Iterable[int], np.ndarray], *, width: int = 64) -> int:
     """The simhash of precomputed unsigned token hashes, each counting 1 (simhash-py's
     compute). Hashes must be ints in [0, 2**width)."""
     from .codec import fp_array
@@ -243,7 +245,7 @@ def compute(hashes, *, width=64):
     return _fingerprint.vote(arr)
 
 
-def fingerprint(text, *, scheme="simindex-v1"):
+def fingerprint(text: str, *, scheme: Union[str, "Scheme", None] = DEFAULT_SCHEME) -> int:
     """The 64-bit fingerprint of `text` under a frozen scheme (see `schemes`)."""
     s = _scheme(scheme)
     if s.name == "simindex-v1":

@@ -43,7 +43,8 @@ class Index:
                  scheme: Optional[str] = None, expected: Optional[int] = None) -> None:
         self._store: Optional[Store] = None
         self._readonly = readonly
-        self.path = os.fspath(path) if isinstance(path, (str, bytes, os.PathLike)) else path
+        self.path: str = os.path.abspath(os.fsdecode(os.fspath(path))) \
+            if isinstance(path, (str, bytes, os.PathLike)) else repr(path)
         if expected is not None and isinstance(path, (str, bytes, os.PathLike)) and \
                 not os.path.exists(os.path.join(os.fsdecode(os.fspath(path)), MANIFEST)):
             # a new index sized for `expected` fingerprints (ignored once it exists)
@@ -77,9 +78,8 @@ class Index:
     def __enter__(self) -> "Index":
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> None:
         self.close()
-        return False
 
     def __del__(self) -> None:
         try:
@@ -103,8 +103,11 @@ class Index:
         return st
 
     def _writable_store(self) -> Store:
-        st = self._open_store()
+        st = self._store
+        if st is None:
+            raise closed_error(f"index {self.path}")
         if self._readonly:
+            st.check_open()
             raise ReadOnlyError(f"index {self.path} is open read-only")
         st.check_writable()
         return st
@@ -234,15 +237,24 @@ class Index:
         Jaccard check of stored shingles against the query document's).
         """
         st = self._open_store()
-        k = st.plan.k if k is None else self._k(k, st)
+        plan = st.plan
+        k = plan.k if k is None else self._k(k, st)
         fp = check_fp(fingerprint)
         buf = st.buffer
         if buf is not None and buf.n:
             buf.fold_if_old()
             if buf.n:
-                return verified(buf.query(fp, k, lambda: st.query_one(fp, k), Match), verify)
-        out = st.query_one(fp, k)
+                return verified(self._query_buffered(st, fp, k), verify)
+        perm = plan.permuter        # the hot path of a single query: no call in between
+        out = st.read(lambda ctx: ctx.query_one(perm, fp, k))
         return out if verify is None else verified(out, verify)
+
+    @staticmethod
+    def _query_buffered(st: Store, fp: int, k: int) -> list[Match]:
+        """query() with records in this process's write buffer (apart, so that the common
+        path's closure holds only what its own lambda needs)."""
+        assert st.buffer is not None
+        return st.buffer.query(fp, k, lambda: st.query_one(fp, k), Match)
 
     def query_many(self, fingerprints: Fingerprints, k: Optional[int] = None,
                    verify: Optional[Callable[[int, Match], bool]] = None) -> list[list[Match]]:

@@ -38,11 +38,15 @@ def prefix_order(keys: np.ndarray, pmask: int) -> np.ndarray:
     return entry_order(keys, np.arange(n, dtype=np.uint64))
 
 
-def join_table(plan: Plan, table: int, keys: np.ndarray, ids: np.ndarray, k: int) -> tuple:
-    """(a, b, d) of the pairs within k of one table's keys (any order), named by `ids`."""
+def join_table(plan: Plan, table: int, keys: np.ndarray, ids: Optional[np.ndarray],
+               k: int) -> tuple:
+    """(a, b, d) of the pairs within k of one table's keys (in any order), named by `ids`
+    (None: by their positions in `keys`)."""
     pmask = plan.permuter.prefix_mask(table)
     order = prefix_order(keys, pmask)
-    return pairs_sorted(keys[order], ids[order], pmask, plan.earlier_masks(table), k)
+    # positions: the order itself (a sequential copy, not a gather through it)
+    named = order.astype(np.uint64) if ids is None else ids[order]
+    return pairs_sorted(keys[order], named, pmask, plan.earlier_masks(table), k)
 
 
 def find_all(fingerprints, k: int = DEFAULT_K, blocks: Optional[int] = None) -> list:
@@ -53,8 +57,7 @@ def find_all(fingerprints, k: int = DEFAULT_K, blocks: Optional[int] = None) -> 
     """
     fps = fp_array(fingerprints)
     plan = Plan(k=k, blocks=blocks, shards=1)
-    pos = np.arange(len(fps), dtype=np.uint64)
-    parts = [join_table(plan, t, plan.permuter.keys(t, fps), pos, k)
+    parts = [join_table(plan, t, plan.permuter.keys(t, fps), None, k)
              for t in range(plan.ntables)]
     a = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.uint64)
     b = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.uint64)
@@ -133,7 +136,8 @@ def stored_pairs(store, k: int) -> list:
 def group_pairs(links: Iterable[tuple]) -> list:
     """Connected components of size >= 2 of links (key_a, key_b, id_a, id_b): lists of ids
     in key order, groups in order of their smallest key (keys: seqs or input positions)."""
-    parent, ids = {}, {}
+    parent: dict = {}
+    ids: dict = {}
 
     def find(x):
         while parent[x] != x:
@@ -148,7 +152,7 @@ def group_pairs(links: Iterable[tuple]) -> list:
         ra, rb = find(a), find(b)
         if ra != rb:
             parent[max(ra, rb)] = min(ra, rb)
-    groups = {}
+    groups: dict = {}
     for x in sorted(parent):
         groups.setdefault(find(x), []).append(ids[x])
     return [groups[r] for r in sorted(groups)]

@@ -82,6 +82,7 @@ def default_blocks(k: int, expected: Optional[int] = None,
         cost = query_cost(k, m, expected, memory)
         if best is None or cost < best[0] * 0.9:        # more tables must pay clearly
             best = (cost, m)
+    assert best is not None                             # m = k + 1 always qualifies
     return best[1]
 
 

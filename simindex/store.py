@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from . import environments, manifest, protocol, records, writebuffer
 from ._layout import DB_SEQS, MANIFEST
+from ._lmdb import current_pid
 from ._query import ReadContext
 from ._records import read_tail
 from .errors import (
     CorruptError, Error, MissingIndexError, NotAnIndexError, ParameterError, ReadOnlyError,
-    StorageError, closed_error,
+    StorageError,
 )
 from .fingerprints import DEFAULT_SCHEME
 from .plan import DEFAULT_K, DEFAULT_SHARDS, Plan
@@ -32,6 +33,9 @@ from .transactions import Transactions, space_error
 class Store:
     """The records and shard environments of one index in this process, and its writes."""
 
+    txns: Transactions                  # the runners, made once the environments are open
+    read: Callable[[Callable[[ReadContext], Any]], Any]   # txns.read, bound once
+
     def __init__(self, path: str, *, k: Optional[int], blocks: Optional[int],
                  shards: Optional[int], create: bool, readonly: bool, sync: bool,
                  scheme: Optional[str] = None) -> None:
@@ -40,7 +44,6 @@ class Store:
         self.sync = sync
         self.pid = os.getpid()
         self.refs = 1
-        self.txns: Optional[Transactions] = None
         self.buffer: Optional[writebuffer.WriteBuffer] = None
         self.write_lock = threading.RLock()     # one writer of this index per process
         self.replayed = writebuffer.Replay()
@@ -65,14 +68,22 @@ class Store:
             raise CorruptError(f"{path}: the manifest holds impossible parameters: {e}") from None
         if self.plan.ntables != m["tables"]:
             raise CorruptError(f"{path}: the manifest's table count does not match k and blocks")
-        envs = []
+        envs: list = []
         try:
             envs.append(environments.open_records(path, readonly=readonly, sync=sync))
             envs += [environments.open_shard(path, s, readonly=readonly, sync=sync)
                      for s in range(self.plan.shards)]
-            self.records, self.shard_envs = envs[0], envs[1:]
-            self.txns = Transactions(path, envs, what=f"index {path}",
-                                     context=lambda: ReadContext(envs[0], envs[1:]))
+        except BaseException as e:
+            for env in envs:
+                env.close()
+            if isinstance(e, StorageError):
+                raise space_error(e, path) from None
+            raise
+        self.records, self.shard_envs = envs[0], envs[1:]
+        self.txns = Transactions(path, envs, what=f"index {path}",
+                                 context=lambda: ReadContext(envs[0], envs[1:]))
+        self.read = self.txns.read           # the runner itself: no extra call per query
+        try:
             if not readonly:
                 self.manifest = manifest.upgrade(path, self.manifest)
                 top = max(self.txns.read(lambda ctx: ctx.applied(self.plan.ntables)))
@@ -84,11 +95,7 @@ class Store:
                         path, self.txns, self.records, self.write_lock,
                         after_fold=lambda: self.catch_up(force=False))
         except BaseException as e:
-            if self.txns is not None:
-                self.txns.close(sync=False)
-            else:
-                for env in envs:
-                    env.close()
+            self.txns.close(sync=False)
             if isinstance(e, StorageError):
                 raise space_error(e, path) from None
             raise
@@ -96,24 +103,26 @@ class Store:
     # ------------------------------------------------------------ lifetime
     @property
     def closed(self) -> bool:
-        return self.txns is None or self.txns.closed
+        return self.txns.closed
 
     def check_open(self) -> None:
-        """Raise ClosedError after close(), or in a child after fork()."""
-        if self.txns is None:
-            raise closed_error(f"index {self.path}")
-        self.txns.check_open()
+        """Raise ClosedError after close(), or in a child after fork() (every call passes
+        here: the common case is two loads and a compare)."""
+        txns = self.txns
+        if txns.closed or txns.pid != current_pid():
+            txns.check_open()
 
     def check_writable(self) -> None:
         self.check_open()
         if self.readonly:
             raise ReadOnlyError(f"index {self.path} is open read-only")
-        self.txns.check_failed()
+        if self.txns.failed is not None:
+            self.txns.check_failed()
 
     @property
     def failed(self) -> bool:
         """Whether a write to disk failed: the handle then refuses writes until reopened."""
-        return self.txns is not None and self.txns.failed is not None
+        return self.txns.failed is not None
 
     def close(self) -> None:
         """Wait for calls in progress, fold and flush, and close every environment."""
@@ -161,9 +170,6 @@ class Store:
         return self.buffer.n if self.buffer is not None else 0
 
     # ------------------------------------------------------------ reads
-    def read(self, fn):
-        return self.txns.read(fn)
-
     def read_records(self, fn):
         return self.txns.read_txn(self.records, fn)
 
@@ -184,7 +190,8 @@ class Store:
         return self.read(lambda ctx: ctx.query(self.plan.permuter, queries, k, None, matches))
 
     def query_one(self, fp: int, k: int) -> list:
-        return self.read(lambda ctx: ctx.query_one(self.plan.permuter, fp, k))
+        perm = self.plan.permuter
+        return self.read(lambda ctx: ctx.query_one(perm, fp, k))
 
     # ------------------------------------------------------------ writes
     def add(self, idkeys: list, fps: np.ndarray, metas: list, jobs: int = 1) -> None:

@@ -48,22 +48,18 @@ class Transactions:
         self._context = context
         self._pool: list = []
         self._reaped: dict = {}
-        self._closed = False
+        self.closed = False                  # a plain attribute: every call reads it
 
     # ------------------------------------------------------------ state
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def check_open(self) -> None:
         """Raise ClosedError after close(), or in a child after fork()."""
-        if self._closed:
+        if self.closed:
             raise closed_error(self.what)
         if self.pid != current_pid():
             raise closed_error(self.what, self.pid)
 
     def _inside_open(self):
-        if self._closed:
+        if self.closed:
             raise closed_error(self.what)
 
     def check_failed(self) -> None:
@@ -152,9 +148,14 @@ class Transactions:
             try:
                 gate.enter()
                 try:
-                    if self._closed:
+                    if self.closed:
                         raise closed_error(self.what)
-                    ctx = pool.pop() if pool else self._context()
+                    if pool:
+                        ctx = pool.pop()
+                    elif self._context is None:
+                        raise TypeError(f"{self.what}: these runners make no read contexts")
+                    else:
+                        ctx = self._context()
                     try:
                         return fn(ctx)
                     finally:
@@ -205,7 +206,7 @@ class Transactions:
     def close(self, sync: bool) -> None:
         """Wait for calls inside to leave, sync (if asked, errors ignored) and close every
         environment and read context."""
-        if self._closed:
+        if self.closed:
             return
         with self.gate.exclusive():
             if sync:
@@ -219,7 +220,7 @@ class Transactions:
     def drop(self) -> None:
         """Close everything now (a forked child's copy: its handles are the parent's, and
         the core's objects know not to touch them)."""
-        self._closed = True
+        self.closed = True
         for ctx in self._pool:
             ctx.close()
         self._pool.clear()
@@ -230,7 +231,8 @@ class Transactions:
 
 def is_io(e: BaseException) -> bool:
     """Whether a StorageError carries an operating-system error (EIO, ENOSPC, ...)."""
-    return type(e) in (StorageError, DiskFullError) and isinstance(e.errno, int) and e.errno > 0
+    code = getattr(e, "errno", None)
+    return type(e) in (StorageError, DiskFullError) and isinstance(code, int) and code > 0
 
 
 def space_error(e: StorageError, path: str, then: str = "reopen the index") -> StorageError:

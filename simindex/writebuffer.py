@@ -103,7 +103,7 @@ class Log:
             try:
                 os.ftruncate(self.fd, off)
             except OSError:
-                e.torn = True
+                setattr(e, "torn", True)
             raise
         self.end = off + len(data)
 
@@ -139,7 +139,7 @@ def read_log(f) -> tuple:
     up to the first bad one, `good` the offset where the valid part ends."""
     data_head = f.read(len(LOG_MAGIC))
     size = os.fstat(f.fileno()).st_size
-    entries = []
+    entries: list = []
     if data_head != LOG_MAGIC:
         return entries, 0, size
     off = len(LOG_MAGIC)
@@ -309,7 +309,7 @@ class WriteBuffer:
         self.gen = 0
         self._clear()
 
-    def _clear(self):
+    def _clear(self) -> None:
         self.idkeys: list = []
         self.metas: list = []
         self.fps = np.empty(FOLD, dtype=np.uint64)
@@ -346,7 +346,8 @@ class WriteBuffer:
         """Add one record: one write to this process's log, then memory. The record survives
         this process's death from the moment the call returns; a full or old buffer is
         folded first."""
-        if self.n and (self.n >= FOLD or self._old()):
+        n = self.n
+        if n and (n >= FOLD or time.monotonic() - self.since > FOLD_AGE):
             self.fold()
         data = entry(idkey, fp, meta)
         with self._lock:
@@ -403,6 +404,7 @@ class WriteBuffer:
                 self._txns.check_failed()
                 self.gen += 1           # queries that read the buffer before this retry
                 log, n = self._log, self.n
+                assert log is not None  # every buffered record was written to it
                 idkeys, metas, fps, end = self.idkeys, self.metas, self.fps[:n], log.end
 
                 def commit(txn):

@@ -162,6 +162,10 @@ def test_remove_verify_compact(tmp_path):
 def test_version_and_plan(tmp_path):
     v = run("--version", check=0).stdout
     assert "simindex" in v and "on-disk format 1" in v and "LMDB" in v and "msgpack" in v
+    # python -m simindex is the same command
+    m = subprocess.run([sys.executable, "-m", "simindex", "--version"], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert m.returncode == 0 and m.stdout == v
     p = run("plan", "--size", "10000000", "--k", "3", check=0).stdout.splitlines()
     assert p[0].startswith("blocks\ttables\tprefix_bits")
     rows = [r.split("\t") for r in p[1:]]

@@ -53,9 +53,10 @@ def main(argv=None) -> int:
     ap.add_argument("before")
     ap.add_argument("after")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("bench", nargs=argparse.REMAINDER, help="-- then bench.py's arguments")
-    a = ap.parse_args(argv)
-    bench_args = [x for x in a.bench if x != "--"]
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a = ap.parse_args(argv[:cut])
+    bench_args = argv[cut + 1:]                  # after "--": bench.py's own arguments
     got = {"before": [], "after": []}
     for r in range(a.rounds):
         order = ["before", "after"] if r % 2 == 0 else ["after", "before"]

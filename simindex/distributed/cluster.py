@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import uuid
@@ -45,9 +46,9 @@ def connect(address: Optional[str] = None) -> bool:
                 return True
             return False
         if address in (None, "local"):
-            ray.init(include_dashboard=False, logging_level="WARNING")
+            ray.init(include_dashboard=False, logging_level=logging.WARNING)
         else:
-            ray.init(address=address, logging_level="WARNING")
+            ray.init(address=address, logging_level=logging.WARNING)
         _ray_users = 1
         return True
 
@@ -96,6 +97,9 @@ class Cluster:
                 return ACTOR_OPTIONS
             return dict(ACTOR_OPTIONS, scheduling_strategy=NodeAffinitySchedulingStrategy(
                 node_id=node, soft=False))
+        # actor handles (Ray types them loosely: their methods exist only at run time)
+        self.ledger: Any = None
+        self.shards: list[Any] = []
         try:
             self.ledger = ray.remote(LedgerServer).options(**placed("records")).remote(
                 self.path, self.readonly)
@@ -118,8 +122,7 @@ class Cluster:
         if self._closed:
             return
         self._closed = True
-        actors = [getattr(self, "ledger", None)] + list(getattr(self, "shards", []))
-        actors = [a for a in actors if a is not None]
+        actors = [a for a in [self.ledger, *self.shards] if a is not None]
         for ref in [a.close.remote() for a in actors]:
             try:
                 ray.get(ref)
@@ -341,6 +344,6 @@ class Cluster:
     def pids(self) -> dict:
         """{"records": pid, shard: pid, ...} of the actor processes (for operations and tests)."""
         self._check()
-        out = {"records": fetch(self.ledger.pid.remote())}
+        out: dict = {"records": fetch(self.ledger.pid.remote())}
         out.update(enumerate(fetch([s.pid.remote() for s in self.shards])))
         return out
