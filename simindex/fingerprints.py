@@ -13,7 +13,7 @@ import numbers
 import re
 import unicodedata
 from types import MappingProxyType
-from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence, Union
 
 import numpy as np
 

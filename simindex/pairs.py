@@ -15,7 +15,8 @@ import numpy as np
 from ._blocks import read_run
 from ._join import pairs_sorted
 from ._layout import DB_BLOCKS, DB_SEQS
-from ._records import read_tail, records_lookup
+from ._records import records_lookup
+from .records import tail
 from .codec import fp_array
 from .plan import DEFAULT_K, Plan
 from .shard import entry_order, load_state, runs_of
@@ -77,7 +78,7 @@ def stored_pairs(store, k: int) -> list:
     with store.snapshot() as (rtxn, *stxns):
         states = [load_state(t, plan.ntables) for t in stxns]
         a_min = min(s[0] for s in states)
-        tseqs, tfps = read_tail(rtxn, DB_SEQS, a_min + 1)
+        tseqs, tfps = tail(rtxn, a_min + 1)
 
         for t in range(plan.ntables):
             earlier = plan.earlier_masks(t)

@@ -20,9 +20,7 @@ from typing import Optional
 import numpy as np
 
 from . import records
-from ._layout import DB_SEQS
 from ._lmdb import Env, Txn
-from ._records import read_tail
 from .plan import Plan
 from .shard import ShardWriter, entry_order
 from .transactions import Transactions
@@ -119,7 +117,7 @@ def catch_up(txns: Transactions, plan: Plan, force: bool = True, jobs: int = 1) 
         applied = txns.read(lambda ctx: ctx.applied(plan.ntables))
         start = min(applied) + 1
         seqs, fps, last = txns.read_txn(rec, lambda txn: (
-            *read_tail(txn, DB_SEQS, start, APPLY_CHUNK), records.last_seq(txn)))
+            *records.tail(txn, start, APPLY_CHUNK), records.last_seq(txn)))
         if len(seqs) == 0:
             if force and last >= start:
                 _advance(txns, plan, shards, applied, last)   # only removed records above

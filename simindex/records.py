@@ -12,9 +12,9 @@ from typing import Optional
 
 import numpy as np
 
-from ._layout import DB_IDS, DB_INFO, DB_SEQS, INFO_NEXT_SEQ, INFO_STALE
+from ._layout import DB_IDS, DB_INFO, DB_SEQS, INFO_NEXT_SEQ, INFO_REQUEST, INFO_STALE
 from ._lmdb import Txn
-from ._records import records_put
+from ._records import read_tail, records_lookup, records_put
 from .errors import CorruptError
 
 
@@ -87,3 +87,27 @@ def get(txn: Txn, idkey: bytes) -> Optional[bytes]:
 def count(txn: Txn) -> int:
     """How many records (ids) are stored."""
     return txn.entries(DB_IDS)
+
+
+def tail(txn: Txn, start: int, limit: int = 0) -> tuple:
+    """(seqs, fingerprints) of the live records with seq >= start, in seq order, at most
+    `limit` of them (0: all): uint64 arrays."""
+    return read_tail(txn, DB_SEQS, start, limit)
+
+
+def live(txn: Txn) -> tuple:
+    """(seqs, fingerprints, ids) of every live record, in seq (insertion) order."""
+    seqs, fps = tail(txn, 0)
+    return seqs, fps, records_lookup(txn, DB_SEQS, seqs)[1]
+
+
+def request(txn: Txn, client: bytes) -> Optional[bytes]:
+    """What a Ray client's latest ledger request stored (see remember_request), or None."""
+    return txn.get(DB_INFO, INFO_REQUEST + client)
+
+
+def remember_request(txn: Txn, client: bytes, value: bytes) -> None:
+    """Store, in the transaction of a ledger write, the request id and result of a Ray
+    client's write (packed by the ledger), so a retried call returns it instead of writing
+    again."""
+    txn.put(DB_INFO, INFO_REQUEST + client, value)

@@ -12,12 +12,13 @@ from typing import Optional
 import numpy as np
 
 from ._blocks import RUN_DTYPE, delete_run, load_state, read_run, write_run
+from ._query import scan_shard
 from ._layout import (
     BLOCK_ENTRIES, DB_BLOCKS, DB_STATE, STATE_APPLIED, STATE_NEXT_RUN, STATE_RUNS,
 )
 from ._lmdb import Txn
 
-__all__ = ["ShardWriter", "entry_order", "load_state", "runs_of", "RUN_DTYPE"]
+__all__ = ["ShardWriter", "entry_order", "load_state", "runs_of", "scan", "RUN_DTYPE"]
 
 
 def entry_order(keys: np.ndarray, seqs: np.ndarray) -> np.ndarray:
@@ -37,6 +38,12 @@ def entry_order(keys: np.ndarray, seqs: np.ndarray) -> np.ndarray:
         sub = order[pos]
         order[pos] = sub[np.lexsort((seqs[sub], keys[sub]))]
     return order
+
+
+def scan(txn: Txn, plan, shard: int, queries: np.ndarray, k: int) -> tuple:
+    """(qidx, seqs, distances, applied seq) of the candidates within k of each query in
+    the shard `txn` reads (the distributed query's scan; its ledger resolves them)."""
+    return scan_shard(txn, plan.permuter, shard, queries, k)
 
 
 def runs_of(runs: np.ndarray, table: int) -> list:

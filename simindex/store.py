@@ -16,10 +16,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from . import environments, manifest, protocol, records, writebuffer
-from ._layout import DB_SEQS, MANIFEST
+from ._layout import MANIFEST
 from ._lmdb import current_pid
-from ._query import ReadContext
-from ._records import read_tail
 from .errors import (
     CorruptError, Error, MissingIndexError, NotAnIndexError, ParameterError, ReadOnlyError,
     StorageError,
@@ -34,7 +32,7 @@ class Store:
     """The records and shard environments of one index in this process, and its writes."""
 
     txns: Transactions                  # the runners, made once the environments are open
-    read: Callable[[Callable[[ReadContext], Any]], Any]   # txns.read, bound once
+    read: Callable[[Callable[[Any], Any]], Any]   # txns.read, bound once
 
     def __init__(self, path: str, *, k: Optional[int], blocks: Optional[int],
                  shards: Optional[int], create: bool, readonly: bool, sync: bool,
@@ -80,8 +78,7 @@ class Store:
                 raise space_error(e, path) from None
             raise
         self.records, self.shard_envs = envs[0], envs[1:]
-        self.txns = Transactions(path, envs, what=f"index {path}",
-                                 context=lambda: ReadContext(envs[0], envs[1:]))
+        self.txns = Transactions(path, envs, what=f"index {path}", contexts=True)
         self.read = self.txns.read           # the runner itself: no extra call per query
         try:
             if not readonly:
@@ -237,7 +234,7 @@ class Store:
             self.catch_up()
 
             def live_state(txn):
-                return read_tail(txn, DB_SEQS, 0)[0], records.stale(txn)
+                return records.tail(txn, 0)[0], records.stale(txn)
             live, stale = self.read_records(live_state)
             # seqs above the snapshot's newest may belong to records added meanwhile
             newest = int(live[-1]) if len(live) else 0

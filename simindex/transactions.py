@@ -30,14 +30,14 @@ LOW_SPACE = 4 << 20        # an EIO with less free space than this is a short wr
 
 
 class Transactions:
-    """Runners over a fixed list of environments (records first, when there is one).
+    """Runners over a fixed list of environments.
 
-    `context`, when given, makes a ReadContext over them for `read()`; `what` names the
+    With `contexts`, envs[0] is records/ and the rest are shards (all of them, or none: the
+    Ray ledger), and `read()` runs in a pooled ReadContext over them; `what` names the
     handle in errors ("index /path").
     """
 
-    def __init__(self, path: str, envs: list, *, what: str,
-                 context: Optional[Callable[[], ReadContext]] = None) -> None:
+    def __init__(self, path: str, envs: list, *, what: str, contexts: bool = False) -> None:
         self.path = path
         self.envs = list(envs)
         self.what = what
@@ -45,7 +45,8 @@ class Transactions:
         self.gate = Gate()
         self.failed: Optional[tuple] = None   # (errno, message) of the write error that
         # makes this handle refuse writes (no traceback kept: no reference cycles)
-        self._context = context
+        self._context: Optional[Callable[[], ReadContext]] = \
+            (lambda: ReadContext(envs[0], list(envs[1:]))) if contexts else None
         self._pool: list = []
         self._reaped: dict = {}
         self.closed = False                  # a plain attribute: every call reads it

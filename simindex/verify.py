@@ -14,8 +14,8 @@ import numpy as np
 
 from . import lmdbfile
 from ._blocks import read_run
-from ._layout import DB_BLOCKS, DB_IDS, DB_SEQS, shard_dir
-from ._records import read_tail
+from ._layout import DB_BLOCKS, DB_IDS, shard_dir
+from .records import tail
 from .errors import CorruptError
 from .shard import load_state, runs_of
 
@@ -34,7 +34,7 @@ def problems(store) -> list:
         if found:
             return found
         rtxn, stxns = txns[0], txns[1:]
-        seqs, fps = read_tail(rtxn, DB_SEQS, 0)
+        seqs, fps = tail(rtxn, 0)
         n_ids = rtxn.entries(DB_IDS)
         if n_ids != len(seqs):
             found.append(f"records: {n_ids} ids but {len(seqs)} records")

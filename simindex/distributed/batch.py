@@ -9,9 +9,7 @@ from typing import Any, Optional
 import numpy as np
 import ray
 
-from .. import environments, manifest
-from .._layout import DB_SEQS, MANIFEST
-from .._records import read_tail, split_record
+from .. import environments, manifest, records
 from ..codec import decode_id
 from ..errors import ParameterError
 from ..fingerprints import DEFAULT_SCHEME
@@ -32,14 +30,8 @@ def _index_records(path):
     """(positions, fps, ids) of the live records of a stored index, in insertion order."""
     env = environments.open_records(path, readonly=True, sync=True)
     txns = Transactions(path, [env], what=f"index {path}")
-
-    def read(txn):
-        seqs, fps = read_tail(txn, DB_SEQS, 0)
-        ids = [decode_id(split_record(txn.get(DB_SEQS, int(s).to_bytes(8, "big")))[1])
-               for s in seqs.tolist()]
-        return seqs, fps, ids
     try:
-        return txns.read_txn(env, read)
+        return txns.read_txn(env, records.live)
     finally:
         txns.close(sync=False)
 
@@ -67,7 +59,7 @@ def _join(table, k, blocks, *parts):
 def _sources(source, k, blocks, fmt, fp_format):
     """(k, blocks, [(positions ref, fps ref)], position -> id) of an index or of inputs."""
     if isinstance(source, (str, os.PathLike)) and \
-            os.path.exists(os.path.join(os.fspath(source), MANIFEST)):
+            os.path.exists(os.path.join(os.fspath(source), manifest.NAME)):
         path = os.path.abspath(os.fspath(source))
         m = manifest.read(path)
         k = _check_k(m["k"] if k is None else k, m["k"])

@@ -13,7 +13,6 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import manifest
-from .._layout import MANIFEST
 from ..codec import check_fp, encode_id, encode_records, fp_array, pack_meta
 from ..errors import InputError, MissingIndexError, ParameterError, ReadOnlyError, closed_error
 from ..fingerprints import fingerprint
@@ -78,7 +77,7 @@ class Cluster:
                  nodes: Optional[dict] = None, readonly: bool = False) -> None:
         # actors resolve paths in their own working directory: send an absolute one
         self.path = os.path.abspath(os.fspath(index_path))
-        if not os.path.exists(os.path.join(self.path, MANIFEST)):
+        if not os.path.exists(os.path.join(self.path, manifest.NAME)):
             raise MissingIndexError(f"no simindex index at {self.path} (create it with "
                                     f"simindex.Index or simindex.distributed.build)")
         self._manifest = manifest.read(self.path)

@@ -14,13 +14,10 @@ import os
 import numpy as np
 
 from .. import environments, manifest, protocol, records
-from .._layout import DB_INFO, DB_SEQS, INFO_REQUEST
-from .._query import ReadContext, scan_shard
-from .._records import read_tail
 from ..codec import pack, unpack
 from ..errors import Error
 from ..plan import Plan
-from ..shard import load_state
+from ..shard import load_state, scan as scan_shard
 from ..transactions import Transactions
 from . import route
 
@@ -70,7 +67,8 @@ class ShardServer(_Server):
         self.txns = Transactions(path, [self.env], what=f"shard {shard} of index {path}")
 
     def applied(self):
-        return self.txns.read_txn(self.env, lambda txn: load_state(txn, self.plan.ntables)[0])
+        return self.txns.read_txn(self.env,
+                                  lambda txn: load_state(txn, self.plan.ntables)[0])
 
     def apply(self, seqs, fps, since, last):
         """Store this shard's part of the records committed after seq `since` up to `last`
@@ -85,8 +83,8 @@ class ShardServer(_Server):
 
     def scan(self, queries, k):
         """(qidx, seqs, distances, applied) of this shard's candidates for each query."""
-        return self.txns.read_txn(self.env, lambda txn: scan_shard(
-            txn, self.plan.permuter, self.shard, queries, k))
+        return self.txns.read_txn(self.env,
+                                  lambda txn: scan_shard(txn, self.plan, self.shard, queries, k))
 
 
 class LedgerServer(_Server):
@@ -95,9 +93,9 @@ class LedgerServer(_Server):
     def _open(self, path, readonly=False):
         self.path = path
         self.plan = plan_of(path)
-        self.env = env = environments.open_records(path, readonly=readonly, sync=True)
-        self.txns = Transactions(path, [env], what=f"the ledger of index {path}",
-                                 context=lambda: ReadContext(env, []))
+        self.env = environments.open_records(path, readonly=readonly, sync=True)
+        self.txns = Transactions(path, [self.env], what=f"the ledger of index {path}",
+                                 contexts=True)
 
     def _once(self, request, fn):
         """fn(txn) in a write transaction, at most once per request id.
@@ -109,16 +107,15 @@ class LedgerServer(_Server):
         only its latest request needs remembering.
         """
         who, n = request
-        key = INFO_REQUEST + who
 
         def run(txn):
-            old = txn.get(DB_INFO, key)
+            old = records.request(txn, who)
             if old is not None:
                 seen = unpack(old, "request record")
                 if seen[0] == n:
                     return _revive(seen[1])
             out = fn(txn)
-            txn.put(DB_INFO, key, pack([n, _flat(out)]))
+            records.remember_request(txn, who, pack([n, _flat(out)]))
             return out
         return self.txns.write(self.env, run)
 
@@ -141,7 +138,7 @@ class LedgerServer(_Server):
 
     def tail(self, start, limit=0):
         """(seqs, fps) of the live records with seq >= start, at most `limit` (0: all)."""
-        return self.txns.read_txn(self.env, lambda txn: read_tail(txn, DB_SEQS, start, limit))
+        return self.txns.read_txn(self.env, lambda txn: records.tail(txn, start, limit))
 
     def resolve(self, queries, qidx, seqs, dists, applied, k):
         """Matches of each query from the shards' candidates (see ReadContext.resolve)."""
