@@ -33,6 +33,10 @@ FIGURES = [   # (figure name in bench.py's rows, short label, higher is better)
 ]
 
 
+def fmt(v: float) -> str:
+    return f"{v:,.0f}" if v >= 1000 else f"{v:.2f}" if v >= 1 else f"{v:.3f}"
+
+
 def run(tree: str, bench_args: list) -> dict:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
     where = subprocess.run([sys.executable, "-c", "import simindex; print(simindex.__file__)"],
@@ -72,7 +76,7 @@ def main(argv=None) -> int:
             cols.append((statistics.median(vals), min(vals), max(vals)) if vals else None)
         if None in cols:
             continue
-        text = [f"{m:,.4g} ({lo:,.4g}-{hi:,.4g})" for m, lo, hi in cols]
+        text = [f"{fmt(m)} ({fmt(lo)}-{fmt(hi)})" for m, lo, hi in cols]
         print(f"{label:<34} {text[0]:>30} {text[1]:>30} {cols[1][0] / cols[0][0]:>11.3f}x")
     return 0
 
