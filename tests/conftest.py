@@ -23,6 +23,17 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def fp_of(i):
+    """A fixed, well-spread fingerprint for record number i."""
+    return (i * 0x9E3779B97F4A7C15 + 12345) % 2**64
+
+
+def buffer_logs(path):
+    """The write-buffer log files of the index at `path` (their names, sorted)."""
+    d = os.path.join(path, "pending")
+    return sorted(n for n in os.listdir(d) if n.endswith(".log")) if os.path.isdir(d) else []
+
+
 def popcount(x):
     return bin(x).count("1")
 

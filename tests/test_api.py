@@ -123,6 +123,33 @@ def test_errors_are_builtin_subclasses():
     for e in (simindex.InputError, simindex.ParameterError, simindex.CorruptError,
               simindex.ClosedError, simindex.ReadOnlyError, simindex.MissingIndexError):
         assert issubclass(e, simindex.Error)
+    # a wrong type is caught by `except InputError` and by `except TypeError`
+    assert issubclass(simindex.InputTypeError, simindex.InputError)
+    assert issubclass(simindex.ParameterTypeError, simindex.ParameterError)
+    assert issubclass(simindex.BadLine, simindex.InputError)
+
+
+def test_storage_errors_carry_their_code_across_processes():
+    import pickle
+    e = simindex.DiskFullError(28, "No space left on device: the disk is full", code=28)
+    assert e.errno == 28 and e.code == 28 and isinstance(e, OSError)
+    lmdb = simindex.CorruptError("records: MDB_CORRUPTED", code=-30796)
+    assert lmdb.errno is None and lmdb.code == -30796
+    for x in (e, lmdb):                      # Ray pickles the errors of its actors
+        y = pickle.loads(pickle.dumps(x))
+        assert type(y) is type(x) and y.code == x.code and str(y) == str(x)
+    bad = pickle.loads(pickle.dumps(simindex.BadLine("in.tsv:3", "not a fingerprint")))
+    assert (bad.where, bad.reason, str(bad)) == ("in.tsv:3", "not a fingerprint",
+                                                 "in.tsv:3: not a fingerprint")
+
+
+def test_closed_handles_say_so_in_one_way(tmp_path):
+    idx = Index(tmp_path / "i")
+    idx.close()
+    for call in (lambda: idx.query(1), lambda: idx.add("a", 1), lambda: len(idx),
+                 lambda: idx.stats(), lambda: idx.k):
+        with pytest.raises(simindex.ClosedError, match=r"^index .* is closed$"):
+            call()
 
 
 def test_unserializable_meta_is_refused(tmp_path):

@@ -92,6 +92,18 @@ def test_truncated_data_file_raises_instead_of_crashing(tmp_path, fraction):
     assert out.startswith("error CorruptError") and "truncated" in out
 
 
+def test_an_lmdb_error_names_lmdb_and_carries_its_code(tmp_path):
+    path = _built(tmp_path)
+    f = os.path.join(path, "records", "data.mdb")
+    data = bytearray(open(f, "rb").read())
+    for meta in (0, 4096):                  # both meta pages name an LMDB version 999
+        data[meta + 20:meta + 24] = (999).to_bytes(4, "little")
+    open(f, "wb").write(bytes(data))
+    with pytest.raises(simindex.CorruptError, match="MDB_VERSION_MISMATCH") as e:
+        simindex.Index(path)
+    assert e.value.code == -30794 and e.value.errno is None       # LMDB's MDB_VERSION_MISMATCH
+
+
 def test_damaged_manifest(tmp_path):
     path = _built(tmp_path)
     mf = os.path.join(path, "manifest.msgpack")

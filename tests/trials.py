@@ -432,3 +432,35 @@ def disk_full_trial(work, how):
         return None                       # no permission for namespaces or mounts
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
     return json.loads(p.stdout)
+
+
+# ---------------------------------------------------------------- write-buffer writers
+BUFFERED_WRITER = r"""
+import sys, simindex, simindex._testing
+path, n = sys.argv[1], int(sys.argv[2])
+simindex._testing.tune(fold_age=3600.0)        # nothing folds by age while the parent looks
+fp = lambda i: (i * 0x9E3779B97F4A7C15 + 12345) % 2**64
+idx = simindex.Index(path, k=3, shards=4, sync=False)
+for i in range(n):
+    idx.add(f"r{i}", fp(i), meta={"i": i})
+print("added", simindex._testing.buffered(idx), simindex._testing.log_path(idx), flush=True)
+for line in sys.stdin:
+    if line.strip() == "flush":
+        idx.flush()
+        print("flushed", flush=True)
+"""
+
+
+def start_buffered(path, n):
+    """A process that adds n records through a write buffer and waits (stdin "flush"
+    flushes); (the process, the path of its log)."""
+    p = spawn(BUFFERED_WRITER, path, n, stdin=subprocess.PIPE)
+    line = p.stdout.readline().split()
+    assert line[:2] == ["added", str(n)], (line, p.stderr.read() if p.poll() is not None else "")
+    return p, line[2]
+
+
+def kill(p):
+    """SIGKILL a process and wait for it."""
+    p.send_signal(signal.SIGKILL)
+    p.communicate()
