@@ -10,6 +10,9 @@ LAYOUT_V2: str
 RECORDS_DIR: str
 LOCK_FILE: str
 LOG_DIR: str
+LOG_SUFFIX: str
+LOG_TOKEN_HEX: int
+SHARD_PREFIX: str
 
 def shard_dir(shard: int) -> str: ...
 
@@ -37,6 +40,8 @@ BLOCK_BYTES: int
 BLOCK_ENTRIES: int
 V1_MAX_ENTRIES: int
 LMDB_PAGE_HEADER: int
+LMDB_PAGE_FLAGS_AT: int
+LMDB_PAGE_PAGES_AT: int
 LMDB_P_BRANCH: int
 LMDB_P_LEAF: int
 LMDB_P_OVERFLOW: int

@@ -8,6 +8,7 @@ internals behind it can move without touching the tests.
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
@@ -81,7 +82,7 @@ def replay_log(idx: Index, f, path: str) -> None:
     """Replay the write-buffer log open as `f` through this handle, as a writable open does
     (a test of the race with another process that replays it at the same moment)."""
     st = _store(idx)
-    token = path.rsplit("/", 1)[-1][:-len(".log")]
+    token = writebuffer.token_of(os.path.basename(path))
     writebuffer.replay_file(f, path, token, st.txns, st.records, writebuffer.Replay())
 
 
@@ -160,7 +161,7 @@ def log_markers(idx: Index) -> list:
 def set_log_marker(idx: Index, token: str, offset: int) -> None:
     """Record that a fold reached `offset` of the log named `token` (as a fold commits)."""
     write_records(idx, lambda txn: txn.put(DB_INFO, writebuffer.marker_key(token),
-                                           int(offset).to_bytes(8, "big")))
+                                           writebuffer.marker_value(offset)))
 
 
 def read_log(path: str) -> tuple:

@@ -13,7 +13,7 @@ import os
 from . import lmdbfile, manifest
 from ._layout import (
     DB_BLOCKS, DB_IDS, DB_INFO, DB_SEQS, DB_STATE, INFO_NEXT_SEQ, LOCK_FILE, LOG_DIR,
-    MANIFEST, RECORDS_DIR, shard_dir,
+    MANIFEST, RECORDS_DIR, SHARD_PREFIX, shard_dir,
 )
 from ._lmdb import Env, Txn
 from .errors import CorruptError, MissingIndexError, NotAnIndexError, StorageError
@@ -83,7 +83,7 @@ def create(path: str, plan: Plan, scheme: str) -> None:
         if os.path.exists(os.path.join(path, MANIFEST)):
             return                   # another process created it meanwhile
         extra = [n for n in os.listdir(path)
-                 if n not in _KNOWN and not n.startswith("shard-")
+                 if n not in _KNOWN and not n.startswith(SHARD_PREFIX)
                  and not n.startswith(MANIFEST + ".tmp")]
         if extra:
             raise NotAnIndexError(
@@ -107,7 +107,7 @@ def create(path: str, plan: Plan, scheme: str) -> None:
 
 def _check_unfinished(path, plan):
     """Only finish a creation that crashed; never rebuild an index whose manifest is lost."""
-    shards = [n for n in os.listdir(path) if n.startswith("shard-")]
+    shards = [n for n in os.listdir(path) if n.startswith(SHARD_PREFIX)]
     if any(n not in {shard_dir(s) for s in range(plan.shards)} for n in shards):
         raise CorruptError(f"{path} has shard directories but no manifest; restore "
                            f"{MANIFEST} (nothing was changed)")
@@ -115,9 +115,9 @@ def _check_unfinished(path, plan):
         if lmdbfile.never_committed(os.path.join(path, sub)):
             lmdbfile.remove(os.path.join(path, sub))
     rec = os.path.join(path, RECORDS_DIR)
-    if not os.path.exists(os.path.join(rec, lmdbfile.DATA_FILE)):
-        if any(os.path.getsize(os.path.join(path, n, lmdbfile.DATA_FILE)) > 0 for n in shards
-               if os.path.exists(os.path.join(path, n, lmdbfile.DATA_FILE))):
+    if not os.path.exists(os.path.join(rec, lmdbfile.DATA_MDB)):
+        if any(os.path.getsize(os.path.join(path, n, lmdbfile.DATA_MDB)) > 0 for n in shards
+               if os.path.exists(os.path.join(path, n, lmdbfile.DATA_MDB))):
             raise CorruptError(f"{path} has shard data but no records/ and no manifest; "
                                f"it cannot be rebuilt (nothing was changed)")
         return

@@ -299,10 +299,11 @@ class Index:
         """Groups of ids linked by pairs within k bits (connected components of size >= 2).
 
         Each group lists its ids in insertion order; groups come in order of their oldest id.
+        A generator: the pairs are computed (in one snapshot) at the first next().
         """
         k = self._k(k)
         found = stored_pairs(self._folded_store(), k)
-        return iter(group_pairs((sa, sb, ia, ib) for sa, sb, _d, ia, ib in found))
+        yield from group_pairs((sa, sb, ia, ib) for sa, sb, _d, ia, ib in found)
 
     # ------------------------------------------------------------ maintenance
     def flush(self) -> None:

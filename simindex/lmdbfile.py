@@ -14,13 +14,13 @@ from typing import NamedTuple, Optional
 
 from ._layout import (
     LMDB_F_BIGDATA, LMDB_F_SUBDATA, LMDB_META_MAGIC, LMDB_P_BRANCH, LMDB_P_LEAF,
-    LMDB_P_LEAF2, LMDB_P_OVERFLOW, LMDB_PAGE_HEADER,
+    LMDB_P_LEAF2, LMDB_P_OVERFLOW, LMDB_PAGE_FLAGS_AT, LMDB_PAGE_HEADER, LMDB_PAGE_PAGES_AT,
 )
 from .errors import CorruptError
 
 NO_PAGE = (1 << 64) - 1          # LMDB's P_INVALID: the root of an empty database
-DATA_FILE = "data.mdb"
-LOCK_FILE = "lock.mdb"
+DATA_MDB = "data.mdb"
+LOCK_MDB = "lock.mdb"
 _PAGE_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 
@@ -65,7 +65,7 @@ def check_size(env_dir: str) -> None:
     tail is filled with zeros, so that a page lost to real damage reads as a damaged page
     (an error) instead of a SIGBUS.
     """
-    f = os.path.join(env_dir, DATA_FILE)
+    f = os.path.join(env_dir, DATA_MDB)
     try:
         size = os.path.getsize(f)
     except FileNotFoundError:
@@ -95,7 +95,7 @@ def check_size(env_dir: str) -> None:
 def never_committed(env_dir: str) -> bool:
     """Whether the environment's data file exists but no transaction ever committed in it
     (a creation that crashed while LMDB was writing its first pages)."""
-    f = os.path.join(env_dir, DATA_FILE)
+    f = os.path.join(env_dir, DATA_MDB)
     if not os.path.exists(f):
         return False
     meta = read_meta(f)
@@ -104,7 +104,7 @@ def never_committed(env_dir: str) -> bool:
 
 def remove(env_dir: str) -> None:
     """Delete an environment's data and lock files (those that exist)."""
-    for name in (DATA_FILE, LOCK_FILE):
+    for name in (DATA_MDB, LOCK_MDB):
         try:
             os.remove(os.path.join(env_dir, name))
         except FileNotFoundError:
@@ -115,7 +115,7 @@ def walk(path: str, meta: Meta) -> list:
     """Problems found in the data file `path` by walking every page reachable from the
     roots of `meta` (a list of str, [] when sound)."""
     psize, last, roots = meta.psize, meta.last_page, meta.roots
-    name = os.path.join(os.path.basename(os.path.dirname(path)), DATA_FILE)
+    name = os.path.join(os.path.basename(os.path.dirname(path)), DATA_MDB)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         todo = [(r, 0, "free-page list" if i == 0 else "main database")
@@ -142,9 +142,9 @@ def _page(page, pgno, psize, last, depth, what, todo, fd):
     header = LMDB_PAGE_HEADER
     if int.from_bytes(page[0:8], "little") != pgno:
         return f"its header names page {int.from_bytes(page[0:8], 'little')}"
-    flags = int.from_bytes(page[10:12], "little")
-    lower = int.from_bytes(page[12:14], "little")
-    upper = int.from_bytes(page[14:16], "little")
+    flags = int.from_bytes(page[LMDB_PAGE_FLAGS_AT:LMDB_PAGE_FLAGS_AT + 2], "little")
+    lower = int.from_bytes(page[LMDB_PAGE_PAGES_AT:LMDB_PAGE_PAGES_AT + 2], "little")
+    upper = int.from_bytes(page[LMDB_PAGE_PAGES_AT + 2:LMDB_PAGE_PAGES_AT + 4], "little")
     if flags & LMDB_P_LEAF2 or flags & (LMDB_P_BRANCH | LMDB_P_LEAF) not in (LMDB_P_BRANCH,
                                                                           LMDB_P_LEAF):
         return f"flags {flags:#x}"
@@ -174,9 +174,10 @@ def _page(page, pgno, psize, last, depth, what, todo, fd):
             if not 2 <= ov <= last - need + 1:
                 return f"node {i} points to overflow page {ov}, outside 2..{last}"
             head = os.pread(fd, header, ov * psize)
+            flags_at, pages_at = LMDB_PAGE_FLAGS_AT, LMDB_PAGE_PAGES_AT
             if len(head) < header or int.from_bytes(head[0:8], "little") != ov or \
-                    not int.from_bytes(head[10:12], "little") & LMDB_P_OVERFLOW or \
-                    int.from_bytes(head[12:16], "little") < need:
+                    not int.from_bytes(head[flags_at:flags_at + 2], "little") & \
+                    LMDB_P_OVERFLOW or int.from_bytes(head[pages_at:pages_at + 4], "little") < need:
                 return f"node {i}: overflow page {ov} is damaged"
         elif data + dsize > psize:
             return f"node {i} runs past the page"

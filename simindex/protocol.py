@@ -50,22 +50,25 @@ def commit(txns: Transactions, records_env: Env, idkeys: list, fps: np.ndarray,
 
 class Entries:
     """The table entries of a batch of records (ascending seqs): per table, the permuted
-    keys sorted as runs store them, and where each shard's key range starts."""
+    keys sorted as runs store them, and where each shard's key range starts. With `shard`,
+    only that shard's entries are kept (and sorted): a Ray shard server's part."""
 
-    def __init__(self, plan: Plan, seqs: np.ndarray, fps: np.ndarray) -> None:
+    def __init__(self, plan: Plan, seqs: np.ndarray, fps: np.ndarray,
+                 shard: Optional[int] = None) -> None:
         self.plan = plan
         self.first = int(seqs[0]) if len(seqs) else 0
         self.tables = []
+        bounds = np.arange(plan.shards + 1, dtype=np.uint64)
         for t in range(plan.ntables):
-            keys = plan.permuter.keys(t, fps)
-            order = entry_order(keys, seqs)
-            keys, sq = keys[order], seqs[order]
+            keys, sq = plan.permuter.keys(t, fps), seqs
+            if shard is not None and plan.shard_bits:
+                mine = plan.shard_of_keys(keys) == np.uint64(shard)
+                keys, sq = keys[mine], sq[mine]
+            order = entry_order(keys, sq)
+            keys, sq = keys[order], sq[order]
             # keys are sorted, and a shard is a range of leading bits: split by search
-            if plan.shard_bits:
-                lead = keys >> np.uint64(64 - plan.shard_bits)
-                cuts = np.searchsorted(lead, np.arange(plan.shards + 1, dtype=np.uint64))
-            else:
-                cuts = np.array([0, len(keys)])
+            cuts = np.searchsorted(plan.shard_of_keys(keys), bounds) if plan.shard_bits \
+                else np.array([0, len(keys)])
             self.tables.append((keys, sq, cuts))
 
     def of(self, table: int, shard: int) -> tuple:
@@ -112,6 +115,7 @@ def catch_up(txns: Transactions, plan: Plan, force: bool = True, jobs: int = 1) 
     shards are written at once (each its own environment and write lock; the block writes
     and commits release the GIL).
     """
+    txns.check_open()
     rec, shards = txns.envs[0], txns.envs[1:]
     while True:
         applied = txns.read(lambda ctx: ctx.applied(plan.ntables))

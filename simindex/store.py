@@ -92,7 +92,7 @@ class Store:
                         path, self.txns, self.records, self.write_lock,
                         after_fold=lambda: self.catch_up(force=False))
         except BaseException as e:
-            self.txns.close(sync=False)
+            self.txns.close(sync=not readonly)    # what was replayed reaches the disk
             if isinstance(e, StorageError):
                 raise space_error(e, path) from None
             raise

@@ -195,6 +195,7 @@ class Transactions:
 
     def sync(self, then: Optional[str] = None) -> None:
         """Force every environment to disk (a failure makes the handle refuse writes)."""
+        self.check_open()
         with self.gate.shared():
             for env in self.envs:
                 try:
@@ -225,9 +226,8 @@ class Transactions:
         for ctx in self._pool:
             ctx.close()
         self._pool.clear()
-        for env in self.envs:
+        for env in self.envs:         # closed, but kept: a late call meets ClosedError
             env.close()
-        self.envs = []
 
 
 def is_io(e: BaseException) -> bool:

@@ -27,7 +27,7 @@ def problems(store) -> list:
     with store.snapshot() as txns:
         # the pages of these snapshots stay unreused while they are open
         for txn in txns:
-            f = os.path.join(txn.env.path, lmdbfile.DATA_FILE)
+            f = os.path.join(txn.env.path, lmdbfile.DATA_MDB)
             meta = lmdbfile.read_meta(f, txn.id)
             if meta is not None:              # None: a newer commit raced past it
                 found += lmdbfile.walk(f, meta)

@@ -34,7 +34,9 @@ import numpy as np
 
 from . import records
 from ._join import within
-from ._layout import DB_INFO, INFO_LOG_MARKER, LOG_DIR, LOG_ENTRY_HEADER, LOG_MAGIC
+from ._layout import (
+    DB_INFO, INFO_LOG_MARKER, LOG_DIR, LOG_ENTRY_HEADER, LOG_MAGIC, LOG_SUFFIX, LOG_TOKEN_HEX,
+)
 from ._lmdb import Env
 from ._records import checksum
 from .codec import MAX_LOG_RECORD, decode_id, encode_id, pack_log_record, unpack, unpack_log_record
@@ -45,7 +47,7 @@ FOLD = 4096            # records a buffer holds at most: an add that finds it fu
 FOLD_AGE = 1.0         # seconds: an add or query that finds an older record folds first
 _HEAD = struct.Struct("<II")
 assert _HEAD.size == LOG_ENTRY_HEADER
-_NAME = re.compile(r"[0-9a-f]{32}\.log")
+_NAME = re.compile(f"[0-9a-f]{{{LOG_TOKEN_HEX}}}{re.escape(LOG_SUFFIX)}")
 
 
 # ---------------------------------------------------------------- the log file
@@ -60,12 +62,26 @@ def is_log_name(name: str) -> bool:
     return _NAME.fullmatch(name) is not None
 
 
+def token_of(name: str) -> str:
+    """The token of a log file's name (its hex digits)."""
+    return name[:-len(LOG_SUFFIX)]
+
+
 def marker_key(token: str) -> bytes:
     return INFO_LOG_MARKER + token.encode()
 
 
+def marker_value(offset: int) -> bytes:
+    """A fold marker's value: how far into its log the folds reached (u64 BE)."""
+    return int(offset).to_bytes(8, "big")
+
+
+def marker_offset(value: bytes) -> int:
+    return int.from_bytes(value, "big")
+
+
 def log_path(directory: str, token: str) -> str:
-    return os.path.join(directory, token + ".log")
+    return os.path.join(directory, token + LOG_SUFFIX)
 
 
 class Log:
@@ -75,7 +91,7 @@ class Log:
     """
 
     def __init__(self, directory: str) -> None:
-        self.token = secrets.token_hex(16)
+        self.token = secrets.token_hex(LOG_TOKEN_HEX // 2)
         self.path = log_path(directory, self.token)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
@@ -168,7 +184,7 @@ def live_tokens(directory: str) -> set:
         names = os.listdir(directory)
     except FileNotFoundError:
         return set()
-    return {n[:-4] for n in names if _NAME.fullmatch(n)}
+    return {token_of(n) for n in names if _NAME.fullmatch(n)}
 
 
 def drop_stale_markers(txn, directory: str, keep=()) -> None:
@@ -215,7 +231,7 @@ def replay_logs(index_path: str, txns: Transactions, records_env: Env) -> Replay
             except OSError as e:
                 raise StorageError(e.errno, f"cannot open {path}: {e.strerror}") from e
             with f:
-                replay_file(f, path, name[:-len(".log")], txns, records_env, done)
+                replay_file(f, path, token_of(name), txns, records_env, done)
     if txns.read_txn(records_env, lambda txn: txn.prefixed(DB_INFO, INFO_LOG_MARKER)):
         txns.write(records_env, lambda txn: drop_stale_markers(txn, d))
     return done
@@ -243,12 +259,12 @@ def replay_file(f, path: str, token: str, txns: Transactions, records_env: Env,
         v = txn.get(DB_INFO, key)
         if v is not None and len(v) != 8:
             raise CorruptError(f"{path}: its fold marker in records/ is damaged")
-        folded = int.from_bytes(v, "big") if v is not None else 0
+        folded = marker_offset(v) if v is not None else 0
         todo = [e for e in entries if e[0] >= folded]
         if todo:
             records.put(txn, [e[1] for e in todo],
                         np.array([e[2] for e in todo], dtype=np.uint64), [e[3] for e in todo])
-        txn.put(DB_INFO, key, max(folded, good).to_bytes(8, "big"))
+        txn.put(DB_INFO, key, marker_value(max(folded, good)))
         return len(todo)
     if entries:
         done.records += txns.write(records_env, apply)
@@ -409,7 +425,7 @@ class WriteBuffer:
 
                 def commit(txn):
                     records.put(txn, idkeys, fps, metas)
-                    txn.put(DB_INFO, marker_key(log.token), end.to_bytes(8, "big"))
+                    txn.put(DB_INFO, marker_key(log.token), marker_value(end))
                     drop_stale_markers(txn, self.directory, keep={log.token})
                 self._txns.write(self._records, commit)
                 self._clear()

@@ -32,8 +32,9 @@ cdef inline bint val_in_pages(const MDB_val *v, size_t psize) noexcept nogil:
     if off != layout.LMDB_PAGE_HEADER:   # spans pages, so it must start an overflow run
         return False
     hdr = <const uint8_t *>v.mv_data - layout.LMDB_PAGE_HEADER
-    return ((hdr[10] | hdr[11] << 8) & layout.LMDB_P_OVERFLOW) != 0 and \
-        v.mv_size + layout.LMDB_PAGE_HEADER <= <size_t>bits.load32(hdr + 12) * psize
+    return ((hdr[layout.LMDB_PAGE_FLAGS_AT] | hdr[layout.LMDB_PAGE_FLAGS_AT + 1] << 8) &
+            layout.LMDB_P_OVERFLOW) != 0 and v.mv_size + layout.LMDB_PAGE_HEADER <= \
+        <size_t>bits.load32(hdr + layout.LMDB_PAGE_PAGES_AT) * psize
 
 
 cdef class Handle:

@@ -21,9 +21,11 @@ cdef extern from *:
     #define SI_LAYOUT_V1 "packed-blocks-v1"
     #define SI_LAYOUT_V2 "packed-blocks-v2"
     #define SI_RECORDS_DIR "records"
-    #define SI_SHARD_DIR "shard-%03d"
+    #define SI_SHARD_PREFIX "shard-"
+    #define SI_SHARD_DIR SI_SHARD_PREFIX "%03d"
     #define SI_LOCK_FILE "lock"
     #define SI_LOG_DIR "pending"
+    #define SI_LOG_SUFFIX ".log"
     #define SI_DB_IDS "ids"
     #define SI_DB_SEQS "seqs"
     #define SI_DB_INFO "info"
@@ -47,9 +49,11 @@ cdef extern from *:
 
     # ---- files and directories of an index
     const char *RECORDS_DIR "SI_RECORDS_DIR"
+    const char *SHARD_PREFIX "SI_SHARD_PREFIX"        # what every shard directory starts with
     const char *SHARD_DIR "SI_SHARD_DIR"              # printf format of a shard's directory
     const char *LOCK_FILE "SI_LOCK_FILE"
-    const char *LOG_DIR "SI_LOG_DIR"                  # the write buffer's logs
+    const char *LOG_DIR "SI_LOG_DIR"                  # the write buffer's logs: LOG_TOKEN_HEX
+    const char *LOG_SUFFIX "SI_LOG_SUFFIX"            # lowercase hex digits, then LOG_SUFFIX
 
     # ---- LMDB databases: records/ holds ids, seqs, info; a shard holds state, blocks
     const char *DB_IDS "SI_DB_IDS"                    # id key -> seq (u64 BE)
@@ -81,6 +85,7 @@ cdef enum:
     WIDTH = 64                # bits of a fingerprint
     LOG_MAGIC_SIZE = 8
     LOG_ENTRY_HEADER = 8
+    LOG_TOKEN_HEX = 32        # a log's name: 32 random hex digits, never reused
 
     # A record, the value of a seq in records/seqs: fp (u64 LE), id key length (u16 LE),
     # id key, msgpack(meta). An id key is a tag then the UTF-8 text, the bytes, or the
@@ -124,8 +129,11 @@ cdef enum:
     V1_MAX_ENTRIES = 1022
 
     # LMDB's own page format, as far as the damage checks read it (lmdb/mdb.c): a page
-    # header of 16 bytes, flags at offset 10, an overflow run's page count at offset 12.
+    # header of 16 bytes, its flags (u16) at offset 10, then an overflow run's page count
+    # (u32) at offset 12, where a branch or leaf page has its lower and upper bounds (u16).
     LMDB_PAGE_HEADER = 16
+    LMDB_PAGE_FLAGS_AT = 10
+    LMDB_PAGE_PAGES_AT = 12
     LMDB_P_BRANCH = 0x01
     LMDB_P_LEAF = 0x02
     LMDB_P_OVERFLOW = 0x04

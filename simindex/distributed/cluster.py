@@ -14,13 +14,16 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import manifest
 from ..codec import check_fp, encode_id, encode_records, fp_array, pack_meta
-from ..errors import InputError, MissingIndexError, ParameterError, ReadOnlyError, closed_error
+from ..errors import (
+    InputError, MissingIndexError, ParameterError, ReadOnlyError, StorageError, closed_error,
+)
 from ..fingerprints import fingerprint
 from ..protocol import APPLY_CHUNK, LAG_LIMIT, RECORD_CHUNK
 from ..results import (
     Id, Match, Record, check_verify, match_of, record_of, verified,
     verified_many,
 )
+from ..transactions import is_io
 from . import route
 from .route import fetch
 from .servers import LedgerServer, ShardServer, plan_of
@@ -87,6 +90,7 @@ class Cluster:
         self._requests = 0
         self._req_lock = threading.Lock()
         self._closed = False
+        self._failed: Optional[tuple] = None   # (errno, message) of a failed write to disk
         self._started = connect(address)
         nodes = dict(nodes or {})
 
@@ -145,6 +149,23 @@ class Cluster:
             raise closed_error(f"cluster on {self.path}")
         if write and self.readonly:
             raise ReadOnlyError(f"cluster on {self.path} is read-only")
+        if write and self._failed is not None:
+            raise StorageError(
+                self._failed[0],
+                f"cluster on {self.path} refuses writes since a write to disk failed "
+                f"({self._failed[1]}); close it and open it again (its servers reopen their "
+                f"environments and the shards catch up from the ledger)")
+
+    def _written(self, refs):
+        """fetch() of write calls. An I/O error in a server (whose handle then refuses
+        writes, as a single process's does) makes this cluster refuse writes too, before
+        the ledger commits anything, until it is opened again."""
+        try:
+            return fetch(refs)
+        except StorageError as e:
+            if is_io(e):
+                self._failed = (e.errno, e.strerror or str(e))
+            raise
 
     def _request(self):
         """A request id for an idempotent ledger write: (client and thread, counter)."""
@@ -190,9 +211,9 @@ class Cluster:
             seqs, fps = fetch(self.ledger.tail.remote(low + 1, APPLY_CHUNK))
             # no live record above: the shards may claim everything up to the target
             last = int(seqs[-1]) if len(seqs) else target
-            self._applied = fetch([s.apply.remote(seqs, fps, a, last) if a < last else
-                                   s.applied.remote()
-                                   for s, a in zip(self.shards, self._applied)])
+            self._applied = self._written([s.apply.remote(seqs, fps, a, last) if a < last
+                                           else s.applied.remote()
+                                           for s, a in zip(self.shards, self._applied)])
             self._clean = [(0, -1)] * self.plan.shards
 
     flush = catch_up
@@ -220,7 +241,7 @@ class Cluster:
                         if self._applied[s] >= since else (0, -1)
                     continue
                 calls[s] = server.apply.remote(seqs[own[s]], fps[own[s]], since, last)
-            for s, applied in zip(calls, fetch(list(calls.values()))):
+            for s, applied in zip(calls, self._written(list(calls.values()))):
                 self._applied[s] = applied
                 self._clean[s] = (0, -1)
                 gap |= applied < last
@@ -243,7 +264,7 @@ class Cluster:
         batches = []
         for i in range(0, len(idks), RECORD_CHUNK):
             j = i + RECORD_CHUNK
-            prev, seqs = fetch(self.ledger.commit.remote(self._request(), idks[i:j], fps[i:j],
+            prev, seqs = self._written(self.ledger.commit.remote(self._request(), idks[i:j], fps[i:j],
                                                          metas[i:j]))
             batches.append((prev, seqs, fps[i:j], None if owners is None else owners[:, i:j]))
         if batches:
@@ -259,7 +280,7 @@ class Cluster:
         self._check(write=True)
         k = self._k(k)
         idk, fp, mb = encode_id(id), check_fp(fingerprint), pack_meta(meta, id)
-        added, hits = fetch(self.ledger.add_unique.remote(self._request(), idk, fp, mb, k,
+        added, hits = self._written(self.ledger.add_unique.remote(self._request(), idk, fp, mb, k,
                                                           self.shards))
         if added is not None:
             prev, seqs = added
@@ -269,7 +290,7 @@ class Cluster:
     def remove(self, id: Id) -> bool:
         """Remove the record of `id`; returns whether there was one."""
         self._check(write=True)
-        return fetch(self.ledger.remove.remote(self._request(), encode_id(id)))
+        return self._written(self.ledger.remove.remote(self._request(), encode_id(id)))
 
     def add_text(self, id: Id, text: str, meta: Any = None) -> int:
         fp = self.fingerprint(text)
