@@ -86,15 +86,13 @@ cdef class Permuter:
         self._table(t)
         return self.c.pmask[t]
 
-    def shard_reach(self, const uint64_t[::1] fps, int shards):
+    def shard_reach(self, const uint64_t[::1] fps):
         """A (shards, n) bool array: shard s holds part of some table's prefix range of
         fingerprint i (where a query of it must look)."""
         cdef Py_ssize_t i, n = fps.shape[0]
         cdef int t, s, s0, s1
         cdef uint64_t lo, hi
-        if shards != (1 << self.shard_bits):
-            raise ValueError(f"shards ({shards}) does not match the plan's shard bits")
-        out = np.zeros((shards, n), dtype=np.bool_)
+        out = np.zeros((1 << self.shard_bits, n), dtype=np.bool_)
         cdef uint8_t[:, ::1] o = out.view(np.uint8)
         with nogil:
             for i in range(n):
@@ -104,14 +102,12 @@ cdef class Permuter:
                         o[s, i] = 1
         return out
 
-    def shard_owners(self, const uint64_t[::1] fps, int shards):
+    def shard_owners(self, const uint64_t[::1] fps):
         """A (shards, n) bool array: shard s holds an entry of fingerprint i in some table
         (where a write of it must go)."""
         cdef Py_ssize_t i, n = fps.shape[0]
         cdef int t, sb = self.c.shard_bits
-        if shards != (1 << sb):
-            raise ValueError(f"shards ({shards}) does not match the plan's shard bits")
-        out = np.zeros((shards, n), dtype=np.bool_)
+        out = np.zeros((1 << sb, n), dtype=np.bool_)
         cdef uint8_t[:, ::1] o = out.view(np.uint8)
         with nogil:
             for i in range(n):

@@ -22,12 +22,12 @@ def fetch(refs):
 
 def owners(plan: Plan, fps: np.ndarray) -> np.ndarray:
     """(shards, n) bools: shard s holds an entry of record i in some table."""
-    return plan.permuter.shard_owners(fps, plan.shards)
+    return plan.permuter.shard_owners(fps)
 
 
 def reach(plan: Plan, queries: np.ndarray) -> np.ndarray:
     """(shards, n) bools: shard s holds part of some table's prefix range of query i."""
-    return plan.permuter.shard_reach(queries, plan.shards)
+    return plan.permuter.shard_reach(queries)
 
 
 def scan(plan: Plan, shards: list, queries: np.ndarray, k: int) -> tuple:
