@@ -79,6 +79,7 @@ cdef struct RunList:
     uint64_t *run_ids        # sorted by (table, run)
     uint32_t *table_start    # ntables + 1 offsets into run_ids: table t's runs
     size_t cap
+    MDB_val raw              # the state's runs value itself (valid while its txn lives)
 
 
 cdef int read_state(MDB_txn *txn, MDB_dbi state_dbi, int ntables,

@@ -20,7 +20,8 @@ from simindex.clmdb cimport (
 )
 cimport simindex.bits as bits
 cimport simindex.layout as layout
-from simindex._lmdb cimport Txn, error, CORRUPT_STATE, NO_MEMORY
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from simindex._lmdb cimport Txn, error, val_in_pages, CORRUPT_STATE, NO_MEMORY
 from simindex.errors import CorruptError
 
 cdef extern from "zlib.h" nogil:
@@ -280,6 +281,7 @@ cdef int read_state(MDB_txn *txn, MDB_dbi state_dbi, int ntables,
         return rc
     if v.mv_size % layout.RUN_ENTRY:
         return CORRUPT_STATE
+    out.raw = v
     nruns = v.mv_size // layout.RUN_ENTRY
     if out.table_start == NULL:
         out.table_start = <uint32_t *>calloc(ntables + 1, sizeof(uint32_t))
@@ -328,11 +330,15 @@ def load_state(Txn txn, int ntables):
         rc = read_state(txn.txn, dbi, ntables, &rl)
         if rc:
             raise error(rc, f"{txn.env.path}: cannot read the shard state")
+        if not txn.write and not val_in_pages(&rl.raw, txn.env.psize):
+            raise CorruptError(f"{txn.env.path}: a shard's state record is damaged (its size "
+                               f"runs past its page)")
         applied = rl.applied
+        # the runs value read_state checked, copied out (no second lookup)
+        runs = np.frombuffer(PyBytes_FromStringAndSize(<const char *>rl.raw.mv_data,
+                                                       rl.raw.mv_size), dtype=RUN_DTYPE).copy()
     finally:
         free_state(&rl)
-    r = txn.get(layout.DB_STATE.decode(), layout.STATE_RUNS)
-    runs = np.frombuffer(r, dtype=RUN_DTYPE).copy() if r else np.empty(0, RUN_DTYPE)
     nr = txn.get(layout.DB_STATE.decode(), layout.STATE_NEXT_RUN)
     if nr is not None and len(nr) != 8:
         raise CorruptError(f"{txn.env.path}: a shard's state record is damaged")

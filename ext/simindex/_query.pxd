@@ -56,5 +56,7 @@ cdef class ReadContext(Handle):
     cdef void _release(self) noexcept nogil
     cdef int _finish(self, MDB_txn *rtxn, uint64_t q, HitBuf *hits, size_t start,
                      size_t psize) noexcept nogil
+    cdef void _end_call(self, MDB_cursor *rc_cur, size_t *qstart, HitBuf *hits,
+                        Tail *tail) noexcept
     cdef list _query(self, Permuter perm, const uint64_t *queries, Py_ssize_t n, int k,
                      Txn txn, bint matches)

@@ -366,6 +366,17 @@ cdef class ReadContext(Handle):
         qsort(h, w, sizeof(Hit), _cmp_dist_seq)
         return 0
 
+    cdef void _end_call(self, MDB_cursor *rc_cur, size_t *qstart, HitBuf *hits,
+                        Tail *tail) noexcept:
+        """What every query and resolve call ends with: close a cursor it opened on a given
+        transaction, reset the snapshots (kept for the next call), free its buffers."""
+        if rc_cur != NULL and rc_cur != self.rec_cur:
+            mdb_cursor_close(rc_cur)
+        self._release()
+        free(qstart)
+        free(hits.h)
+        free_tail(tail)
+
     def applied(self, int ntables):
         """The applied seq of every shard in this context's snapshot."""
         cdef int s, rc
@@ -449,12 +460,7 @@ cdef class ReadContext(Handle):
                 raise error(rc, f"resolving candidates on {self.records.path}")
             return _hit_lists(&hits, qstart, n)
         finally:
-            if rc_cur != NULL and rc_cur != self.rec_cur:
-                mdb_cursor_close(rc_cur)
-            self._release()
-            free(qstart)
-            free(hits.h)
-            free_tail(&tail)
+            self._end_call(rc_cur, qstart, &hits, &tail)
 
     def query(self, Permuter perm, const uint64_t[::1] queries, int k, Txn txn=None,
               bint matches=False):
@@ -590,12 +596,7 @@ cdef class ReadContext(Handle):
                 raise error(rc, f"query on {where}")
             return _hit_lists(&hits, qstart, n, matches)
         finally:
-            if rc_cur != NULL and rc_cur != self.rec_cur:
-                mdb_cursor_close(rc_cur)
-            self._release()
-            free(qstart)
-            free(hits.h)
-            free_tail(&tail)
+            self._end_call(rc_cur, qstart, &hits, &tail)
 
 
 # ---------------------------------------------------------------- one shard (distributed)
