@@ -11,14 +11,21 @@ from .errors import (
     InputTypeError, MapFullError, MissingIndexError, NotAnIndexError, ParameterError,
     ParameterTypeError, ReadOnlyError, StorageError,
 )
-from .fingerprints import Scheme, compute, fingerprint, schemes, shingles, simhash, tokenize
+from .fingerprints import (
+    HASHES, WIDTHS, Scheme, compute, fingerprint, schemes, shingles, simhash, tokenize,
+)
 from .index import Index, hamming
 from .pairs import find_all
 from .results import Match, Record
+from .vectors import (
+    Hyperplanes, cosine_for_radius, match_probability, radius_for_cosine, simhash_rows,
+)
 
 __all__ = [
     "Index", "Match", "Record", "find_all", "hamming", "__version__", "FORMAT_VERSION",
     "simhash", "compute", "shingles", "tokenize", "fingerprint", "schemes", "Scheme",
+    "HASHES", "WIDTHS", "Hyperplanes", "simhash_rows", "radius_for_cosine",
+    "cosine_for_radius", "match_probability",
     "Error", "ParameterError", "ParameterTypeError", "InputError", "InputTypeError",
     "BadLine", "ClosedError", "ReadOnlyError", "StorageError", "DiskFullError",
     "MapFullError", "CorruptError", "FormatError", "MissingIndexError", "NotAnIndexError",

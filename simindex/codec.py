@@ -102,6 +102,61 @@ def fp_array(fps):
     return np.array(out, dtype=np.uint64)
 
 
+def check_wide_fp(fp, width, what="fingerprint"):
+    """A `width`-bit fingerprint as a Python int: an int in [0, 2**width) or big-endian
+    bytes of exactly width/8."""
+    if isinstance(fp, (bytes, bytearray, memoryview)):
+        fp = bytes(fp)
+        if len(fp) != width // 8:
+            raise InputError(f"{what} {fp[:40]!r} is {len(fp)} bytes; a width-{width} "
+                             f"{what} in bytes is exactly {width // 8} (big-endian)")
+        return int.from_bytes(fp, "big")
+    if isinstance(fp, bool) or not isinstance(fp, numbers.Integral):
+        raise InputTypeError(f"{what} must be an int or bytes, got {type(fp).__name__} "
+                             f"{fp!r:.60}")
+    v = int(fp)
+    if v < 0 or v >> width:
+        raise InputError(f"{what} {v} is out of range: at width {width} it must be in "
+                         f"[0, 2**{width})")
+    return v
+
+
+def words_array(values, width, what="fingerprint"):
+    """`width`-bit values as a C-contiguous (n, width/64) uint64 array, most significant
+    word first: from such an array (or a 1-d one at width 64), or from ints or bytes."""
+    words = width // 64
+    if isinstance(values, np.ndarray):
+        if values.ndim == 1 and words == 1:
+            return fp_array(values).reshape(-1, 1)
+        if values.ndim != 2 or values.shape[1] != words:
+            raise InputError(f"{what}s of width {width} as an array must have shape "
+                             f"(n, {words}), got {values.shape}")
+        if values.dtype.kind not in "ui":
+            raise InputTypeError(f"{what}s must be an integer array, got dtype {values.dtype}")
+        if values.dtype.kind == "i" and values.size and values.min() < 0:
+            i = int(np.argmax((values < 0).any(axis=1)))
+            raise InputError(f"{what} at position {i} has a negative word: words are "
+                             f"unsigned 64-bit")
+        return np.ascontiguousarray(values, dtype=np.uint64)
+    out = bytearray()
+    n = 0
+    for n, v in enumerate(values, 1):
+        try:
+            out += check_wide_fp(v, width, what).to_bytes(width // 8, "big")
+        except InputError as e:
+            raise type(e)(f"at position {n - 1}: {e}") from None
+    return np.frombuffer(bytes(out), dtype=">u8").astype(np.uint64).reshape(n, words)
+
+
+def words_to_ints(arr):
+    """The Python ints of an (n, words) uint64 array, most significant word first."""
+    if arr.shape[1] == 1:
+        return arr[:, 0].tolist()
+    raw = arr.astype(">u8").tobytes()
+    step = 8 * arr.shape[1]
+    return [int.from_bytes(raw[i:i + step], "big") for i in range(0, len(raw), step)]
+
+
 def encode_records(items, fingerprints=None):
     """(id keys, fingerprint array, packed metas) of add_many's arguments, all checked first:
     items (id, fp) or (id, fp, meta), or with `fingerprints` a list of ids and their

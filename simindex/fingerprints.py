@@ -7,20 +7,19 @@ strictly positive. A tie (sum exactly 0) leaves the bit clear.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import numbers
 import re
 import unicodedata
 from types import MappingProxyType
-from typing import Any, Iterable, Iterator, NamedTuple, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _fingerprint
 from .errors import InputError, InputTypeError, ParameterError
 
-WIDTHS = (64,)
+WIDTHS = (64, 128, 256)
 DEFAULT_SCHEME = "simindex-v1"     # what a new index records unless told otherwise
 _MAX_INT_WEIGHT_SUM = 1 << 62
 
@@ -36,6 +35,7 @@ class Scheme(NamedTuple):
     weighting: str
     bit_rule: str
     short_text: str
+    widths: tuple[int, ...] = (64,)
 
 
 _BIT_RULE = "bit i set when sum(+w if bit i of the token hash else -w) > 0; ties clear"
@@ -47,21 +47,26 @@ schemes = MappingProxyType({
                   "characters (regex \\w), except that each Han, Hiragana or Katakana "
                   "character is a token of its own",
         shingle_width=3, joiner="single space",
-        hash="xxh3-64 (seed 0) of the UTF-8 shingle, as an unsigned integer",
+        hash="of the UTF-8 shingle, as an unsigned integer: xxh3-64 (seed 0) at width 64; "
+             "xxh3-128 (seed 0) at 128; at 256, xxh3-128 with seed 0 (the high 128 bits) "
+             "then with seed 1 (the low 128 bits)",
         weighting="each shingle occurrence counts 1 (repeats add up)",
         bit_rule=_BIT_RULE,
-        short_text="fewer than 3 tokens: one shingle of all of them; no token: InputError"),
+        short_text="fewer than 3 tokens: one shingle of all of them; no token: InputError",
+        widths=(64, 128, 256)),
     "1e0ng": Scheme(
         name="1e0ng", version=1,
-        tokenizer="str.lower(); keep the runs of regex [\\w\\u4e00-\\u9fcc]+ and join them "
-                  "without spaces; tokens are the characters",
+        tokenizer="str.lower(); keep the runs of regex [\\w\\u4e00-\\u9fcc]+ and join "
+                  "them without spaces; tokens are the characters",
         shingle_width=4, joiner="none (character 4-grams)",
-        hash="MD5 of the UTF-8 shingle, last 8 bytes, big-endian",
+        hash="MD5 of the UTF-8 shingle as a big-endian integer, its low `width` bits (the "
+             "last 8 bytes at 64, all 16 at 128: PyPI simhash's f=64 and f=128)",
         weighting="count of each distinct 4-gram",
         bit_rule=_BIT_RULE + " (PyPI simhash 2.1.2's weighted majority, exact for the "
                              "integer counts text gives)",
-        short_text="1 to 3 characters: one shingle of them all; none: InputError "
-                   "(PyPI simhash would hash the empty string)"),
+        short_text="1 to 3 characters: one shingle of them; none: InputError "
+                   "(PyPI simhash would hash the empty string)",
+        widths=(64, 128)),
     "seomoz": Scheme(
         name="seomoz", version=1,
         tokenizer="str.split() (runs of whitespace); no case folding",
@@ -70,13 +75,33 @@ schemes = MappingProxyType({
         weighting="each shingle occurrence counts 1 (simhash-py compute)",
         bit_rule=_BIT_RULE,
         short_text="fewer than 4 tokens: InputError (simhash-py would return 0)"),
+    "memosstilvi": Scheme(
+        name="memosstilvi", version=1,
+        tokenizer="',' and ';' become spaces, then runs of whitespace split (str.split()); "
+                  "no case folding (the seed 002 notebook, after memosstilvi/simhash)",
+        shingle_width=1, joiner="none (single tokens)",
+        hash="MD5 of the UTF-8 token, all 128 bits, big-endian (the notebook's bit string "
+             "is this integer's binary digits, most significant first)",
+        weighting="term frequency (each occurrence counts 1)",
+        bit_rule=_BIT_RULE,
+        short_text="no token: InputError (the notebook would give 128 zero bits)",
+        widths=(128,)),
 })
 
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f"
 _V1_TOKEN = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+")
 _1E0NG_TOKEN = re.compile("[\\w\u4e00-\u9fcc]+")
-_HASHES = ("xxh3", "md5-last8", "md5-first8")
-_MD5_LAST8, _MD5_FIRST8 = 1, 2          # hash kinds of the compiled vote loops
+_SEED002_SEPARATORS = re.compile("[,;]")
+
+# Token hashes by name: (kind in the compiled module, natural width in bits). A hash wider
+# than the fingerprint gives its low `width` bits (PyPI simhash's truncation).
+HASHES = MappingProxyType({
+    "xxh3": (0, 64), "md5-last8": (1, 64), "md5-first8": (2, 64), "md5": (1, 128),
+    "xxh3-128": (3, 128), "xxh3-128x2": (4, 256), "sha256": (5, 256),
+})
+DEFAULT_HASH = MappingProxyType({64: "xxh3", 128: "xxh3-128", 256: "xxh3-128x2"})
+_MD5, _MD5_FIRST8 = 1, 2                 # hash kinds of the compiled vote loops
+_V1_HASH = {64: 0, 128: 3, 256: 4}
 
 
 def scheme_name(scheme: Union[str, "Scheme"]) -> str:
@@ -116,6 +141,8 @@ def tokenize(text: str, *, scheme: Union[str, "Scheme"] = DEFAULT_SCHEME) -> lis
         return _V1_TOKEN.findall(unicodedata.normalize("NFKC", text).casefold())
     if s.name == "1e0ng":
         return list("".join(_1E0NG_TOKEN.findall(text.lower())))
+    if s.name == "memosstilvi":
+        return _SEED002_SEPARATORS.sub(" ", text).split()
     return text.split()
 
 
@@ -135,26 +162,81 @@ def shingles(tokens: Sequence[str], width: int = 3) -> Iterator[tuple[str, ...]]
         yield tuple(tokens[i:i + width])
 
 
-def _check_width(width, hash_bits=64):
+def _check_width(width):
     if isinstance(width, bool) or not isinstance(width, int):
         raise ParameterError(f"width must be an int, got {width!r}")
-    if width > hash_bits:
-        raise ParameterError(f"width ({width}) is larger than the {hash_bits}-bit token hash")
     if width not in WIDTHS:
         raise ParameterError(f"width {width} is not supported; supported: "
                              f"{', '.join(map(str, WIDTHS))}")
+    return width // 64
 
 
-def _token_hashes(features, hash):
-    """uint64 token hashes of a list of str/bytes features under the named hash."""
+def _named_hash(hash, width):
+    """The compiled kind of a named token hash, refusing one narrower than `width`."""
+    if hash not in HASHES:
+        raise ParameterError(f"unknown token hash {hash!r}; known: {', '.join(HASHES)}, "
+                             f"or a callable")
+    kind, bits = HASHES[hash]
+    if bits < width:
+        wide = ", ".join(n for n, (_, b) in HASHES.items() if b >= width)
+        raise ParameterError(f"token hash {hash!r} has {bits} bits, fewer than the width "
+                             f"{width}: its high bits would never vote; use one of {wide}")
+    return kind
+
+
+_PROBES = tuple(f"simindex probe {i}".encode() for i in range(8))
+_probed: dict = {}
+
+
+def _probe(fn, width):
+    """Refuse a hash callable that looks narrower than the width: on 8 fixed inputs the
+    highest bit it sets must be among the top 8 of the width (a true `width`-bit hash
+    fails this with probability 2**-64), or it must return at least width/8 bytes."""
+    key = (fn, width)
+    if key in _probed:
+        return
+    top = 0
+    for p in _PROBES:
+        h = fn(p)
+        if isinstance(h, (bytes, bytearray, memoryview)):
+            top = max(top, 8 * len(h))
+        elif isinstance(h, numbers.Integral) and not isinstance(h, bool):
+            top = max(top, int(h).bit_length())
+        else:
+            raise ParameterError(f"hash callable returned {type(h).__name__} {h!r:.40}; it "
+                                 f"must return an int >= 0 or bytes")
+    if top <= width - 8:
+        raise ParameterError(f"hash callable looks narrower than the width {width}: its "
+                             f"values on 8 probe inputs have at most {top} bits")
+    if len(_probed) > 64:
+        _probed.clear()
+    _probed[key] = True
+
+
+def _token_hashes(features, hash, width):
+    """The (n, width/64) uint64 token hashes, most significant word first, of a list of
+    str/bytes features under a named hash or a callable."""
+    words = width // 64
     raw = [f.encode("utf-8") if isinstance(f, str) else f for f in features]
-    if hash == "xxh3":
-        return _fingerprint.xxh3_many(raw)
-    if hash == "md5-last8":
-        return np.array([int.from_bytes(hashlib.md5(b).digest()[-8:], "big") for b in raw],
-                        dtype=np.uint64)
-    return np.array([int.from_bytes(hashlib.md5(b).digest()[:8], "big") for b in raw],
-                    dtype=np.uint64)
+    if not callable(hash):
+        return _fingerprint.hash_many(raw, _named_hash(hash, width), words)
+    _probe(hash, width)
+    nbytes, mask = width // 8, (1 << width) - 1
+    out = bytearray()
+    for n, b in enumerate(raw):
+        h = hash(b)
+        if isinstance(h, (bytes, bytearray, memoryview)):
+            h = bytes(h)
+            if len(h) < nbytes:
+                raise InputError(f"hash of feature {n} is {len(h)} bytes; width {width} "
+                                 f"needs at least {nbytes}")
+            out += h[-nbytes:]
+        elif isinstance(h, numbers.Integral) and not isinstance(h, bool) and h >= 0:
+            out += (int(h) & mask).to_bytes(nbytes, "big")
+        else:
+            raise InputError(f"hash of feature {n} is {h!r:.40}; a hash callable must "
+                             f"return an int >= 0 or bytes")
+    return np.frombuffer(bytes(out), dtype=">u8").astype(np.uint64).reshape(len(raw), words)
 
 
 def _feature(f, n):
@@ -184,18 +266,26 @@ def _weight(w, n):
     return w
 
 
-def simhash(features: Iterable[Any], *, width: int = 64, hash: str = "xxh3") -> int:
-    """The simhash of weighted features.
+HashArg = Union[str, Callable[[bytes], Union[int, bytes]], None]
+
+
+def simhash(features: Iterable[Any], *, width: int = 64, hash: HashArg = None) -> int:
+    """The simhash of weighted features, `width` (64, 128 or 256) bits as an int.
 
     `features`: an iterable of str/bytes (weight 1 each; repeats add up), an iterable of
     (feature, weight) pairs with int or float weights >= 0, or a dict feature -> weight.
-    `hash`: "xxh3" (default), "md5-last8" (PyPI simhash) or "md5-first8" (simhash-py).
+    `hash`: a name in HASHES (default: DEFAULT_HASH[width]; "md5-last8" is PyPI simhash at
+    64 bits, "md5" at 128, "md5-first8" simhash-py) at least `width` bits wide, or a
+    callable taking the UTF-8 bytes and returning an int or bytes (as PyPI simhash's
+    `hashfunc`; the low `width` bits, or the last width/8 bytes, are used).
     Integer weights are summed exactly; float weights in float64, in the given order (PyPI
     simhash rounds float weights differently, so only integer weights match it bit for bit).
     """
-    if hash not in _HASHES:
-        raise ParameterError(f"unknown token hash {hash!r}; known: {', '.join(_HASHES)}")
     _check_width(width)
+    if hash is None:
+        hash = DEFAULT_HASH[width]
+    elif not callable(hash):
+        _named_hash(hash, width)
     if features is None or isinstance(features, (str, bytes)):
         raise InputTypeError(
             f"features must be an iterable of features, (feature, weight) pairs or a dict, "
@@ -224,7 +314,7 @@ def simhash(features: Iterable[Any], *, width: int = 64, hash: str = "xxh3") -> 
             feats.append(_feature(item, n))
     if not feats:
         raise InputError("no features: an empty feature set has no fingerprint")
-    hashes = _token_hashes(feats, hash)
+    hashes = _token_hashes(feats, hash, width)
     if not weighted:
         return _fingerprint.vote(hashes)
     if all(isinstance(w, int) for w in weights):
@@ -234,24 +324,41 @@ def simhash(features: Iterable[Any], *, width: int = 64, hash: str = "xxh3") -> 
     return _fingerprint.vote(hashes, np.array(weights, dtype=np.float64))
 
 
-def compute(hashes: Union[Iterable[int], np.ndarray], *, width: int = 64) -> int:
+def compute(hashes: Union[Iterable[Any], np.ndarray], *, width: int = 64) -> int:
     """The simhash of precomputed unsigned token hashes, each counting 1 (simhash-py's
-    compute). Hashes must be ints in [0, 2**width)."""
-    from .codec import fp_array
+    compute). Hashes are ints in [0, 2**width), big-endian bytes of width/8, or an array
+    of shape (n, width/64) uint64, most significant word first (or (n,) at width 64)."""
+    from .codec import words_array
     _check_width(width)
-    arr = fp_array(hashes)
+    arr = words_array(hashes, width, what="hash")
     if len(arr) == 0:
         raise InputError("no hashes: an empty hash list has no fingerprint")
     return _fingerprint.vote(arr)
 
 
-def fingerprint(text: str, *, scheme: Union[str, "Scheme", None] = DEFAULT_SCHEME) -> int:
-    """The 64-bit fingerprint of `text` under a frozen scheme (see `schemes`)."""
+def scheme_width(scheme: Union[str, "Scheme"], width: Optional[int]) -> int:
+    """`width` checked against the scheme's widths; None is the scheme's first width."""
     s = _scheme(scheme)
+    if width is None:
+        return s.widths[0]
+    _check_width(width)
+    if width not in s.widths:
+        raise ParameterError(f"scheme {s.name!r} makes {', '.join(map(str, s.widths))}-bit "
+                             f"fingerprints, not {width}")
+    return width
+
+
+def fingerprint(text: str, *, scheme: Union[str, "Scheme", None] = DEFAULT_SCHEME,
+                width: Optional[int] = None) -> int:
+    """The fingerprint of `text` under a frozen scheme (see `schemes`), `width` bits (one
+    of the scheme's widths; default its first: 64, or 128 for "memosstilvi")."""
+    s = _scheme(scheme)
+    words = scheme_width(s, width) // 64
     if s.name == "simindex-v1":
         # the compiled pass: tokens, shingles, hashes and votes without a Python object each
         fp, windows = _fingerprint.word_vote(
-            unicodedata.normalize("NFKC", _text(text)).casefold(), s.shingle_width)
+            unicodedata.normalize("NFKC", _text(text)).casefold(), s.shingle_width,
+            _V1_HASH[64 * words], words)
         if not windows:
             raise InputError("text has no tokens under scheme 'simindex-v1' (empty, or no "
                              "word characters): it has no fingerprint")
@@ -262,12 +369,16 @@ def fingerprint(text: str, *, scheme: Union[str, "Scheme", None] = DEFAULT_SCHEM
             raise InputError("text has no tokens under scheme '1e0ng' (empty, or no word "
                              "characters): it has no fingerprint")
         # each 4-gram occurrence votes once: the same sums as its count as a weight
-        fp, _ = _fingerprint.char_gram_vote(_utf8(content), s.shingle_width, _MD5_LAST8)
+        fp, _ = _fingerprint.char_gram_vote(_utf8(content), s.shingle_width, _MD5, words)
         return fp
     tokens = tokenize(text, scheme=s)
     if not tokens:
         raise InputError(f"text has no tokens under scheme {s.name!r} (empty, or no word "
                          f"characters): it has no fingerprint")
+    if s.name == "memosstilvi":
+        # each occurrence votes once: the notebook's term-frequency weights
+        fp, _ = _fingerprint.shingle_vote(_utf8(" ".join(tokens)), 1, _MD5, words)
+        return fp
     if len(tokens) < s.shingle_width:
         raise InputError(f"text has {len(tokens)} tokens; scheme 'seomoz' needs at least "
                          f"{s.shingle_width} (simhash-py would give 0)")

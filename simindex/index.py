@@ -146,7 +146,7 @@ class Index:
 
     def fingerprint(self, text: str) -> int:
         """The fingerprint of `text` under this index's scheme."""
-        return _fingerprint(text, scheme=self.scheme)
+        return _fingerprint(text, scheme=self.scheme, width=64)
 
     def _k(self, k: Optional[int], st: Optional[Store] = None) -> int:
         plan = (st or self._open_store()).plan

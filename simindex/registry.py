@@ -12,7 +12,7 @@ import threading
 
 from . import manifest
 from .errors import ParameterError, ParameterTypeError
-from .fingerprints import scheme_name
+from .fingerprints import scheme_name, scheme_width
 from .store import Store
 
 _registry: dict = {}
@@ -34,6 +34,7 @@ def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None) -> 
     """The process's store for the index at `path`, opening or creating it if needed."""
     if scheme is not None:
         scheme = scheme_name(scheme)               # a clear error for an unknown name
+        scheme_width(scheme, 64)                   # and for one without 64-bit fingerprints
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise ParameterTypeError(f"path must be a str, bytes or os.PathLike, got "
                                  f"{type(path).__name__} {path!r:.60}")
