@@ -2,6 +2,7 @@
 definition is ext/simindex/layout.pxd)."""
 
 FORMAT_VERSION: int
+FORMAT_CLASSIC: int
 WIDTH: int
 MANIFEST: str
 MANIFEST_MAGIC: str

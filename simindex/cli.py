@@ -9,7 +9,6 @@ import json
 import sys
 import time
 import zlib
-from math import comb
 
 import click
 import msgpack
@@ -18,8 +17,8 @@ from . import FORMAT_VERSION, BadLine, Error, Index, ParameterError, __version__
 from ._lmdb import lmdb_version
 from .inputs import FORMATS, FP_FORMATS, MAX_LINE, open_input, read_items
 from .plan import (
-    DEFAULT_K, MAX_TABLES, Plan, default_blocks, default_shards, index_bytes, physical_memory,
-    query_cost,
+    DEFAULT_K, Plan, candidate_plans, default_plan, default_shards, index_bytes,
+    physical_memory, query_cost,
 )
 
 BATCH = 100_000
@@ -134,7 +133,7 @@ def _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips, on_error):
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(
     version=__version__, prog_name="simindex",
-    message=(f"%(prog)s %(version)s, on-disk format {FORMAT_VERSION}, "
+    message=(f"%(prog)s %(version)s, on-disk format {FORMAT_VERSION} (and 1), "
              f"{lmdb_version()}, msgpack {'.'.join(map(str, msgpack.version))}"))
 def cli():
     """Exact near-duplicate search over 64-bit simhash fingerprints."""
@@ -147,6 +146,9 @@ def cli():
               "(new index; default 3).")
 @click.option("--blocks", type=click.IntRange(1, 64), help="Blocks per fingerprint (new "
               "index; default k+1).")
+@click.option("--prefix-blocks", type=click.IntRange(0, 64), help="Blocks leading each "
+              "table (new index; default blocks-k; fewer probe with flips, see `simindex "
+              "plan`).")
 @click.option("--shards", type=int, help="Shards, a divisor of 256 (new index; default 16).")
 @click.option("--expected", type=click.IntRange(0), help="Fingerprints the new index will "
               "hold: picks the blocks of least estimated query time (see `simindex plan`).")
@@ -156,18 +158,19 @@ def cli():
               help="Shards written at once (threads; with --ray every shard has its actor).")
 @ray_option
 @input_options
-def build(index, inputs, k, blocks, shards, expected, scheme, jobs, ray_address, fmt, fp_format,
-          max_line, on_error, quiet):
+def build(index, inputs, k, blocks, prefix_blocks, shards, expected, scheme, jobs, ray_address,
+          fmt, fp_format, max_line, on_error, quiet):
     """Create INDEX if missing, then add every record of INPUT files ('-': stdin).
 
     Incremental: run it again with more input to add to the same index.
     """
     if ray_address is None:
-        idx = _open(index, k=k, blocks=blocks, shards=shards, scheme=scheme, expected=expected)
+        idx = _open(index, k=k, blocks=blocks, shards=shards, scheme=scheme, expected=expected,
+                    prefix_blocks=prefix_blocks)
         write = lambda batch: idx.add_many(batch, jobs=jobs)
     else:
         idx = _cluster(index, ray_address, k=k, blocks=blocks, shards=shards, scheme=scheme,
-                       expected=expected)
+                       expected=expected, prefix_blocks=prefix_blocks)
         write = idx.add_many
     skips = _Skips(quiet)
     added = 0
@@ -395,26 +398,29 @@ def compact(index):
 @cli.command()
 @click.option("--size", type=click.IntRange(1), required=True, help="Expected fingerprints.")
 @click.option("--k", type=click.IntRange(0, 63), default=DEFAULT_K, show_default=True)
-def plan(size, k):
-    """Table plans for SIZE fingerprints within K bits, and the one `build --expected SIZE`
-    picks (least estimated query time; without --expected build uses k+1 blocks), with
-    the shards it picks (without --expected: 16)."""
-    chosen = default_blocks(k, size)
+@click.option("--top", type=click.IntRange(1), default=10, show_default=True,
+              help="Plans shown, least estimated query time first.")
+def plan(size, k, top):
+    """Table plans for SIZE fingerprints within K bits, least estimated query time first,
+    and the one `build --expected SIZE` picks, with the shards it picks (without
+    --expected: 16 shards, and k+1 blocks below k=8)."""
+    chosen = default_plan(k, size)
     nshards = default_shards(size)
     choice = f"<- build --expected {size} ({nshards} shard{'s' if nshards > 1 else ''})"
-    click.echo("blocks\ttables\tprefix_bits\tcandidates_per_query\tquery_us\tbytes_on_disk"
-               "\tchoice")
-    for m in range(k + 1, min(k + 9, 65)):
-        if comb(m, k) > MAX_TABLES:
-            break
-        p = Plan(k=k, blocks=m, shards=16)
-        cands = sum(size / 2 ** b for b in p.prefix_bits)
-        disk = index_bytes(k, m, size)
-        bits = f"{min(p.prefix_bits)}-{max(p.prefix_bits)}" \
-            if min(p.prefix_bits) != max(p.prefix_bits) else str(p.prefix_bits[0])
-        us = query_cost(k, m, size, physical_memory()) / 1000
-        click.echo(f"{m}\t{p.ntables}\t{bits}\t{cands:.3g}\t{us:.2g}\t{disk:.3g}\t"
-                   f"{choice if m == chosen else ''}")
+    memory = physical_memory()
+    rows = sorted((query_cost(k, m, size, memory, p), m, p) for m, p in candidate_plans(k))
+    shown = rows[:top] + [r for r in rows[top:] if (r[1], r[2]) == chosen]
+    click.echo("blocks\tprefix_blocks\ttables\tflips\tprobes\tprefix_bits"
+               "\tcandidates_per_query\tquery_us\tbytes_on_disk\tchoice")
+    for cost, m, p in shown:
+        pl = Plan(k=k, blocks=m, shards=16, prefix_blocks=p)
+        cands = sum(n * size / 2 ** b for n, b in zip(pl.probes, pl.prefix_bits))
+        disk = index_bytes(k, m, size, p)
+        bits = f"{min(pl.prefix_bits)}-{max(pl.prefix_bits)}" \
+            if min(pl.prefix_bits) != max(pl.prefix_bits) else str(pl.prefix_bits[0])
+        click.echo(f"{m}\t{p}\t{pl.ntables}\t{pl.flips}\t{sum(pl.probes)}\t{bits}\t"
+                   f"{cands:.3g}\t{cost / 1000:.2g}\t{disk:.3g}\t"
+                   f"{choice if (m, p) == chosen else ''}")
 
 
 def main(argv=None):

@@ -14,7 +14,7 @@ from .codec import check_fp, encode_id, encode_records, fp_array, pack_meta
 from .errors import InputError, ParameterError, ReadOnlyError, closed_error
 from .fingerprints import fingerprint as _fingerprint
 from .pairs import group_pairs, stored_pairs
-from .plan import DEFAULT_K, Plan, default_blocks, default_shards
+from .plan import DEFAULT_K, Plan, default_plan, default_shards
 from .records import last_seq, stale
 from .results import Id, Match, Record, match_of, record_of, verified, verified_many
 from .shard import load_state
@@ -40,7 +40,8 @@ class Index:
     def __init__(self, path: Union[str, bytes, os.PathLike], *, k: Optional[int] = None,
                  blocks: Optional[int] = None, shards: Optional[int] = None,
                  create: bool = True, readonly: bool = False, sync: bool = True,
-                 scheme: Optional[str] = None, expected: Optional[int] = None) -> None:
+                 scheme: Optional[str] = None, expected: Optional[int] = None,
+                 prefix_blocks: Optional[int] = None) -> None:
         self._store: Optional[Store] = None
         self._readonly = readonly
         self.path: str = os.path.abspath(os.fsdecode(os.fspath(path))) \
@@ -52,11 +53,14 @@ class Index:
                 raise ParameterError(f"expected must be a number of fingerprints, got "
                                      f"{expected!r}")
             if blocks is None:
-                blocks = default_blocks(DEFAULT_K if k is None else Plan(k=k).k, expected)
+                blocks, p = default_plan(DEFAULT_K if k is None else Plan(k=k).k, expected)
+                if prefix_blocks is None:
+                    prefix_blocks = p
             if shards is None:
                 shards = default_shards(expected)
         self._store = registry.acquire(path, k=k, blocks=blocks, shards=shards, create=create,
-                                       readonly=readonly, sync=sync, scheme=scheme)
+                                       readonly=readonly, sync=sync, scheme=scheme,
+                                       prefix_blocks=prefix_blocks)
         self.path = self._store.path
 
     # ------------------------------------------------------------ lifetime
@@ -130,6 +134,16 @@ class Index:
     @property
     def blocks(self) -> int:
         return self._open_store().plan.blocks
+
+    @property
+    def prefix_blocks(self) -> int:
+        """Blocks leading each table (blocks - k for the paper's plans, fewer with flips)."""
+        return self._open_store().plan.prefix_blocks
+
+    @property
+    def flips(self) -> int:
+        """Bits a query flips in each table's prefix (0 for the paper's plans)."""
+        return self._open_store().plan.flips
 
     @property
     def shards(self) -> int:
@@ -336,7 +350,8 @@ class Index:
         unapplied = int(max(0, last - min(s[0] for s in states)))
         return {
             "count": count, "width": WIDTH, "k": plan.k, "blocks": plan.blocks,
-            "tables": plan.ntables, "shards": plan.shards,
+            "prefix_blocks": plan.prefix_blocks, "flips": plan.flips,
+            "probes": sum(plan.probes), "tables": plan.ntables, "shards": plan.shards,
             "runs": int(sum(len(s[1]) for s in states)),
             "entries": int(sum(int(s[1]["count"].sum()) for s in states)),
             "stale": removed, "last_seq": last,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from ._layout import (
-    BLOCK_BYTES, FORMAT_VERSION as FORMAT, LAYOUT_V1, LAYOUT_V2 as LAYOUT, MANIFEST as NAME,
-    MANIFEST_MAGIC as MAGIC, V1_MAX_ENTRIES, WIDTH,
+    BLOCK_BYTES, FORMAT_CLASSIC, FORMAT_VERSION as FORMAT, LAYOUT_V1, LAYOUT_V2 as LAYOUT,
+    MANIFEST as NAME, MANIFEST_MAGIC as MAGIC, V1_MAX_ENTRIES, WIDTH,
 )
 from ._version import __version__ as _version
 from .codec import pack, unpack
@@ -21,11 +21,22 @@ _MAX_BYTES = 1 << 16
 
 
 def make(plan, scheme=None) -> dict:
-    """The manifest of a new index with `plan` and fingerprint `scheme`."""
-    return {"magic": MAGIC, "format": FORMAT, "width": WIDTH, "k": plan.k,
-            "blocks": plan.blocks, "shards": plan.shards, "tables": plan.ntables,
-            "layout": LAYOUT, "block_bytes": BLOCK_BYTES, "scheme": scheme,
-            "created_by": f"simindex {_version}"}
+    """The manifest of a new index with `plan` and fingerprint `scheme`: format 1 for the
+    paper's plans (older versions read it), format 2 with prefix_blocks for plans with
+    flips (older versions refuse it rather than misread its tables)."""
+    m = {"magic": MAGIC, "format": FORMAT_CLASSIC, "width": WIDTH, "k": plan.k,
+         "blocks": plan.blocks, "shards": plan.shards, "tables": plan.ntables,
+         "layout": LAYOUT, "block_bytes": BLOCK_BYTES, "scheme": scheme,
+         "created_by": f"simindex {_version}"}
+    if not plan.classic:
+        m.update(format=FORMAT, prefix_blocks=plan.prefix_blocks)
+    return m
+
+
+def plan_args(m) -> dict:
+    """The Plan arguments a manifest records."""
+    return {"k": m["k"], "blocks": m["blocks"], "shards": m["shards"],
+            "prefix_blocks": m.get("prefix_blocks")}
 
 
 def write(dirpath, manifest):
@@ -67,8 +78,12 @@ def read(dirpath):
     if not isinstance(m, dict) or m.get("magic") != MAGIC:
         raise CorruptError(f"{path} is not a simindex manifest (bad magic)")
     fmt = m.get("format")
-    if fmt != FORMAT:
-        raise FormatError(f"{path} has on-disk format {fmt!r}; this simindex reads format {FORMAT}")
+    if fmt not in (FORMAT_CLASSIC, FORMAT):
+        raise FormatError(f"{path} has on-disk format {fmt!r}; this simindex reads formats "
+                          f"{FORMAT_CLASSIC} and {FORMAT}")
+    if (fmt == FORMAT) != ("prefix_blocks" in m):
+        raise CorruptError(f"{path}: format {fmt} {'needs' if fmt == FORMAT else 'has no'} "
+                           f"field 'prefix_blocks'")
     layout = m.get("layout")
     field, value = _LAYOUTS.get(layout, (None, None)) if isinstance(layout, str) else (None, None)
     if field is None or m.get(field) != value or m.get("width") != WIDTH:
@@ -79,7 +94,8 @@ def read(dirpath):
     if scheme is not None and (not isinstance(scheme, str) or scheme not in schemes):
         raise FormatError(f"{path}: the index uses fingerprint scheme {scheme!r}, which this "
                           f"simindex does not know (known: {', '.join(schemes)})")
-    for field in ("k", "blocks", "shards", "tables"):
+    counts = ("k", "blocks", "shards", "tables") + (("prefix_blocks",) if fmt == FORMAT else ())
+    for field in counts:
         v = m.get(field)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise CorruptError(f"{path}: field {field!r} is {v!r}, not a count")
@@ -89,10 +105,13 @@ def read(dirpath):
 def check_same(manifest, **given):
     """Raise when a parameter passed on reopen differs from the stored one, naming both."""
     for name, value in given.items():
-        if value is not None and manifest.get(name) != value:
+        stored = manifest.get(name)
+        if name == "prefix_blocks" and stored is None:
+            stored = manifest.get("blocks", 0) - manifest.get("k", 0)     # format 1
+        if value is not None and stored != value:
             raise ParameterError(
                 f"{name}={value!r} was given, but the index was built with "
-                f"{name}={manifest.get(name)!r}; reopen without it or with the stored value")
+                f"{name}={stored!r}; reopen without it or with the stored value")
 
 
 def upgrade(dirpath, m):

@@ -47,17 +47,20 @@ def join_table(plan: Plan, table: int, keys: np.ndarray, ids: Optional[np.ndarra
     order = prefix_order(keys, pmask)
     # positions: the order itself (a sequential copy, not a gather through it)
     named = order.astype(np.uint64) if ids is None else ids[order]
-    return pairs_sorted(keys[order], named, pmask, plan.earlier_masks(table), k)
+    return pairs_sorted(keys[order], named, pmask, plan.earlier_masks(table), k,
+                        plan.permuter.probe_masks(table), plan.flips)
 
 
-def find_all(fingerprints, k: int = DEFAULT_K, blocks: Optional[int] = None) -> list:
+def find_all(fingerprints, k: int = DEFAULT_K, blocks: Optional[int] = None,
+             prefix_blocks: Optional[int] = None) -> list:
     """Every pair of positions (i, j), i < j, whose fingerprints are within k bits, sorted.
 
-    In memory, with the same block-permutation tables as the index. Equal fingerprints at
-    different positions are a pair.
+    In memory, with the same block-permutation tables as the index (blocks and
+    prefix_blocks as Index takes them). Equal fingerprints at different positions are a
+    pair.
     """
     fps = fp_array(fingerprints)
-    plan = Plan(k=k, blocks=blocks, shards=1)
+    plan = Plan(k=k, blocks=blocks, shards=1, prefix_blocks=prefix_blocks)
     parts = [join_table(plan, t, plan.permuter.keys(t, fps), None, k)
              for t in range(plan.ntables)]
     a = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.uint64)
@@ -85,8 +88,9 @@ def stored_pairs(store, k: int) -> list:
             pmask = plan.permuter.prefix_mask(t)
             tkeys = plan.permuter.keys(t, tfps)
             tshard = plan.shard_of_keys(tkeys)
-            # a prefix at least as long as the shard bits stays in one shard
-            if plan.prefix_bits[t] >= plan.shard_bits:
+            # a prefix at least as long as the shard bits stays in one shard (and so do the
+            # prefixes within flips of it only when there are none)
+            if plan.prefix_bits[t] >= plan.shard_bits and plan.flips == 0:
                 groups = [[s] for s in range(plan.shards)]
             else:
                 groups = [list(range(plan.shards))]
@@ -113,7 +117,8 @@ def stored_pairs(store, k: int) -> list:
                     keys, seqs = np.concatenate(ks), np.concatenate(ss)
                     order = entry_order(keys, seqs)
                     keys, seqs = keys[order], seqs[order]
-                a, b, d = pairs_sorted(keys, seqs, pmask, earlier, k)
+                a, b, d = pairs_sorted(keys, seqs, pmask, earlier, k,
+                                       plan.permuter.probe_masks(t), plan.flips)
                 pa.append(a)
                 pb.append(b)
                 pd.append(d)

@@ -1,9 +1,14 @@
 """Index parameters: k, blocks, shards, and the block-permutation tables they imply.
 
-Bits are cut into `blocks` contiguous blocks, most significant first (the first 64 % m
-blocks get one bit more). A table is a choice of `blocks - k` blocks; its permuted key puts
-the chosen blocks first, in their original order, then the rest. Two fingerprints within k
-bits differ in at most k blocks, so they agree on all chosen blocks of at least one table.
+Bits are cut into `blocks` (m) contiguous blocks, most significant first (the first 64 % m
+blocks get one bit more). A table is a choice of `prefix_blocks` (p) blocks; its permuted
+key puts the chosen blocks first, in their original order, then the rest, and its prefix
+is the chosen blocks' bits. A query probes each table at every prefix within `flips` (r)
+bits of its own, r the least that keeps the answer exact: two fingerprints within k bits
+spread at most k differing bits over m blocks, so some p blocks hold at most
+p*(k // m) + max(0, p - m + k % m) of them (spread evenly is the worst case). With
+p = m - k that is 0: the paper's tables, one probe each. With p = 1 it is k // m: one table
+per block probed with flips (multi-index hashing). p = 0 is one table scanned whole.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from .errors import ParameterError, ParameterTypeError
 
 DEFAULT_K = 3            # the largest distance a new index guarantees, unless told
 MAX_TABLES = 1024
+MAX_PROBES = 1 << 16     # prefixes probed per query over all tables
+NOMINAL_SIZE = 1 << 20   # the size the planner assumes for k >= FLIP_K without `expected`
+FLIP_K = 8               # from here k + 1 blocks leave prefixes too short to pay
 
 
 # Query cost model of the planner, measured on this project's machines (1M-10M, k=3): a
@@ -63,45 +71,101 @@ def physical_memory() -> Optional[int]:
         return None
 
 
-def default_blocks(k: int, expected: Optional[int] = None,
-                   memory: Optional[int] = None) -> int:
-    """blocks=None picks k + 1 (the fewest tables, k + 1, and the longest prefix that works),
-    or with `expected` (the number of fingerprints the index will hold) the plan of least
-    estimated query time: more blocks give more, longer prefixes, so fewer candidates per
-    table, which pays once a table's prefix range holds hundreds of entries (~30M at k=3) -
-    unless the bigger index no longer fits in `memory` (default: this machine's RAM).
+def flips_needed(k: int, blocks: int, prefix_blocks: int) -> int:
+    """The flip radius r that makes a plan exact: the most differing bits the least
+    differing `prefix_blocks` of `blocks` blocks can hold when k bits differ."""
+    q, rem = divmod(k, blocks)
+    return prefix_blocks * q + max(0, prefix_blocks - blocks + rem)
+
+
+def probe_count(prefix_bits: int, flips: int) -> int:
+    """Prefixes within `flips` bits of one prefix of `prefix_bits` bits."""
+    return sum(comb(prefix_bits, i) for i in range(min(flips, prefix_bits) + 1))
+
+
+def block_widths(blocks: int) -> list:
+    base, extra = divmod(WIDTH, blocks)
+    return [base + 1 if b < extra else base for b in range(blocks)]
+
+
+def candidate_plans(k: int):
+    """Every (blocks, prefix_blocks) the planner weighs for k: at most PLANNED_TABLES
+    tables and MAX_PROBES probes, fewest tables then probes first."""
+    out = []
+    for m in range(1, WIDTH + 1):
+        for p in range(0, m + 1):
+            tables = comb(m, p)
+            if tables > PLANNED_TABLES:
+                continue
+            r = flips_needed(k, m, p)
+            widths = block_widths(m)
+            probes = sum(probe_count(sum(widths[b] for b in c), r)
+                         for c in combinations(range(m), p))
+            if probes > MAX_PROBES:
+                continue
+            out.append((tables, probes, m, p))
+    out.sort()
+    plans, scan = [], False
+    for tables, probes, m, p in out:
+        if p == 0:                  # every p = 0 plan is the same one scan
+            if scan:
+                continue
+            scan = True
+        plans.append((m, p))
+    return plans
+
+
+def default_plan(k: int, expected: Optional[int] = None,
+                 memory: Optional[int] = None) -> tuple:
+    """(blocks, prefix_blocks) of a new index. Without `expected`: k + 1 blocks, k + 1
+    tables of one probe (below FLIP_K), or the plan of least estimated query time for
+    NOMINAL_SIZE fingerprints (from FLIP_K, where k + 1 blocks leave prefixes of 7 bits or
+    less). With `expected` (fingerprints the index will hold): the plan of least estimated
+    query time, more tables only when they pay clearly (10%), unless the bigger index no
+    longer fits in `memory` (default: this machine's RAM).
     """
     if expected is None:
-        return k + 1
+        if k < FLIP_K:
+            return k + 1, 1
+        expected = NOMINAL_SIZE
     memory = physical_memory() if memory is None else memory
     best = None
-    for m in range(k + 1, WIDTH + 1):
-        tables = comb(m, k)
-        if tables > PLANNED_TABLES:
-            break
-        cost = query_cost(k, m, expected, memory)
-        if best is None or cost < best[0] * 0.9:        # more tables must pay clearly
-            best = (cost, m)
-    assert best is not None                             # m = k + 1 always qualifies
-    return best[1]
+    for m, p in candidate_plans(k):
+        cost = query_cost(k, m, expected, memory, p)
+        if best is None or cost < best[0] * 0.9:
+            best = (cost, m, p)
+    assert best is not None                             # p = 0 always qualifies
+    return best[1], best[2]
 
 
-def index_bytes(k: int, blocks: int, expected: int) -> float:
+def default_blocks(k: int, expected: Optional[int] = None,
+                   memory: Optional[int] = None) -> int:
+    """The blocks of default_plan()."""
+    return default_plan(k, expected, memory)[0]
+
+
+def index_bytes(k: int, blocks: int, expected: int, prefix_blocks: Optional[int] = None) -> float:
     """Estimated bytes on disk of a plan holding `expected` fingerprints."""
-    return expected * (ENTRY_BYTES * comb(blocks, k) + RECORD_BYTES)
+    p = blocks - k if prefix_blocks is None else prefix_blocks
+    return expected * (ENTRY_BYTES * comb(blocks, p) + RECORD_BYTES)
 
 
-def query_cost(k: int, blocks: int, expected: int, memory: Optional[int] = None) -> float:
-    """Estimated nanoseconds per query of a plan over `expected` fingerprints; with
-    `memory` (bytes), seeks of a plan too big for CACHE_SHARE of it are disk reads."""
-    base, extra = divmod(WIDTH, blocks)
-    widths = [base + 1 if b < extra else base for b in range(blocks)]
+def query_cost(k: int, blocks: int, expected: int, memory: Optional[int] = None,
+               prefix_blocks: Optional[int] = None) -> float:
+    """Estimated nanoseconds per query of a plan over `expected` fingerprints: per probe a
+    seek and the candidates of its prefix range; with `memory` (bytes), seeks of a plan too
+    big for CACHE_SHARE of it are disk reads."""
+    p = blocks - k if prefix_blocks is None else prefix_blocks
+    widths = block_widths(blocks)
+    r = flips_needed(k, blocks, p)
     seek = SEEK_NS
-    if memory and index_bytes(k, blocks, expected) > CACHE_SHARE * memory:
+    if memory and index_bytes(k, blocks, expected, p) > CACHE_SHARE * memory:
         seek = DISK_SEEK_NS
     total = 0.0
-    for c in combinations(range(blocks), blocks - k):
-        total += seek + SCAN_NS * expected / 2 ** sum(widths[b] for b in c)
+    for c in combinations(range(blocks), p):
+        bits = sum(widths[b] for b in c)
+        probes = probe_count(bits, r)
+        total += probes * (seek + SCAN_NS * expected / 2 ** bits)
     return total
 
 
@@ -113,38 +177,57 @@ def _check_int(name, value):
 
 class Plan:
     """The checked parameters of an index and its permutation tables (`permuter` computes
-    their keys in C)."""
+    their keys and probes in C)."""
 
     def __init__(self, k: int = DEFAULT_K, blocks: Optional[int] = None,
-                 shards: int = DEFAULT_SHARDS) -> None:
+                 shards: int = DEFAULT_SHARDS, prefix_blocks: Optional[int] = None) -> None:
         k = _check_int("k", k)
         if not 0 <= k < WIDTH:
             raise ParameterError(f"k ({k}) must be between 0 and {WIDTH - 1}")
         if blocks is None:
-            blocks = default_blocks(k)
+            blocks, p = default_plan(k)
+            if prefix_blocks is None:
+                prefix_blocks = p
         blocks = _check_int("blocks", blocks)
-        if blocks <= k:
-            raise ParameterError(f"blocks ({blocks}) must be greater than k ({k})")
-        if blocks > WIDTH:
-            raise ParameterError(f"blocks ({blocks}) must be at most {WIDTH}")
-        ntables = comb(blocks, k)
+        if not 1 <= blocks <= WIDTH:
+            raise ParameterError(f"blocks ({blocks}) must be between 1 and {WIDTH}")
+        if prefix_blocks is None:
+            if blocks <= k:
+                raise ParameterError(
+                    f"blocks ({blocks}) must be greater than k ({k}), or give prefix_blocks "
+                    f"for a plan with flips")
+            prefix_blocks = blocks - k
+        prefix_blocks = _check_int("prefix_blocks", prefix_blocks)
+        if not 0 <= prefix_blocks <= blocks:
+            raise ParameterError(f"prefix_blocks ({prefix_blocks}) must be between 0 and "
+                                 f"blocks ({blocks})")
+        ntables = comb(blocks, prefix_blocks)
         if ntables > MAX_TABLES:
             raise ParameterError(
-                f"blocks={blocks} with k={k} needs {ntables} tables; the limit is {MAX_TABLES} "
-                f"(use fewer blocks, blocks={k + 1} needs {k + 1})")
+                f"blocks={blocks} with prefix_blocks={prefix_blocks} needs {ntables} tables; "
+                f"the limit is {MAX_TABLES} (use fewer blocks, or fewer prefix blocks with "
+                f"flips)")
         shards = _check_int("shards", shards)
         if not 1 <= shards <= 256 or 256 % shards:
             raise ParameterError(f"shards ({shards}) must divide 256 (1, 2, 4, ... 256)")
         self.k = k
         self.blocks = blocks
+        self.prefix_blocks = prefix_blocks
+        self.flips = flips_needed(k, blocks, prefix_blocks)
         self.shards = shards
         self.shard_bits = shards.bit_length() - 1
-        base, extra = divmod(WIDTH, blocks)
-        self.widths = [base + 1 if b < extra else base for b in range(blocks)]
-        self.chosen = [list(c) for c in combinations(range(blocks), blocks - k)]
+        self.widths = block_widths(blocks)
+        self.chosen = [list(c) for c in combinations(range(blocks), prefix_blocks)]
         self.orders = [c + [b for b in range(blocks) if b not in c] for c in self.chosen]
         self.prefix_bits = [sum(self.widths[b] for b in c) for c in self.chosen]
-        self.permuter = Permuter(self.widths, self.orders, self.prefix_bits, self.shard_bits)
+        self.probes = [probe_count(b, self.flips) for b in self.prefix_bits]
+        if sum(self.probes) > MAX_PROBES:
+            raise ParameterError(
+                f"blocks={blocks} with prefix_blocks={prefix_blocks} and k={k} probes "
+                f"{sum(self.probes)} prefixes per query (flips={self.flips}); the limit is "
+                f"{MAX_PROBES} (see `simindex plan`)")
+        self.permuter = Permuter(self.widths, self.orders, self.prefix_bits, self.shard_bits,
+                                 self.flips)
         starts = [sum(self.widths[:b]) for b in range(blocks)]
         # each table's prefix as a mask over the original (unpermuted) bits
         self.orig_masks = []
@@ -158,10 +241,16 @@ class Plan:
     def ntables(self) -> int:
         return len(self.chosen)
 
+    @property
+    def classic(self) -> bool:
+        """True for the paper's plan (prefix_blocks = blocks - k: no flips), which older
+        versions read too."""
+        return self.blocks > self.k and self.prefix_blocks == self.blocks - self.k
+
     def earlier_masks(self, table: int) -> np.ndarray:
         """Prefix masks of tables before `table`, in `table`'s permuted bit order.
 
-        A pair that agrees on one of them was already found by that earlier table.
+        A pair within `flips` bits on one of them was already found by that earlier table.
         """
         return np.array([self.permuter.key(table, m) for m in self.orig_masks[:table]],
                         dtype=np.uint64)
@@ -173,6 +262,7 @@ class Plan:
         return keys >> np.uint64(WIDTH - self.shard_bits)
 
     def describe(self) -> dict:
-        return {"k": self.k, "blocks": self.blocks, "shards": self.shards,
-                "tables": self.ntables, "block_widths": self.widths,
-                "prefix_bits": self.prefix_bits}
+        return {"k": self.k, "blocks": self.blocks, "prefix_blocks": self.prefix_blocks,
+                "flips": self.flips, "shards": self.shards, "tables": self.ntables,
+                "block_widths": self.widths, "prefix_bits": self.prefix_bits,
+                "probes": sum(self.probes)}

@@ -30,7 +30,8 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None) -> Store:
+def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None,
+            prefix_blocks=None) -> Store:
     """The process's store for the index at `path`, opening or creating it if needed."""
     if scheme is not None:
         scheme = scheme_name(scheme)               # a clear error for an unknown name
@@ -50,7 +51,7 @@ def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None) -> 
             store = None
         if store is not None:
             manifest.check_same(store.manifest, k=k, blocks=blocks, shards=shards,
-                                scheme=scheme)
+                                scheme=scheme, prefix_blocks=prefix_blocks)
             if store.readonly and not readonly:
                 raise ParameterError(
                     f"{path} is already open read-only in this process; close it before "
@@ -62,7 +63,7 @@ def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None) -> 
             store.refs += 1
             return store
         store = Store(path, k=k, blocks=blocks, shards=shards, create=create,
-                      readonly=readonly, sync=sync, scheme=scheme)
+                      readonly=readonly, sync=sync, scheme=scheme, prefix_blocks=prefix_blocks)
         _registry[_identity(path)] = store
         return store
 

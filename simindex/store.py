@@ -36,7 +36,7 @@ class Store:
 
     def __init__(self, path: str, *, k: Optional[int], blocks: Optional[int],
                  shards: Optional[int], create: bool, readonly: bool, sync: bool,
-                 scheme: Optional[str] = None) -> None:
+                 scheme: Optional[str] = None, prefix_blocks: Optional[int] = None) -> None:
         self.path = path
         self.readonly = readonly
         self.sync = sync
@@ -52,16 +52,18 @@ class Store:
                 why = "readonly=True" if readonly else "create=False"
                 raise MissingIndexError(f"no simindex index at {path} ({why} forbids making one)")
             plan = Plan(k=DEFAULT_K if k is None else k, blocks=blocks,
-                        shards=DEFAULT_SHARDS if shards is None else shards)
+                        shards=DEFAULT_SHARDS if shards is None else shards,
+                        prefix_blocks=prefix_blocks)
             try:
                 environments.create(path, plan, scheme or DEFAULT_SCHEME)
             except StorageError as e:
                 raise space_error(e, path) from None
         self.manifest = manifest.read(path)
-        manifest.check_same(self.manifest, k=k, blocks=blocks, shards=shards, scheme=scheme)
+        manifest.check_same(self.manifest, k=k, blocks=blocks, shards=shards, scheme=scheme,
+                            prefix_blocks=prefix_blocks)
         m = self.manifest
         try:
-            self.plan = Plan(k=m["k"], blocks=m["blocks"], shards=m["shards"])
+            self.plan = Plan(**manifest.plan_args(m))
         except ParameterError as e:
             raise CorruptError(f"{path}: the manifest holds impossible parameters: {e}") from None
         if self.plan.ntables != m["tables"]:

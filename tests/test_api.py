@@ -288,7 +288,8 @@ def test_stats_and_flush(tmp_path):
         assert s["count"] == 1000 and s["k"] == 3 and s["blocks"] == 4 and s["tables"] == 4
         assert s["shards"] == 4 and s["width"] == 64 and s["unapplied"] == 0
         assert s["entries"] == 4000 and s["runs"] >= 4 and s["bytes"] > 0
-        assert s["format"] == simindex.FORMAT_VERSION
+        assert s["format"] == 1                 # the paper's plan: older versions read it too
+        assert s["prefix_blocks"] == 1 and s["flips"] == 0 and s["probes"] == 4
 
 
 def test_many_small_batches_keep_few_runs(tmp_path):
@@ -327,7 +328,9 @@ def test_expected_size_picks_the_plan_of_a_new_index(tmp_path, monkeypatch):
     # small indexes keep k+1 blocks; a large expected size buys longer prefixes, as long
     # as the bigger index still fits in memory (here: a machine with 256 GiB)
     monkeypatch.setattr(simindex.plan, "physical_memory", lambda: 256 << 30)
-    assert simindex.plan.default_blocks(3, 100_000_000, memory=16 << 30) == 4
+    # where even k+1 tables would not fit in memory, fewer tables probed with flips do
+    assert simindex.plan.default_plan(3, 100_000_000, memory=16 << 30) == (2, 1)
+    assert simindex.plan.Plan(3, 2, 16, prefix_blocks=1).flips == 1
     with Index(tmp_path / "small", k=3, expected=1_000_000) as idx:
         assert idx.blocks == 4
     with Index(tmp_path / "big", k=3, expected=100_000_000) as idx:

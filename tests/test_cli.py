@@ -161,27 +161,32 @@ def test_remove_verify_compact(tmp_path):
 
 def test_version_and_plan(tmp_path):
     v = run("--version", check=0).stdout
-    assert "simindex" in v and "on-disk format 1" in v and "LMDB" in v and "msgpack" in v
+    assert "simindex" in v and "on-disk format 2 (and 1)" in v and "LMDB" in v and "msgpack" in v
     # python -m simindex is the same command
     m = subprocess.run([sys.executable, "-m", "simindex", "--version"], capture_output=True,
                        text=True, timeout=120, cwd=tmp_path)
     assert m.returncode == 0 and m.stdout == v
     p = run("plan", "--size", "10000000", "--k", "3", check=0).stdout.splitlines()
-    assert p[0].startswith("blocks\ttables\tprefix_bits")
+    assert p[0].startswith("blocks\tprefix_blocks\ttables\tflips\tprobes\tprefix_bits")
     rows = [r.split("\t") for r in p[1:]]
-    assert rows[0][:3] == ["4", "4", "16"] and rows[0][-1] == "<- build --expected 10000000 (1 shard)"
-    assert rows[2][:2] == ["6", "20"]
+    assert len(rows) == 10                                  # --top 10, least time first
+    assert rows[0][:6] == ["4", "1", "4", "0", "4", "16"]
+    assert rows[0][-1] == "<- build --expected 10000000 (1 shard)"
+    assert rows[1][:3] == ["5", "2", "10"]
     # bytes on disk: 4 tables of ~10.1 B per entry (block layout v2) plus ~67 B per record
-    assert float(rows[0][5]) == pytest.approx(10_000_000 * (4 * 10.1 + 67), rel=0.01)
+    assert float(rows[0][8]) == pytest.approx(10_000_000 * (4 * 10.1 + 67), rel=0.01)
+    # a plan with flips: 4 tables of 16 bits probed within 2 bits (1 + 16 + 120 each)
+    flips = run("plan", "--size", "1000000", "--k", "8", "--top", "1000", check=0).stdout
+    assert "4\t1\t4\t2\t548\t16\t" in flips and "1\t0\t1\t0\t1\t0\t" in flips
     # the plan build --expected picks is the one `plan` marks (it depends on this machine's RAM)
-    chosen = simindex.plan.default_blocks(3, 100_000_000)
+    chosen = simindex.plan.default_plan(3, 100_000_000)
     big = run("plan", "--size", "100000000", check=0).stdout.splitlines()
-    assert [r.split("\t")[0] for r in big[1:]
-            if r.endswith("--expected 100000000 (8 shards)")] == [str(chosen)]
+    assert [tuple(map(int, r.split("\t")[:2])) for r in big[1:]
+            if r.endswith("--expected 100000000 (8 shards)")] == [chosen]
     (tmp_path / "in.tsv").write_text("a\t01\n")
     run("build", tmp_path / "i", tmp_path / "in.tsv", "--expected", "100000000", check=0)
     with simindex.Index(tmp_path / "i", readonly=True) as idx:
-        assert idx.blocks == chosen and idx.stats()["shards"] == 8
+        assert (idx.blocks, idx.prefix_blocks) == chosen and idx.stats()["shards"] == 8
 
 
 def test_build_with_jobs_matches_a_serial_build(tmp_path):

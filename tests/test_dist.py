@@ -279,3 +279,17 @@ def test_cluster_edge_cases_and_errors(local_ray, tmp_path, monkeypatch):
     os.truncate(data, os.path.getsize(data) // 3)
     with pytest.raises(simindex.CorruptError, match="truncated"):
         dist.Cluster(tmp_path / "i")
+
+
+def test_a_plan_with_flips_is_exact_on_ray(local_ray, tmp_path):
+    # four 16-bit tables probed within 2 bits: flips cross shard boundaries
+    stored, queries = dataset(8, seed=33, blocks=4)
+    dist.build(tmp_path / "d", iter(stored.items()), shards=8, k=8, blocks=4, prefix_blocks=1)
+    with dist.Cluster(tmp_path / "d") as c:
+        for q, ms in zip(queries, c.query_many(queries)):
+            assert {m.id: m.distance for m in ms} == brute(stored, q, 8)
+    want = brute_pairs(stored, 8)
+    got = dist.pairs(tmp_path / "d", partitions=4)
+    assert {(a, b): d for a, b, d in got} == want and len(got) == len(want)
+    with simindex.Index(tmp_path / "d", readonly=True) as d:
+        assert (d.blocks, d.prefix_blocks, d.flips) == (4, 1, 2) and d.verify() == []

@@ -93,15 +93,16 @@ cdef enum:
 
 
 cdef inline int _pair_check(PairBuf *p, uint64_t x, uint64_t a, uint64_t b,
-                            const uint64_t *earlier, Py_ssize_t ne, int k) noexcept nogil:
+                            const uint64_t *earlier, Py_ssize_t ne, int k,
+                            int flips) noexcept nogil:
     """Push the pair (a, b) whose keys differ in `x` if that is within k bits and the keys
-    agree on no earlier table's prefix."""
+    are not within `flips` bits on an earlier table's prefix (which found them)."""
     cdef int d = bits.popcount(x)
     cdef Py_ssize_t e
     if d > k:
         return 0
     for e in range(ne):
-        if (x & earlier[e]) == 0:
+        if bits.popcount(x & earlier[e]) <= flips:
             return 0
     if a > b:
         a, b = b, a
@@ -110,7 +111,7 @@ cdef inline int _pair_check(PairBuf *p, uint64_t x, uint64_t a, uint64_t b,
 
 cdef int _group_sub(PairBuf *p, const uint64_t *keys, const uint64_t *ids, Py_ssize_t g0,
                     Py_ssize_t g1, int rest, const uint64_t *earlier, Py_ssize_t ne, int k,
-                    Py_ssize_t *counts, Py_ssize_t *perm) noexcept nogil:
+                    int flips, Py_ssize_t *counts, Py_ssize_t *perm) noexcept nogil:
     """The pairs of one prefix group through k+1 sub-blocks of its `rest` low bits.
 
     Two keys within k bits of each other differ in at most k of those bits, so they agree
@@ -165,30 +166,50 @@ cdef int _group_sub(PairBuf *p, const uint64_t *keys, const uint64_t *ids, Py_ss
                             break
                     if skip:
                         continue
-                    rc = _pair_check(p, x, ids[perm[i]], ids[perm[j]], earlier, ne, k)
+                    rc = _pair_check(p, x, ids[perm[i]], ids[perm[j]], earlier, ne, k, flips)
                     if rc:
                         return rc
             r0 = r1
     return 0
 
 
-def pairs_sorted(const uint64_t[::1] keys, const uint64_t[::1] ids, uint64_t pmask,
-                 const uint64_t[::1] earlier, int k):
-    """Every pair within `k` bits among entries sharing the prefix `pmask`; the keys come
-    grouped by that prefix (sorted by it, in any order within a group).
+cdef Py_ssize_t _group_start(const uint64_t *keys, Py_ssize_t n, uint64_t prefix,
+                             uint64_t pmask) noexcept nogil:
+    """The first position whose key's prefix is at least `prefix` (keys grouped by prefix
+    in ascending order)."""
+    cdef Py_ssize_t a = 0, b = n, mid
+    while a < b:
+        mid = (a + b) >> 1
+        if (keys[mid] & pmask) < prefix:
+            a = mid + 1
+        else:
+            b = mid
+    return a
 
-    A pair whose keys also agree on one of the `earlier` masks (the prefixes of tables
+
+def pairs_sorted(const uint64_t[::1] keys, const uint64_t[::1] ids, uint64_t pmask,
+                 const uint64_t[::1] earlier, int k, const uint64_t[::1] probes=None,
+                 int flips=0):
+    """Every pair within `k` bits among entries whose prefixes (`pmask`) are within
+    `flips` bits; the keys come grouped by that prefix (sorted by it, in any order within
+    a group). `probes`: the table's XOR masks of at most `flips` prefix bits (mask 0
+    first), as Permuter.probe_masks gives them.
+
+    A pair within `flips` bits on one of the `earlier` masks (the prefixes of tables
     already joined, in this table's bit order) was reported there and is skipped, so each
     pair comes out once over all tables. Returns (a, b, d) arrays with a < b, in no
     particular order. Groups larger than SUB_MIN are joined through sub-blocks (_group_sub)
-    instead of comparing all their pairs.
+    instead of comparing all their pairs; a group and each group at a probe's prefix
+    above its own are joined pair by pair.
     """
     cdef Py_ssize_t n = keys.shape[0], g0 = 0, g1, i, j, ne = earlier.shape[0], cap = 0
-    cdef uint64_t rest_mask = ~pmask
+    cdef Py_ssize_t h0, h1, f, nf = 0 if probes is None else probes.shape[0]
+    cdef uint64_t rest_mask = ~pmask, other
     cdef int rc = 0, rest = bits.popcount(rest_mask)
     cdef const uint64_t *kp = &keys[0] if n else NULL
     cdef const uint64_t *ip = &ids[0] if n else NULL
     cdef const uint64_t *ep = &earlier[0] if ne else NULL
+    cdef const uint64_t *fp = &probes[0] if nf else NULL
     cdef Py_ssize_t *counts = NULL
     cdef Py_ssize_t *perm = NULL
     cdef void *tmp
@@ -217,11 +238,31 @@ def pairs_sorted(const uint64_t[::1] keys, const uint64_t[::1] ids, uint64_t pma
                             break
                         perm = <Py_ssize_t *>tmp
                         cap = g1 - g0
-                    rc = _group_sub(&p, kp, ip, g0, g1, rest, ep, ne, k, counts, perm)
+                    rc = _group_sub(&p, kp, ip, g0, g1, rest, ep, ne, k, flips, counts, perm)
                 else:
                     for i in range(g0, g1):
                         for j in range(i + 1, g1):
-                            rc = _pair_check(&p, kp[i] ^ kp[j], ip[i], ip[j], ep, ne, k)
+                            rc = _pair_check(&p, kp[i] ^ kp[j], ip[i], ip[j], ep, ne, k,
+                                             flips)
+                            if rc:
+                                break
+                        if rc:
+                            break
+                # the groups at the probes' prefixes above this one's, each once per pair
+                for f in range(nf):
+                    if rc:
+                        break
+                    other = (kp[g0] ^ fp[f]) & pmask
+                    if fp[f] == 0 or other < (kp[g0] & pmask):
+                        continue
+                    h0 = _group_start(kp, n, other, pmask)
+                    h1 = h0
+                    while h1 < n and (kp[h1] & pmask) == other:
+                        h1 += 1
+                    for i in range(g0, g1):
+                        for j in range(h0, h1):
+                            rc = _pair_check(&p, kp[i] ^ kp[j], ip[i], ip[j], ep, ne, k,
+                                             flips)
                             if rc:
                                 break
                         if rc:

@@ -6,6 +6,7 @@ one definition, which the compiled modules cimport). See that file for what each
 cimport simindex.layout as layout
 
 FORMAT_VERSION = layout.FORMAT_VERSION
+FORMAT_CLASSIC = layout.FORMAT_CLASSIC
 WIDTH = layout.WIDTH
 
 MANIFEST = layout.MANIFEST.decode()

@@ -1,7 +1,7 @@
 # The block-permutation tables in C form (ext/simindex/_permute.pyx): per table, where each
 # block of a fingerprint goes in its permuted key, and the mask of the key's prefix. The
 # key and shard-range functions are inline here so every scan loop compiles them in.
-from libc.stdint cimport uint8_t, uint64_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
 
 
 cdef struct Tables:
@@ -12,6 +12,9 @@ cdef struct Tables:
     uint8_t *dst_shift      # ...and where it goes
     uint64_t *bmask         # ntables x nblocks: the block's width as a mask
     uint64_t *pmask         # ntables: the table's prefix as a mask over the permuted key
+    int flips               # a query probes every prefix within this many bits of its own
+    uint64_t *probe         # the XOR masks of those prefixes, table after table...
+    uint32_t *probe_start   # ...table t's from probe_start[t] to probe_start[t + 1]
 
 
 cdef inline uint64_t permute(const Tables *p, int t, uint64_t fp) noexcept nogil:
@@ -42,3 +45,4 @@ cdef class Permuter:
     cdef readonly int ntables
     cdef readonly int nblocks
     cdef readonly int shard_bits
+    cdef readonly int flips

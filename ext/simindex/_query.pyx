@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The query engine: for each query and table, the prefix range of its permuted key is
-scanned in every run of the shard that holds it, candidates are popcount-filtered, then
+"""The query engine: for each query and table, the prefix range of its permuted key (and of
+every probe of a plan with flips) is scanned in every run of the shard that holds it, candidates are popcount-filtered, then
 de-duplicated, checked against their records and sorted. All of it in C on LMDB's memory
 map with the GIL released; a Python object is made per match only.
 
@@ -497,6 +497,7 @@ cdef class ReadContext(Handle):
         cdef bint own = txn is None
         cdef size_t vpsize = 0 if txn is not None and txn.write else self.psize
         cdef int active
+        cdef uint32_t j
         cdef MDB_txn *given = NULL
         memset(&hits, 0, sizeof(HitBuf))
         memset(&tail, 0, sizeof(Tail))
@@ -519,13 +520,17 @@ cdef class ReadContext(Handle):
                 while qi < n and rc == 0 and active < self.nshards:
                     q = queries[qi]
                     for t in range(T):
-                        prefix_range(tb, t, permute(tb, t, q), &lo, &hi, &s0, &s1)
-                        for s in range(s0, s1 + 1):
-                            if self.views[s].state != VIEW_ACTIVE:
-                                rc = self._activate(s, T)
-                                if rc:
-                                    break
-                                active += 1
+                        pk = permute(tb, t, q)
+                        for j in range(tb.probe_start[t], tb.probe_start[t + 1]):
+                            prefix_range(tb, t, pk ^ tb.probe[j], &lo, &hi, &s0, &s1)
+                            for s in range(s0, s1 + 1):
+                                if self.views[s].state != VIEW_ACTIVE:
+                                    rc = self._activate(s, T)
+                                    if rc:
+                                        break
+                                    active += 1
+                            if rc:
+                                break
                         if rc:
                             break
                     qi += 1
@@ -552,16 +557,21 @@ cdef class ReadContext(Handle):
                     minA = 0xFFFFFFFFFFFFFFFF
                     for t in range(T):
                         pk = permute(tb, t, q)
-                        prefix_range(tb, t, pk, &lo, &hi, &s0, &s1)
-                        for s in range(s0, s1 + 1):
-                            rc = self._activate(s, T)
-                            if rc:
-                                break
-                            sv = &self.views[s]
-                            if sv.runs.applied < minA:
-                                minA = sv.runs.applied
-                            for r in range(sv.runs.table_start[t], sv.runs.table_start[t + 1]):
-                                rc = _scan_run(sv.cur, sv.runs.run_ids[r], lo, hi, pk, k, &hits)
+                        for j in range(tb.probe_start[t], tb.probe_start[t + 1]):
+                            prefix_range(tb, t, pk ^ tb.probe[j], &lo, &hi, &s0, &s1)
+                            for s in range(s0, s1 + 1):
+                                rc = self._activate(s, T)
+                                if rc:
+                                    break
+                                sv = &self.views[s]
+                                if sv.runs.applied < minA:
+                                    minA = sv.runs.applied
+                                for r in range(sv.runs.table_start[t],
+                                               sv.runs.table_start[t + 1]):
+                                    rc = _scan_run(sv.cur, sv.runs.run_ids[r], lo, hi, pk, k,
+                                                   &hits)
+                                    if rc:
+                                        break
                                 if rc:
                                     break
                             if rc:
@@ -612,6 +622,7 @@ def scan_shard(Txn txn, Permuter perm, int shard, const uint64_t[::1] queries, i
     cdef int T = tb.ntables, t, s0, s1, rc = 0
     cdef uint64_t q, pk, lo, hi
     cdef size_t r, i, before
+    cdef uint32_t j
     cdef HitBuf hits
     cdef PairBuf out
     cdef RunList runs
@@ -633,11 +644,14 @@ def scan_shard(Txn txn, Permuter perm, int shard, const uint64_t[::1] queries, i
                 before = hits.n
                 for t in range(T):
                     pk = permute(tb, t, q)
-                    prefix_range(tb, t, pk, &lo, &hi, &s0, &s1)
-                    if shard < s0 or shard > s1:
-                        continue
-                    for r in range(runs.table_start[t], runs.table_start[t + 1]):
-                        rc = _scan_run(cur, runs.run_ids[r], lo, hi, pk, k, &hits)
+                    for j in range(tb.probe_start[t], tb.probe_start[t + 1]):
+                        prefix_range(tb, t, pk ^ tb.probe[j], &lo, &hi, &s0, &s1)
+                        if shard < s0 or shard > s1:
+                            continue
+                        for r in range(runs.table_start[t], runs.table_start[t + 1]):
+                            rc = _scan_run(cur, runs.run_ids[r], lo, hi, pk, k, &hits)
+                            if rc:
+                                break
                         if rc:
                             break
                     if rc:

@@ -7,7 +7,8 @@
 # version (and a test that an index written before still opens).
 #
 # INDEX/
-#   manifest.msgpack   magic, format, width, k, blocks, tables, shards, layout, scheme
+#   manifest.msgpack   magic, format, width, k, blocks, tables, shards, layout, scheme;
+#                      format 2 also prefix_blocks
 #   lock               serializes index creation
 #   records/           LMDB: ids (id key -> seq), seqs (seq -> record), info (counters,
 #                      fold markers, request records)
@@ -81,7 +82,9 @@ cdef extern from *:
     const unsigned int LMDB_META_MAGIC "SI_LMDB_META_MAGIC"
 
 cdef enum:
-    FORMAT_VERSION = 1        # the manifest's "format"
+    FORMAT_VERSION = 2        # the manifest's "format": the newest this version writes
+    FORMAT_CLASSIC = 1        # ...and what it writes for the paper's plans (no flips), which
+                              # older versions read too; format 2 adds prefix_blocks
     WIDTH = 64                # bits of a fingerprint
     LOG_MAGIC_SIZE = 8
     LOG_ENTRY_HEADER = 8

@@ -37,9 +37,9 @@ def _index_records(path):
 
 
 @ray.remote
-def _split(fps, positions, table, k, blocks, pbits):
+def _split(fps, positions, table, k, blocks, prefix_blocks, pbits):
     """Map: one table's keys of a partition, cut into 2**pbits parts by leading bits."""
-    plan = Plan(k=k, blocks=blocks, shards=1)
+    plan = Plan(k=k, blocks=blocks, shards=1, prefix_blocks=prefix_blocks)
     keys = plan.permuter.keys(table, fps)
     if not pbits:
         return keys, positions
@@ -48,16 +48,17 @@ def _split(fps, positions, table, k, blocks, pbits):
 
 
 @ray.remote
-def _join(table, k, blocks, *parts):
+def _join(table, k, blocks, prefix_blocks, *parts):
     """Reduce: the pairs of one prefix partition of one table, not found by earlier tables."""
-    plan = Plan(k=k, blocks=blocks, shards=1)
+    plan = Plan(k=k, blocks=blocks, shards=1, prefix_blocks=prefix_blocks)
     keys = np.concatenate([p[0] for p in parts])
     pos = np.concatenate([p[1] for p in parts])
     return join_table(plan, table, keys, pos, k)
 
 
 def _sources(source, k, blocks, fmt, fp_format):
-    """(k, blocks, [(positions ref, fps ref)], position -> id) of an index or of inputs."""
+    """(k, blocks, prefix_blocks, [(positions ref, fps ref)], position -> id) of an index
+    or of inputs."""
     if isinstance(source, (str, os.PathLike)) and \
             os.path.exists(os.path.join(os.fspath(source), manifest.NAME)):
         path = os.path.abspath(os.fspath(source))
@@ -70,7 +71,8 @@ def _sources(source, k, blocks, fmt, fp_format):
         names = dict(zip(seqs.tolist(), ids))
         parts = [(ray.put(seqs[i:i + CHUNK]), ray.put(fps[i:i + CHUNK]))
                  for i in range(0, len(seqs), CHUNK)]
-        return k, m["blocks"], parts, names.__getitem__
+        prefix_blocks = manifest.plan_args(m)["prefix_blocks"] if k == m["k"] else None
+        return k, m["blocks"], prefix_blocks, parts, names.__getitem__
     k = _check_k(DEFAULT_K if k is None else k, 63)
     parts, ids, n = [], [], 0
     for ref in partitions(source, DEFAULT_SCHEME, fmt, fp_format):
@@ -81,7 +83,7 @@ def _sources(source, k, blocks, fmt, fp_format):
             parts.append((ray.put(np.arange(n, n + len(fps), dtype=np.uint64)), ray.put(fps)))
             ids.extend(decode_id(x) for x in idks)
             n += len(fps)
-    return k, blocks, parts, ids.__getitem__
+    return k, blocks, None, parts, ids.__getitem__
 
 
 def _check_k(k, most):
@@ -91,23 +93,26 @@ def _check_k(k, most):
 
 
 def _pair_positions(source, k, blocks, partitions_, fmt, fp_format):
-    k, blocks, parts, name = _sources(source, k, blocks, fmt, fp_format)
+    k, blocks, prefix_blocks, parts, name = _sources(source, k, blocks, fmt, fp_format)
     if not parts:
         return np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.uint8), name
-    plan = Plan(k=k, blocks=blocks if blocks is not None else None, shards=1)
-    blocks = plan.blocks
+    plan = Plan(k=k, blocks=blocks, shards=1, prefix_blocks=prefix_blocks)
+    blocks, prefix_blocks = plan.blocks, plan.prefix_blocks
     if partitions_ is None:
         partitions_ = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
-    pbits = min(max(partitions_ - 1, 0).bit_length(), min(plan.prefix_bits), 16)
+    # a pair's prefixes may differ in flipped bits, so a plan with flips joins whole tables
+    pbits = 0 if plan.flips else \
+        min(max(partitions_ - 1, 0).bit_length(), min(plan.prefix_bits), 16)
     joins = []
     for t in range(plan.ntables):
         # one ref per prefix part of each input partition: a part moves only to its join
-        splits = [_split.options(num_returns=1 << pbits).remote(f, p, t, k, blocks, pbits)
+        splits = [_split.options(num_returns=1 << pbits).remote(f, p, t, k, blocks,
+                                                                prefix_blocks, pbits)
                   for p, f in parts]
         if not pbits:
             splits = [[s] for s in splits]
         for p in range(1 << pbits):
-            joins.append(_join.remote(t, k, blocks, *[s[p] for s in splits]))
+            joins.append(_join.remote(t, k, blocks, prefix_blocks, *[s[p] for s in splits]))
     a, b, d = [], [], []
     for x, y, z in fetch(joins):
         a.append(x)

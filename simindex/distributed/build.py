@@ -14,21 +14,23 @@ from .parts import collect, partitions
 def build(index_path: Union[str, os.PathLike], inputs: Any, *, shards: Optional[int] = None,
           k: Optional[int] = None, blocks: Optional[int] = None, scheme: Optional[str] = None,
           address: Optional[str] = None, fmt: Optional[str] = None,
-          fp_format: str = "hex") -> dict:
+          fp_format: str = "hex", prefix_blocks: Optional[int] = None) -> dict:
     """Create (or extend) the index at `index_path` from `inputs` on Ray.
 
     `inputs` is a list of TSV/JSONL files (plain or gzip; one parse task each) or any
     iterable of (id, fingerprint) / (id, fingerprint, meta). A new index gets `shards`
-    (default 16), `k` (3), `blocks` and `scheme`; an existing one keeps its own (parameters
+    (default 16), `k` (3), `blocks`, `prefix_blocks` and `scheme`; an existing one keeps its own (parameters
     given must match). Records commit in input order, so the result is what
     `simindex.Index(...).add_many` would build, and it opens with simindex.Index. A bad
     line or record raises its error after every record before it (in input order) is
     committed, as `simindex build` does. Returns {"records", "seconds"}.
     """
     start = time.perf_counter()
-    with Index(os.fspath(index_path), k=k, blocks=blocks, shards=shards, scheme=scheme) as idx:
+    with Index(os.fspath(index_path), k=k, blocks=blocks, shards=shards, scheme=scheme,
+               prefix_blocks=prefix_blocks) as idx:
         scheme = idx.scheme                   # create it, or check the parameters agree
-        plan = {"k": idx.k, "blocks": idx.blocks, "shards": idx.shards}
+        plan = {"k": idx.k, "blocks": idx.blocks, "shards": idx.shards,
+                "prefix_blocks": idx.prefix_blocks}
     started = connect(address)
     added = 0
     try:

@@ -24,8 +24,7 @@ from . import route
 
 def plan_of(path: str) -> Plan:
     """The Plan recorded in an index's manifest."""
-    m = manifest.read(path)
-    return Plan(k=m["k"], blocks=m["blocks"], shards=m["shards"])
+    return Plan(**manifest.plan_args(manifest.read(path)))
 
 
 class _Server:
