@@ -127,9 +127,12 @@ def words_array(values, width, what="fingerprint"):
     words = width // 64
     if isinstance(values, np.ndarray):
         if values.ndim == 1 and words == 1:
-            return fp_array(values).reshape(-1, 1)
+            try:
+                return fp_array(values).reshape(-1, 1)
+            except InputError as e:
+                raise type(e)(str(e).replace("fingerprint", what)) from None
         if values.ndim != 2 or values.shape[1] != words:
-            raise InputError(f"{what}s of width {width} as an array must have shape "
+            raise InputError(f"an array of width-{width} values must have shape "
                              f"(n, {words}), got {values.shape}")
         if values.dtype.kind not in "ui":
             raise InputTypeError(f"{what}s must be an integer array, got dtype {values.dtype}")

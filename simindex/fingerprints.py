@@ -193,8 +193,11 @@ def _probe(fn, width):
     highest bit it sets must be among the top 8 of the width (a true `width`-bit hash
     fails this with probability 2**-64), or it must return at least width/8 bytes."""
     key = (fn, width)
-    if key in _probed:
-        return
+    try:
+        if key in _probed:
+            return
+    except TypeError:            # an unhashable callable: probed on every call
+        key = None
     top = 0
     for p in _PROBES:
         h = fn(p)
@@ -208,9 +211,10 @@ def _probe(fn, width):
     if top <= width - 8:
         raise ParameterError(f"hash callable looks narrower than the width {width}: its "
                              f"values on 8 probe inputs have at most {top} bits")
-    if len(_probed) > 64:
-        _probed.clear()
-    _probed[key] = True
+    if key is not None:
+        if len(_probed) > 64:
+            _probed.clear()
+        _probed[key] = True
 
 
 def _token_hashes(features, hash, width):

@@ -10,8 +10,10 @@ import numpy as np
 from . import registry, verify as _verify
 from ._join import hamming as _hamming
 from ._layout import DB_IDS, MANIFEST, WIDTH
-from .codec import check_fp, encode_id, encode_records, fp_array, pack_meta
-from .errors import InputError, ParameterError, ReadOnlyError, closed_error
+from .codec import (
+    MAX_FP, check_fp, check_wide_fp, encode_id, encode_records, fp_array, pack_meta,
+)
+from .errors import InputError, InputTypeError, ParameterError, ReadOnlyError, closed_error
 from .fingerprints import fingerprint as _fingerprint
 from .pairs import group_pairs, stored_pairs
 from .plan import DEFAULT_K, Plan, default_plan, default_shards
@@ -24,8 +26,13 @@ Fingerprints = Union[Iterable[int], np.ndarray]
 
 
 def hamming(a: int, b: int) -> int:
-    """Number of bits in which two 64-bit fingerprints differ."""
-    return _hamming(check_fp(a), check_fp(b))
+    """Number of bits in which two fingerprints (ints of up to 256 bits) differ."""
+    if type(a) is int and type(b) is int and 0 <= a <= MAX_FP and 0 <= b <= MAX_FP:
+        return _hamming(a, b)
+    for v in (a, b):
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            raise InputTypeError(f"hamming takes int fingerprints, got bytes {v[:40]!r}")
+    return bin(check_wide_fp(a, 256) ^ check_wide_fp(b, 256)).count("1")
 
 
 class Index:

@@ -13,12 +13,12 @@ from typing import Iterable, Optional
 import numpy as np
 
 from ._blocks import read_run
-from ._join import pairs_sorted
+from ._join import pairs_sorted, pairs_wide
 from ._layout import DB_BLOCKS, DB_SEQS
 from ._records import records_lookup
 from .records import tail
-from .codec import fp_array
-from .plan import DEFAULT_K, Plan
+from .codec import fp_array, words_array
+from .plan import DEFAULT_K, Plan, default_plan
 from .shard import entry_order, load_state, runs_of
 
 
@@ -52,17 +52,43 @@ def join_table(plan: Plan, table: int, keys: np.ndarray, ids: Optional[np.ndarra
 
 
 def find_all(fingerprints, k: int = DEFAULT_K, blocks: Optional[int] = None,
-             prefix_blocks: Optional[int] = None) -> list:
+             prefix_blocks: Optional[int] = None, width: int = 64) -> list:
     """Every pair of positions (i, j), i < j, whose fingerprints are within k bits, sorted.
 
     In memory, with the same block-permutation tables as the index (blocks and
     prefix_blocks as Index takes them). Equal fingerprints at different positions are a
-    pair.
+    pair. At width 128 or 256 the fingerprints are ints, big-endian bytes or an
+    (n, width/64) uint64 array (most significant word first), and a plan not given is
+    the planner's for their number.
     """
+    if width != 64:
+        return _find_all_wide(fingerprints, k, blocks, prefix_blocks, width)
     fps = fp_array(fingerprints)
     plan = Plan(k=k, blocks=blocks, shards=1, prefix_blocks=prefix_blocks)
     parts = [join_table(plan, t, plan.permuter.keys(t, fps), None, k)
              for t in range(plan.ntables)]
+    return _sorted_pairs(parts)
+
+
+def _find_all_wide(fingerprints, k, blocks, prefix_blocks, width):
+    fps = words_array(fingerprints, width)
+    if blocks is None:
+        blocks, p = default_plan(k, max(len(fps), 1), width=width)
+        prefix_blocks = p if prefix_blocks is None else prefix_blocks
+    plan = Plan(k=k, blocks=blocks, shards=1, prefix_blocks=prefix_blocks, width=width)
+    parts = []
+    for t in range(plan.ntables):
+        keys = plan.permuter.keys(t, fps)
+        pmask = plan.permuter.prefix_mask(t)
+        order = prefix_order(np.ascontiguousarray(keys[:, 0]), pmask)
+        parts.append(pairs_wide(np.ascontiguousarray(keys[order]), order.astype(np.uint64),
+                                pmask, plan.earlier_masks(t).reshape(-1, plan.words), k,
+                                plan.permuter.probe_masks(t), plan.flips))
+    return _sorted_pairs(parts)
+
+
+def _sorted_pairs(parts):
+    """The (a, b) pairs of the tables' (a, b, d) parts, sorted."""
     a = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.uint64)
     b = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.uint64)
     order = np.lexsort((b, a))
@@ -111,9 +137,9 @@ def stored_pairs(store, k: int) -> list:
                     ss.append(tseqs[mine])
                 if sum(len(x) for x in ks) < 2:
                     continue
-                if len(ks) == 1:
+                if len(ks) == 1 and not len(tseqs):
                     keys, seqs = ks[0], ss[0]          # one run: already sorted
-                else:
+                else:                                  # (the tail is in seq order)
                     keys, seqs = np.concatenate(ks), np.concatenate(ss)
                     order = entry_order(keys, seqs)
                     keys, seqs = keys[order], seqs[order]

@@ -21,7 +21,7 @@ from typing import Optional
 import numpy as np
 
 from ._layout import WIDTH
-from ._permute import Permuter
+from ._permute import Permuter, WidePermuter
 from .errors import ParameterError, ParameterTypeError
 
 DEFAULT_K = 3            # the largest distance a new index guarantees, unless told
@@ -79,26 +79,28 @@ def flips_needed(k: int, blocks: int, prefix_blocks: int) -> int:
 
 
 def probe_count(prefix_bits: int, flips: int) -> int:
-    """Prefixes within `flips` bits of one prefix of `prefix_bits` bits."""
+    """Prefixes within `flips` bits of one prefix of `prefix_bits` bits (of which a range
+    scan uses the first 64)."""
+    prefix_bits = min(prefix_bits, 64)
     return sum(comb(prefix_bits, i) for i in range(min(flips, prefix_bits) + 1))
 
 
-def block_widths(blocks: int) -> list:
-    base, extra = divmod(WIDTH, blocks)
+def block_widths(blocks: int, width: int = WIDTH) -> list:
+    base, extra = divmod(width, blocks)
     return [base + 1 if b < extra else base for b in range(blocks)]
 
 
-def candidate_plans(k: int):
+def candidate_plans(k: int, width: int = WIDTH):
     """Every (blocks, prefix_blocks) the planner weighs for k: at most PLANNED_TABLES
     tables and MAX_PROBES probes, fewest tables then probes first."""
     out = []
-    for m in range(1, WIDTH + 1):
+    for m in range(1, width + 1):
         for p in range(0, m + 1):
             tables = comb(m, p)
             if tables > PLANNED_TABLES:
                 continue
             r = flips_needed(k, m, p)
-            widths = block_widths(m)
+            widths = block_widths(m, width)
             probes = sum(probe_count(sum(widths[b] for b in c), r)
                          for c in combinations(range(m), p))
             if probes > MAX_PROBES:
@@ -116,7 +118,7 @@ def candidate_plans(k: int):
 
 
 def default_plan(k: int, expected: Optional[int] = None,
-                 memory: Optional[int] = None) -> tuple:
+                 memory: Optional[int] = None, width: int = WIDTH) -> tuple:
     """(blocks, prefix_blocks) of a new index. Without `expected`: k + 1 blocks, k + 1
     tables of one probe (below FLIP_K), or the plan of least estimated query time for
     NOMINAL_SIZE fingerprints (from FLIP_K, where k + 1 blocks leave prefixes of 7 bits or
@@ -125,13 +127,13 @@ def default_plan(k: int, expected: Optional[int] = None,
     longer fits in `memory` (default: this machine's RAM).
     """
     if expected is None:
-        if k < FLIP_K:
+        if k < FLIP_K and width == WIDTH:
             return k + 1, 1
         expected = NOMINAL_SIZE
     memory = physical_memory() if memory is None else memory
     best = None
-    for m, p in candidate_plans(k):
-        cost = query_cost(k, m, expected, memory, p)
+    for m, p in candidate_plans(k, width):
+        cost = query_cost(k, m, expected, memory, p, width)
         if best is None or cost < best[0] * 0.9:
             best = (cost, m, p)
     assert best is not None                             # p = 0 always qualifies
@@ -144,26 +146,29 @@ def default_blocks(k: int, expected: Optional[int] = None,
     return default_plan(k, expected, memory)[0]
 
 
-def index_bytes(k: int, blocks: int, expected: int, prefix_blocks: Optional[int] = None) -> float:
-    """Estimated bytes on disk of a plan holding `expected` fingerprints."""
+def index_bytes(k: int, blocks: int, expected: int, prefix_blocks: Optional[int] = None,
+                width: int = WIDTH) -> float:
+    """Estimated bytes on disk of a plan holding `expected` fingerprints (a wide key
+    stores its words after the first whole)."""
     p = blocks - k if prefix_blocks is None else prefix_blocks
-    return expected * (ENTRY_BYTES * comb(blocks, p) + RECORD_BYTES)
+    extra = (width - WIDTH) // 8
+    return expected * ((ENTRY_BYTES + extra) * comb(blocks, p) + RECORD_BYTES + extra)
 
 
 def query_cost(k: int, blocks: int, expected: int, memory: Optional[int] = None,
-               prefix_blocks: Optional[int] = None) -> float:
+               prefix_blocks: Optional[int] = None, width: int = WIDTH) -> float:
     """Estimated nanoseconds per query of a plan over `expected` fingerprints: per probe a
     seek and the candidates of its prefix range; with `memory` (bytes), seeks of a plan too
     big for CACHE_SHARE of it are disk reads."""
     p = blocks - k if prefix_blocks is None else prefix_blocks
-    widths = block_widths(blocks)
+    widths = block_widths(blocks, width)
     r = flips_needed(k, blocks, p)
     seek = SEEK_NS
-    if memory and index_bytes(k, blocks, expected, p) > CACHE_SHARE * memory:
+    if memory and index_bytes(k, blocks, expected, p, width) > CACHE_SHARE * memory:
         seek = DISK_SEEK_NS
     total = 0.0
     for c in combinations(range(blocks), p):
-        bits = sum(widths[b] for b in c)
+        bits = min(sum(widths[b] for b in c), 64)
         probes = probe_count(bits, r)
         total += probes * (seek + SCAN_NS * expected / 2 ** bits)
     return total
@@ -180,17 +185,21 @@ class Plan:
     their keys and probes in C)."""
 
     def __init__(self, k: int = DEFAULT_K, blocks: Optional[int] = None,
-                 shards: int = DEFAULT_SHARDS, prefix_blocks: Optional[int] = None) -> None:
+                 shards: int = DEFAULT_SHARDS, prefix_blocks: Optional[int] = None,
+                 width: int = WIDTH) -> None:
+        width = _check_int("width", width)
+        if width not in (64, 128, 256):
+            raise ParameterError(f"width ({width}) must be 64, 128 or 256")
         k = _check_int("k", k)
-        if not 0 <= k < WIDTH:
-            raise ParameterError(f"k ({k}) must be between 0 and {WIDTH - 1}")
+        if not 0 <= k < width:
+            raise ParameterError(f"k ({k}) must be between 0 and {width - 1}")
         if blocks is None:
-            blocks, p = default_plan(k)
+            blocks, p = default_plan(k, width=width)
             if prefix_blocks is None:
                 prefix_blocks = p
         blocks = _check_int("blocks", blocks)
-        if not 1 <= blocks <= WIDTH:
-            raise ParameterError(f"blocks ({blocks}) must be between 1 and {WIDTH}")
+        if not 1 <= blocks <= width:
+            raise ParameterError(f"blocks ({blocks}) must be between 1 and {width}")
         if prefix_blocks is None:
             if blocks <= k:
                 raise ParameterError(
@@ -210,13 +219,15 @@ class Plan:
         shards = _check_int("shards", shards)
         if not 1 <= shards <= 256 or 256 % shards:
             raise ParameterError(f"shards ({shards}) must divide 256 (1, 2, 4, ... 256)")
+        self.width = width
+        self.words = width // 64
         self.k = k
         self.blocks = blocks
         self.prefix_blocks = prefix_blocks
         self.flips = flips_needed(k, blocks, prefix_blocks)
         self.shards = shards
         self.shard_bits = shards.bit_length() - 1
-        self.widths = block_widths(blocks)
+        self.widths = block_widths(blocks, width)
         self.chosen = [list(c) for c in combinations(range(blocks), prefix_blocks)]
         self.orders = [c + [b for b in range(blocks) if b not in c] for c in self.chosen]
         self.prefix_bits = [sum(self.widths[b] for b in c) for c in self.chosen]
@@ -227,14 +238,19 @@ class Plan:
                 f"{sum(self.probes)} prefixes per query (flips={self.flips}); the limit is "
                 f"{MAX_PROBES} (see `simindex plan`)")
         self.permuter = Permuter(self.widths, self.orders, self.prefix_bits, self.shard_bits,
-                                 self.flips)
+                                 self.flips) if width == WIDTH else \
+            WidePermuter(self.words, self.widths, self.orders, self.prefix_bits,
+                         self.shard_bits, self.flips)
         starts = [sum(self.widths[:b]) for b in range(blocks)]
-        # each table's prefix as a mask over the original (unpermuted) bits
+        # each table's prefix as a mask over the original (unpermuted) bits: its chosen
+        # blocks, as far as a range scan reads them (the first 64 bits of the key)
         self.orig_masks = []
         for c in self.chosen:
-            m = 0
+            m, left = 0, 64
             for b in c:
-                m |= ((1 << self.widths[b]) - 1) << (WIDTH - starts[b] - self.widths[b])
+                take = min(self.widths[b], left)
+                left -= take
+                m |= ((1 << take) - 1) << (width - starts[b] - take)
             self.orig_masks.append(m)
 
     @property
@@ -248,21 +264,27 @@ class Plan:
         return self.blocks > self.k and self.prefix_blocks == self.blocks - self.k
 
     def earlier_masks(self, table: int) -> np.ndarray:
-        """Prefix masks of tables before `table`, in `table`'s permuted bit order.
+        """Prefix masks of tables before `table`, in `table`'s permuted bit order ((e,)
+        uint64 at width 64, (e, words) above).
 
         A pair within `flips` bits on one of them was already found by that earlier table.
         """
-        return np.array([self.permuter.key(table, m) for m in self.orig_masks[:table]],
-                        dtype=np.uint64)
+        keys = [self.permuter.key(table, m) for m in self.orig_masks[:table]]
+        if self.width == WIDTH:
+            return np.array(keys, dtype=np.uint64)
+        raw = b"".join(x.to_bytes(self.width // 8, "big") for x in keys)
+        return np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(len(keys),
+                                                                          self.words)
 
     def shard_of_keys(self, keys: np.ndarray) -> np.ndarray:
         """The shard holding each permuted key (its leading shard bits), as uint64."""
         if not self.shard_bits:
             return np.zeros(len(keys), dtype=np.uint64)
-        return keys >> np.uint64(WIDTH - self.shard_bits)
+        first = keys if keys.ndim == 1 else keys[:, 0]
+        return first >> np.uint64(64 - self.shard_bits)
 
     def describe(self) -> dict:
-        return {"k": self.k, "blocks": self.blocks, "prefix_blocks": self.prefix_blocks,
+        return {"width": self.width, "k": self.k, "blocks": self.blocks, "prefix_blocks": self.prefix_blocks,
                 "flips": self.flips, "shards": self.shards, "tables": self.ntables,
                 "block_widths": self.widths, "prefix_bits": self.prefix_bits,
                 "probes": sum(self.probes)}

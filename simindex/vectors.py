@@ -171,8 +171,9 @@ def simhash_rows(X: Any, vocabulary: Optional[Sequence[Any]] = None, *, width: i
                  hash: HashArg = None) -> np.ndarray:
     """The simhash of each row of a documents x words matrix (seed 004, option 2): word j
     votes with the bits of its token hash (a +-1 vector) times the row's value, any finite
-    weight (1, tf, tf-idf ...). Row r equals simhash(dict of vocabulary[j] -> X[r, j]
-    over its nonzero entries, width=width, hash=hash) up to float rounding at exact ties.
+    weight (1, tf, tf-idf ...; negative ones too). For weights >= 0, row r equals
+    simhash(dict of vocabulary[j] -> X[r, j] over its nonzero entries, width=width,
+    hash=hash) up to float rounding at exact ties (simhash refuses negative weights).
 
     `vocabulary[j]` is the word (str or bytes) of column j, so a word has the same vector
     in every corpus; None names column j by str(j). Returns what Hyperplanes.fingerprints

@@ -291,5 +291,7 @@ def test_a_plan_with_flips_is_exact_on_ray(local_ray, tmp_path):
     want = brute_pairs(stored, 8)
     got = dist.pairs(tmp_path / "d", partitions=4)
     assert {(a, b): d for a, b, d in got} == want and len(got) == len(want)
+    smaller = dist.pairs(tmp_path / "d", k=5)          # the index's tables, fewer bits
+    assert {(a, b): d for a, b, d in smaller} == {p: d for p, d in want.items() if d <= 5}
     with simindex.Index(tmp_path / "d", readonly=True) as d:
         assert (d.blocks, d.prefix_blocks, d.flips) == (4, 1, 2) and d.verify() == []

@@ -267,3 +267,13 @@ def test_compute_errors_name_the_value_and_the_rule():
         simindex.compute(np.array([[1, -1]]), width=128)
     with pytest.raises(simindex.InputError, match="no hashes"):
         simindex.compute([], width=256)
+
+
+def test_an_unhashable_hash_callable_is_probed_every_call():
+    class Md5:
+        __hash__ = None            # an eq-dataclass, say
+
+        def __call__(self, b):
+            return int.from_bytes(hashlib.md5(b).digest(), "big")
+    assert simindex.simhash(["a", "b"], width=128, hash=Md5()) == \
+        simindex.simhash(["a", "b"], width=128, hash="md5")

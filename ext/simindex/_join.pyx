@@ -299,3 +299,96 @@ cdef void free_pairs(PairBuf *p) noexcept nogil:
     p.a = p.b = NULL
     p.d = NULL
     p.n = p.cap = 0
+
+
+cdef inline int _wide_check(PairBuf *p, const uint64_t *x, const uint64_t *y, int words,
+                            uint64_t a, uint64_t b, const uint64_t *earlier, Py_ssize_t ne,
+                            int k, int flips) noexcept nogil:
+    """_pair_check over `words`-word keys x and y."""
+    cdef int d = 0, w, e_d
+    cdef Py_ssize_t e
+    for w in range(words):
+        d += bits.popcount(x[w] ^ y[w])
+        if d > k:
+            return 0
+    for e in range(ne):
+        e_d = 0
+        for w in range(words):
+            e_d += bits.popcount((x[w] ^ y[w]) & earlier[e * words + w])
+        if e_d <= flips:
+            return 0
+    if a > b:
+        a, b = b, a
+    return pair_push(p, a, b, <uint8_t>d)
+
+
+def pairs_wide(const uint64_t[:, ::1] keys, const uint64_t[::1] ids, uint64_t pmask,
+               const uint64_t[:, ::1] earlier, int k, const uint64_t[::1] probes, int flips):
+    """pairs_sorted() for keys of several words (an (n, words) array grouped by the prefix
+    `pmask` of their first word): every pair within k bits whose first-word prefixes lie
+    within `flips` bits, once over all tables (`earlier`: an (e, words) array of the
+    earlier tables' prefix masks in this table's bit order). Each group is joined pair by
+    pair."""
+    cdef Py_ssize_t n = keys.shape[0], g0 = 0, g1, h0, h1, i, j, f
+    cdef Py_ssize_t ne = earlier.shape[0], nf = probes.shape[0]
+    cdef int words = <int>keys.shape[1], rc = 0
+    cdef uint64_t other
+    cdef PairBuf p
+    cdef const uint64_t *kp = &keys[0, 0] if n else NULL
+    cdef const uint64_t *ep = &earlier[0, 0] if ne else NULL
+    memset(&p, 0, sizeof(PairBuf))
+    if ids.shape[0] != n:
+        raise ValueError("keys and ids differ in length")
+    if ne and earlier.shape[1] != words:
+        raise ValueError("earlier masks and keys differ in words")
+    try:
+        with nogil:
+            while g0 < n and rc == 0:
+                g1 = g0 + 1
+                while g1 < n and (kp[g1 * words] & pmask) == (kp[g0 * words] & pmask):
+                    g1 += 1
+                for i in range(g0, g1):
+                    for j in range(i + 1, g1):
+                        rc = _wide_check(&p, kp + i * words, kp + j * words, words, ids[i],
+                                         ids[j], ep, ne, k, flips)
+                        if rc:
+                            break
+                    if rc:
+                        break
+                for f in range(nf):
+                    if rc:
+                        break
+                    other = (kp[g0 * words] ^ probes[f]) & pmask
+                    if probes[f] == 0 or other < (kp[g0 * words] & pmask):
+                        continue
+                    h0 = _group_start_wide(kp, n, words, other, pmask)
+                    h1 = h0
+                    while h1 < n and (kp[h1 * words] & pmask) == other:
+                        h1 += 1
+                    for i in range(g0, g1):
+                        for j in range(h0, h1):
+                            rc = _wide_check(&p, kp + i * words, kp + j * words, words,
+                                             ids[i], ids[j], ep, ne, k, flips)
+                            if rc:
+                                break
+                        if rc:
+                            break
+                g0 = g1
+        if rc:
+            raise MemoryError("pair buffer")
+        return pair_arrays(&p)
+    finally:
+        free_pairs(&p)
+
+
+cdef Py_ssize_t _group_start_wide(const uint64_t *keys, Py_ssize_t n, int words,
+                                  uint64_t prefix, uint64_t pmask) noexcept nogil:
+    cdef Py_ssize_t a = 0, b = n, mid
+    while a < b:
+        mid = (a + b) >> 1
+        if (keys[mid * words] & pmask) < prefix:
+            a = mid + 1
+        else:
+            b = mid
+    return a
+

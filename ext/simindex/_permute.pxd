@@ -1,7 +1,7 @@
 # The block-permutation tables in C form (ext/simindex/_permute.pyx): per table, where each
 # block of a fingerprint goes in its permuted key, and the mask of the key's prefix. The
 # key and shard-range functions are inline here so every scan loop compiles them in.
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
 
 cdef struct Tables:
@@ -46,3 +46,17 @@ cdef class Permuter:
     cdef readonly int nblocks
     cdef readonly int shard_bits
     cdef readonly int flips
+
+
+cdef class WidePermuter:
+    cdef readonly int words
+    cdef readonly int ntables
+    cdef readonly int nblocks
+    cdef readonly int shard_bits
+    cdef readonly int flips
+    cdef uint16_t *seg           # (source bit, destination bit, bits) per segment...
+    cdef uint32_t *seg_start     # ...table t's from seg_start[t] to seg_start[t + 1]
+    cdef uint64_t *pmask         # the effective prefix of each table over the first word
+    cdef uint64_t *probe
+    cdef uint32_t *probe_start
+    cdef void permute(self, int t, const uint64_t *fp, uint64_t *out) noexcept nogil

@@ -11,7 +11,7 @@ from itertools import combinations
 
 import numpy as np
 
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
 
 cimport simindex.layout as layout
@@ -149,4 +149,179 @@ cdef class Permuter:
             for i in range(n):
                 for t in range(self.c.ntables):
                     o[(permute(&self.c, t, fps[i]) >> (64 - sb)) if sb else 0, i] = 1
+        return out
+
+
+# ---------------------------------------------------------------- wide fingerprints
+cdef class WidePermuter:
+    """The tables of a plan over `words` 64-bit words (128 or 256 bits), most significant
+    word first: each block is copied from its place in the fingerprint to its place in
+    the permuted key as segments that cross no word boundary. A table's range scans use
+    the key's first word: its prefix there is the first min(prefix bits, 64) bits."""
+
+    def __cinit__(self, int words, list widths, list orders, list prefix_bits, int shard_bits,
+                  int flips=0):
+        cdef int m = len(widths), T = len(orders), t, j, b, n, src, dst, cum, take
+        cdef list segs = [], masks = [], starts = []
+        cdef int width = 64 * words, start, eff
+        self.seg = NULL
+        self.seg_start = NULL
+        self.pmask = NULL
+        self.probe = NULL
+        self.probe_start = NULL
+        if words not in (2, 4) or m < 1 or m > width or sum(widths) != width or T < 1 or \
+                not 0 <= shard_bits <= 8 or len(prefix_bits) != T or flips < 0:
+            raise ValueError("invalid permutation plan")
+        self.words = words
+        self.ntables = T
+        self.nblocks = m
+        self.shard_bits = shard_bits
+        self.flips = flips
+        start = 0
+        for b in range(m):
+            starts.append(start)
+            start += widths[b]
+        self.seg_start = <uint32_t *>malloc((T + 1) * sizeof(uint32_t))
+        self.pmask = <uint64_t *>malloc(T * sizeof(uint64_t))
+        self.probe_start = <uint32_t *>malloc((T + 1) * sizeof(uint32_t))
+        if not (self.seg_start and self.pmask and self.probe_start):
+            raise MemoryError()
+        for t in range(T):
+            if sorted(orders[t]) != list(range(m)):
+                raise ValueError("table order must be a permutation of the blocks")
+            self.seg_start[t] = len(segs) // 3
+            dst = 0
+            for j in range(m):
+                b = orders[t][j]
+                src = starts[b]
+                n = widths[b]
+                while n > 0:            # cut where either side crosses a word boundary
+                    take = min(n, 64 - src % 64, 64 - dst % 64)
+                    segs += [src, dst, take]
+                    src += take
+                    dst += take
+                    n -= take
+            eff = min(prefix_bits[t], 64)
+            self.pmask[t] = 0 if eff == 0 else \
+                (0xFFFFFFFFFFFFFFFF << (64 - eff)) & 0xFFFFFFFFFFFFFFFF
+            self.probe_start[t] = len(masks)
+            for j in range(min(flips, eff) + 1):
+                for pos in combinations(range(64 - eff, 64), j):
+                    masks.append(sum(1 << x for x in pos))
+        self.seg_start[T] = len(segs) // 3
+        self.probe_start[T] = len(masks)
+        self.seg = <uint16_t *>malloc(len(segs) * sizeof(uint16_t) + 2)
+        self.probe = <uint64_t *>malloc(len(masks) * sizeof(uint64_t) + 8)
+        if not (self.seg and self.probe):
+            raise MemoryError()
+        for j in range(len(segs)):
+            self.seg[j] = segs[j]
+        for j in range(len(masks)):
+            self.probe[j] = masks[j]
+
+    def __dealloc__(self):
+        free(self.seg)
+        free(self.seg_start)
+        free(self.pmask)
+        free(self.probe)
+        free(self.probe_start)
+
+    cdef void permute(self, int t, const uint64_t *fp, uint64_t *out) noexcept nogil:
+        cdef uint32_t s
+        cdef int w, src, dst, n
+        cdef uint64_t v
+        for w in range(self.words):
+            out[w] = 0
+        for s in range(self.seg_start[t], self.seg_start[t + 1]):
+            src = self.seg[3 * s]
+            dst = self.seg[3 * s + 1]
+            n = self.seg[3 * s + 2]
+            v = fp[src >> 6] >> (64 - (src & 63) - n)
+            if n < 64:
+                v &= (<uint64_t>1 << n) - 1
+            out[dst >> 6] |= v << (64 - (dst & 63) - n)
+
+    def _table(self, int t):
+        if not 0 <= t < self.ntables:
+            raise IndexError(f"table {t} out of range 0..{self.ntables - 1}")
+
+    def keys(self, int t, const uint64_t[:, ::1] fps):
+        """Permuted keys of an (n, words) array of fingerprints in table `t`, as a new
+        (n, words) array."""
+        cdef Py_ssize_t i, n = fps.shape[0]
+        self._table(t)
+        if fps.shape[1] != self.words:
+            raise ValueError(f"fingerprints have {fps.shape[1]} words, not {self.words}")
+        out = np.empty((n, self.words), dtype=np.uint64)
+        cdef uint64_t[:, ::1] o = out
+        with nogil:
+            for i in range(n):
+                self.permute(t, &fps[i, 0], &o[i, 0])
+        return out
+
+    def key(self, int t, fp):
+        """The permuted key of one fingerprint (an int) in table `t`, as an int."""
+        cdef uint64_t a[4]
+        cdef uint64_t r[4]
+        cdef int w
+        self._table(t)
+        for w in range(self.words):
+            a[w] = (fp >> (64 * (self.words - 1 - w))) & 0xFFFFFFFFFFFFFFFF
+        self.permute(t, a, r)
+        v = 0
+        for w in range(self.words):
+            v = (v << 64) | r[w]
+        return v
+
+    def prefix_mask(self, int t):
+        """Table `t`'s (effective) prefix as a mask over its keys' first word."""
+        self._table(t)
+        return self.pmask[t]
+
+    def probe_masks(self, int t):
+        """The XOR masks a query's first key word of table `t` is probed with (0 first)."""
+        self._table(t)
+        return np.array([self.probe[j] for j in range(self.probe_start[t],
+                                                         self.probe_start[t + 1])],
+                        dtype=np.uint64)
+
+    def shard_reach(self, const uint64_t[:, ::1] fps):
+        """A (shards, n) bool array: shard s holds part of some table's probed ranges of
+        fingerprint i (an (n, words) array; see Permuter.shard_reach)."""
+        cdef Py_ssize_t i, n = fps.shape[0]
+        cdef int t, s, s0, s1, sb = self.shard_bits
+        cdef uint32_t j
+        cdef uint64_t lo, hi
+        cdef uint64_t key[4]
+        out = np.zeros((1 << sb, n), dtype=np.bool_)
+        cdef uint8_t[:, ::1] o = out.view(np.uint8)
+        if n and fps.shape[1] != self.words:
+            raise ValueError(f"fingerprints have {fps.shape[1]} words, not {self.words}")
+        with nogil:
+            for i in range(n):
+                for t in range(self.ntables):
+                    self.permute(t, &fps[i, 0], key)
+                    for j in range(self.probe_start[t], self.probe_start[t + 1]):
+                        lo = (key[0] ^ self.probe[j]) & self.pmask[t]
+                        hi = lo | ~self.pmask[t]
+                        s0 = <int>(lo >> (64 - sb)) if sb else 0
+                        s1 = <int>(hi >> (64 - sb)) if sb else 0
+                        for s in range(s0, s1 + 1):
+                            o[s, i] = 1
+        return out
+
+    def shard_owners(self, const uint64_t[:, ::1] fps):
+        """A (shards, n) bool array: shard s holds an entry of fingerprint i in some table."""
+        cdef Py_ssize_t i, n = fps.shape[0]
+        cdef int t, sb = self.shard_bits
+        cdef uint64_t key[4]
+        out = np.zeros((1 << sb, n), dtype=np.bool_)
+        cdef uint8_t[:, ::1] o = out.view(np.uint8)
+        if n and fps.shape[1] != self.words:
+            raise ValueError(f"fingerprints have {fps.shape[1]} words, not {self.words}")
+        with nogil:
+            for i in range(n):
+                for t in range(self.ntables):
+                    self.permute(t, &fps[i, 0], key)
+                    o[(key[0] >> (64 - sb)) if sb else 0, i] = 1
         return out

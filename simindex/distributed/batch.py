@@ -71,7 +71,8 @@ def _sources(source, k, blocks, fmt, fp_format):
         names = dict(zip(seqs.tolist(), ids))
         parts = [(ray.put(seqs[i:i + CHUNK]), ray.put(fps[i:i + CHUNK]))
                  for i in range(0, len(seqs), CHUNK)]
-        prefix_blocks = manifest.plan_args(m)["prefix_blocks"] if k == m["k"] else None
+        # the index's own tables: a smaller k needs no more flips than the index's
+        prefix_blocks = Plan(**manifest.plan_args(m)).prefix_blocks
         return k, m["blocks"], prefix_blocks, parts, names.__getitem__
     k = _check_k(DEFAULT_K if k is None else k, 63)
     parts, ids, n = [], [], 0
