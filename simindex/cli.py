@@ -397,25 +397,32 @@ def compact(index):
 
 @cli.command()
 @click.option("--size", type=click.IntRange(1), required=True, help="Expected fingerprints.")
-@click.option("--k", type=click.IntRange(0, 63), default=DEFAULT_K, show_default=True)
+@click.option("--k", type=click.IntRange(0, 255), default=DEFAULT_K, show_default=True)
+@click.option("--width", type=click.Choice(["64", "128", "256"]), default="64",
+              show_default=True, help="Bits per fingerprint.")
 @click.option("--top", type=click.IntRange(1), default=10, show_default=True,
               help="Plans shown, least estimated query time first.")
-def plan(size, k, top):
+def plan(size, k, width, top):
     """Table plans for SIZE fingerprints within K bits, least estimated query time first,
     and the one `build --expected SIZE` picks, with the shards it picks (without
-    --expected: 16 shards, and k+1 blocks below k=8)."""
-    chosen = default_plan(k, size)
+    --expected: 16 shards, and k+1 blocks below k=8). At width 128 or 256 the tables are
+    sorted by their key's first 64 bits (find_all(width=...) uses these plans)."""
+    width = int(width)
+    if k >= width:
+        raise click.UsageError(f"--k {k} must be below the width {width}")
+    chosen = default_plan(k, size, width=width)
     nshards = default_shards(size)
     choice = f"<- build --expected {size} ({nshards} shard{'s' if nshards > 1 else ''})"
     memory = physical_memory()
-    rows = sorted((query_cost(k, m, size, memory, p), m, p) for m, p in candidate_plans(k))
+    rows = sorted((query_cost(k, m, size, memory, p, width), m, p)
+                  for m, p in candidate_plans(k, width))
     shown = rows[:top] + [r for r in rows[top:] if (r[1], r[2]) == chosen]
     click.echo("blocks\tprefix_blocks\ttables\tflips\tprobes\tprefix_bits"
                "\tcandidates_per_query\tquery_us\tbytes_on_disk\tchoice")
     for cost, m, p in shown:
-        pl = Plan(k=k, blocks=m, shards=16, prefix_blocks=p)
-        cands = sum(n * size / 2 ** b for n, b in zip(pl.probes, pl.prefix_bits))
-        disk = index_bytes(k, m, size, p)
+        pl = Plan(k=k, blocks=m, shards=16, prefix_blocks=p, width=width)
+        cands = sum(n * size / 2 ** min(b, 64) for n, b in zip(pl.probes, pl.prefix_bits))
+        disk = index_bytes(k, m, size, p, width)
         bits = f"{min(pl.prefix_bits)}-{max(pl.prefix_bits)}" \
             if min(pl.prefix_bits) != max(pl.prefix_bits) else str(pl.prefix_bits[0])
         click.echo(f"{m}\t{p}\t{pl.ntables}\t{pl.flips}\t{sum(pl.probes)}\t{bits}\t"

@@ -141,3 +141,17 @@ def test_any_wide_plan_is_exact(seed, width, k, blocks, prefix_blocks):
     fps = planted(random.Random(seed), width, k, bases=3, randoms=40)
     assert simindex.find_all(fps, k=k, blocks=blocks, prefix_blocks=prefix_blocks,
                              width=width) == brute_pairs(fps, k)
+
+
+def test_simindex_plan_shows_wide_plans():
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "simindex", "plan", "--size", "1000000", "--k",
+                        "31", "--width", "256"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rows = [r.split("\t") for r in p.stdout.splitlines()[1:]]
+    chosen = simindex.plan.default_plan(31, 1_000_000, width=256)
+    assert [tuple(map(int, r[:2])) for r in rows if r[-1].startswith("<- build")] == [chosen]
+    bad = subprocess.run([sys.executable, "-m", "simindex", "plan", "--size", "10", "--k",
+                          "64"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "must be below the width 64" in bad.stderr

@@ -1,4 +1,5 @@
-"""Fingerprinting speed on a real corpus, side by side with PyPI simhash 2.1.2 (1e0ng).
+"""Fingerprinting speed on a real corpus, side by side with PyPI simhash 2.1.2 (1e0ng), at
+64, 128 and 256 bits.
 
     python tools/fingerprint_bench.py [--dir /usr/share/doc] [--repeat 3]
 
@@ -59,6 +60,14 @@ def main(argv=None):
                        texts, a.repeat, mb)
     run("simindex seomoz", lambda x: simindex.fingerprint(x, scheme="seomoz"),
         texts, a.repeat, mb)
+    for width in (128, 256):
+        run(f"simindex simindex-v1 width {width}",
+            lambda x, w=width: simindex.fingerprint(x, width=w), texts, a.repeat, mb)
+    wide, t_wide = run("simindex 1e0ng width 128",
+                       lambda x: simindex.fingerprint(x, scheme="1e0ng", width=128),
+                       texts, a.repeat, mb)
+    run("simindex memosstilvi (128)",
+        lambda x: simindex.fingerprint(x, scheme="memosstilvi"), texts, a.repeat, mb)
     try:
         from simhash import Simhash
     except ImportError:
@@ -77,6 +86,17 @@ def main(argv=None):
           f"({failed} raise OverflowError under NumPy 2)")
     print(f"ratio PyPI simhash / simindex 1e0ng: {t_ref / t_ours:.1f}x; "
           f"/ simindex-v1: {t_ref / v1:.1f}x")
+
+    def theirs128(x):
+        try:
+            return Simhash(x, f=128).value
+        except OverflowError:
+            return None
+    ref128, t_ref128 = run("PyPI simhash Simhash(text, f=128)", theirs128, texts, a.repeat, mb)
+    same = sum(1 for x, y in zip(wide, ref128) if y is not None and x == y)
+    failed = sum(1 for y in ref128 if y is None)
+    print(f"1e0ng width 128 bit-exact on {same} of {len(texts) - failed} texts; ratio PyPI "
+          f"simhash f=128 / simindex 1e0ng width 128: {t_ref128 / t_wide:.1f}x")
     return 0
 
 

@@ -11,11 +11,12 @@ from simindex._lmdb cimport CORRUPT_BLOCK, CORRUPT_KEY
 cdef struct Block:
     const uint8_t *keys      # kw-byte key offsets
     const uint8_t *seqs      # sw-byte seq offsets
+    const uint8_t *tails     # tw u64 LE words per entry (wide fingerprints)
     const uint8_t *checked   # what the crc covers
     size_t checked_size
     size_t c                 # entries
     uint64_t kbase, kmask, sbase, smask
-    size_t kw, sw
+    size_t kw, sw, tw
     uint32_t crc
 
 
@@ -49,8 +50,10 @@ cdef inline int open_block(const MDB_val *k, const MDB_val *v, Block *b) noexcep
             return CORRUPT_BLOCK
         b.kw = p[12]
         b.sw = p[13]
-        if b.kw > 8 or b.sw > 8 or (b.kw + b.sw == 0 and b.c > 1) or \
-                layout.V2_HEADER + b.c * (b.kw + b.sw) + layout.V2_PAD != v.mv_size:
+        b.tw = p[14]
+        if b.kw > 8 or b.sw > 8 or b.tw > layout.MAX_TAIL_WORDS or \
+                (b.kw + b.sw == 0 and b.c > 1) or \
+                layout.V2_HEADER + b.c * (b.kw + b.sw + 8 * b.tw) + layout.V2_PAD != v.mv_size:
             return CORRUPT_BLOCK
         b.kbase = bits.load64(p + 16)
         b.sbase = bits.load64(p + 24)
@@ -62,6 +65,7 @@ cdef inline int open_block(const MDB_val *k, const MDB_val *v, Block *b) noexcep
                 layout.V1_HEADER + 16 * b.c != v.mv_size:
             return CORRUPT_BLOCK
         b.kw = b.sw = 8
+        b.tw = 0
         b.kbase = b.sbase = 0
         b.keys = b.checked = p + layout.V1_HEADER
         b.checked_size = 16 * b.c
@@ -70,7 +74,13 @@ cdef inline int open_block(const MDB_val *k, const MDB_val *v, Block *b) noexcep
     b.kmask = width_mask(b.kw)
     b.smask = width_mask(b.sw)
     b.seqs = b.keys + b.c * b.kw
+    b.tails = b.seqs + b.c * b.sw
     return 0
+
+
+cdef inline uint64_t tail_at(const Block *b, size_t i, size_t w) noexcept nogil:
+    """Word w + 1 of entry i's permuted key (wide fingerprints)."""
+    return bits.load64(b.tails + (i * b.tw + w) * 8)
 
 
 cdef struct RunList:

@@ -22,10 +22,13 @@ from posix.unistd cimport getpid
 cimport simindex.bits as bits
 cimport simindex.layout as layout
 from simindex._lmdb cimport (
-    Env, Txn, Handle, error, page_size, val_in_pages, CORRUPT_KEY, CORRUPT_RECORD, NO_MEMORY,
+    Env, Txn, Handle, error, page_size, val_in_pages, CORRUPT_BLOCK, CORRUPT_KEY,
+    CORRUPT_RECORD, NO_MEMORY,
 )
 from simindex._permute cimport Permuter, Tables, permute, prefix_range
-from simindex._blocks cimport Block, RunList, open_block, key_at, seq_at, read_state, free_state
+from simindex._blocks cimport (
+    Block, RunList, open_block, key_at, seq_at, tail_at, read_state, free_state,
+)
 from simindex._records cimport Tail, load_tail, free_tail, record_id_meta
 from simindex._join cimport PairBuf, pair_push, pair_arrays, free_pairs
 
@@ -66,13 +69,15 @@ cdef int _cmp_dist_seq(const void *a, const void *b) noexcept nogil:
 
 # ---------------------------------------------------------------- the scan
 cdef int _scan_run(MDB_cursor *cur, uint64_t run_id, uint64_t lo, uint64_t hi,
-                   uint64_t pk, int k, HitBuf *hits) noexcept nogil:
-    """Push (seq, distance) of every entry of run `run_id` with key in [lo, hi] within k of pk."""
+                   uint64_t pk, int k, HitBuf *hits, const uint64_t *pkt=NULL,
+                   size_t tw=0) noexcept nogil:
+    """Push (seq, distance) of every entry of run `run_id` with key in [lo, hi] within k of pk
+    (and, for wide fingerprints, of its `tw` tail words `pkt`: every block must hold tw)."""
     cdef uint8_t kbuf[layout.BLOCK_KEY]
     cdef MDB_val key, val
     cdef int rc
     cdef bint first = True
-    cdef size_t a, b, mid, i
+    cdef size_t a, b, mid, i, w
     cdef Block blk
     cdef uint64_t x
     cdef int d
@@ -90,6 +95,8 @@ cdef int _scan_run(MDB_cursor *cur, uint64_t run_id, uint64_t lo, uint64_t hi,
         rc = open_block(&key, &val, &blk)
         if rc:
             return rc
+        if blk.tw != tw:
+            return CORRUPT_BLOCK
         if first:
             # binary search: its first probes land on the same keys for every query, so
             # they stay in cache (interpolation probes were measured 20% slower here)
@@ -111,9 +118,12 @@ cdef int _scan_run(MDB_cursor *cur, uint64_t run_id, uint64_t lo, uint64_t hi,
                 return 0
             d = bits.popcount(x ^ pk)
             if d <= k:
-                rc = _hit_push(hits, seq_at(&blk, i), d)
-                if rc:
-                    return rc
+                for w in range(tw):
+                    d += bits.popcount(tail_at(&blk, i, w) ^ pkt[w])
+                if d <= k:
+                    rc = _hit_push(hits, seq_at(&blk, i), d)
+                    if rc:
+                        return rc
             i += 1
         rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)
     if rc == MDB_NOTFOUND:

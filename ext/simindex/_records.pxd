@@ -6,11 +6,19 @@ from simindex.clmdb cimport MDB_cursor
 
 cdef struct Tail:
     uint64_t *seq            # the seqs and fingerprints of a run of records, in seq order
-    uint64_t *fp
+    uint64_t *fp             # (the first word of each, for wide fingerprints...
+    uint64_t *rest           # ...and its other words, words - 1 per record)
     size_t n
     size_t cap
+    int words                # 64-bit words per fingerprint (0 counts as 1)
+
+
+cdef inline size_t record_header(int words) noexcept nogil:
+    """Bytes before a record's id key: fp word 0 (u64 LE), id key length (u16 LE), then
+    (wide fingerprints) the other words, u64 LE each, most significant first."""
+    return 10 + 8 * (words - 1 if words > 1 else 0)
 
 
 cdef int load_tail(MDB_cursor *cur, uint64_t start, Tail *tail) noexcept nogil
 cdef void free_tail(Tail *tail) noexcept nogil
-cdef tuple record_id_meta(const uint8_t *p, size_t n)
+cdef tuple record_id_meta(const uint8_t *p, size_t n, int words=*)

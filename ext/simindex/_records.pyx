@@ -10,7 +10,7 @@ import numpy as np
 
 from libc.stdint cimport uint8_t, uint64_t
 from libc.stdlib cimport malloc, realloc, free, qsort
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp, memcpy, memset
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
@@ -72,10 +72,11 @@ cdef int _cmp_last(MDB_val *last, IdRef *first) noexcept nogil:
 
 
 def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
-                const uint64_t[::1] fps, list metas not None, uint64_t next_seq):
+                fps not None, list metas not None, uint64_t next_seq):
     """Store records under fresh seqs, replacing an id's earlier record.
 
-    Returns (next_seq, replaced). `metas[i]` is the msgpack encoding of the meta value.
+    Returns (next_seq, replaced). `fps`: an (n,) uint64 array, or (n, words) for wide
+    fingerprints. `metas[i]` is the msgpack encoding of the meta value.
     Records are appended in seq order; ids are then written in key order, which LMDB
     does with far fewer page visits than in input order, and simply appended when every
     key is new and above the stored ones (ascending int ids, a fresh index).
@@ -93,8 +94,16 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
     cdef IdRef *refs = NULL
     cdef MDB_cursor *cur = NULL
     cdef bint append
+    cdef const uint64_t[:, ::1] fw
+    cdef int words, w
+    cdef size_t hdr
     txn.check()
-    if fps.shape[0] != n or len(metas) != n:
+    fw = fps.reshape(-1, 1) if fps.ndim == 1 else fps
+    words = <int>fw.shape[1]
+    if words not in (1, 2, 4):
+        raise ValueError("fingerprints have 1, 2 or 4 words")
+    hdr = record_header(words)
+    if fw.shape[0] != n or len(metas) != n:
         raise ValueError("ids, fingerprints and metas differ in length")
     for i in range(n):
         if not isinstance(idkeys[i], bytes) or not isinstance(metas[i], bytes):
@@ -116,7 +125,7 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
             bits.store_be64(seqbuf, next_seq + i)
             sk.mv_size = 8
             sk.mv_data = seqbuf
-            v.mv_size = layout.RECORD_HEADER + idlen + mlen
+            v.mv_size = hdr + idlen + mlen
             v.mv_data = NULL
             rc = mdb_put(txn.txn, sq, &sk, &v, MDB_APPEND | MDB_RESERVE)
             if rc == MDB_KEYEXIST:
@@ -124,11 +133,13 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
             if rc:
                 raise error(rc, f"{txn.env.path}: writing a record failed")
             p = <uint8_t *>v.mv_data
-            bits.store64(p, fps[i])
+            bits.store64(p, fw[i, 0])
             p[8] = <uint8_t>(idlen & 0xFF)
             p[9] = <uint8_t>(idlen >> 8)
-            memcpy(p + layout.RECORD_HEADER, refs[i].p, idlen)
-            memcpy(p + layout.RECORD_HEADER + idlen, PyBytes_AS_STRING(mb), mlen)
+            for w in range(1, words):
+                bits.store64(p + layout.RECORD_HEADER + 8 * (w - 1), fw[i, w])
+            memcpy(p + hdr, refs[i].p, idlen)
+            memcpy(p + hdr + idlen, PyBytes_AS_STRING(mb), mlen)
         qsort(refs, n, sizeof(IdRef), _cmp_idref)
         # every key new and above the stored ones: append without looking anything up
         append = True
@@ -217,20 +228,20 @@ def encode_ids(list ids not None, fallback, Py_ssize_t max_bytes):
 
 
 # ---------------------------------------------------------------- reading records
-cdef tuple record_id_meta(const uint8_t *p, size_t n):
+cdef tuple record_id_meta(const uint8_t *p, size_t n, int words=1):
     """(id, meta bytes or None) of a stored record value, the id decoded to its type.
 
     A record's meta of msgpack nil comes back as None, so most matches need no decoding.
     """
-    cdef size_t idlen
+    cdef size_t idlen, hdr = record_header(words)
     cdef const uint8_t *key
     cdef object id_, meta
-    if n < layout.RECORD_HEADER:
+    if n < hdr:
         raise CorruptError("a stored record is shorter than its header")
     idlen = p[8] | (<size_t>p[9] << 8)
-    if idlen < 1 or layout.RECORD_HEADER + idlen > n:
+    if idlen < 1 or hdr + idlen > n:
         raise CorruptError("a stored record's id runs past its end")
-    key = p + layout.RECORD_HEADER
+    key = p + hdr
     if key[0] == layout.ID_TAG_STR:
         try:
             id_ = PyUnicode_DecodeUTF8(<const char *>key + 1, idlen - 1, "strict")
@@ -242,31 +253,41 @@ cdef tuple record_id_meta(const uint8_t *p, size_t n):
         id_ = bits.load_be64(key + 1)
     else:
         raise CorruptError(f"a stored id has an unknown type tag {key[0]!r}")
-    if n - layout.RECORD_HEADER - idlen == 1 and \
-            p[layout.RECORD_HEADER + idlen] == layout.MSGPACK_NIL:
+    if n - hdr - idlen == 1 and p[hdr + idlen] == layout.MSGPACK_NIL:
         meta = None
     else:
-        meta = PyBytes_FromStringAndSize(<const char *>p + layout.RECORD_HEADER + idlen,
-                                         n - layout.RECORD_HEADER - idlen)
+        meta = PyBytes_FromStringAndSize(<const char *>p + hdr + idlen, n - hdr - idlen)
     return id_, meta
 
 
-def split_record(bytes value not None):
+cdef object record_fp(const uint8_t *p, int words):
+    """The fingerprint of a stored record value (its header checked by the caller), an int."""
+    cdef int w
+    if words <= 1:
+        return bits.load64(p)
+    v = bits.load64(p)
+    for w in range(1, words):
+        v = (v << 64) | bits.load64(p + layout.RECORD_HEADER + 8 * (w - 1))
+    return v
+
+
+def split_record(bytes value not None, int words=1):
     """(fingerprint, id key, meta bytes) of a stored record value, checking its sizes."""
     cdef Py_ssize_t n = PyBytes_GET_SIZE(value)
     cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(value)
-    cdef size_t idlen
-    if n < layout.RECORD_HEADER:
+    cdef size_t idlen, hdr = record_header(words)
+    if n < <Py_ssize_t>hdr:
         raise CorruptError("a stored record is shorter than its header")
     idlen = p[8] | (<size_t>p[9] << 8)
-    if layout.RECORD_HEADER + idlen > <size_t>n:
+    if hdr + idlen > <size_t>n:
         raise CorruptError("a stored record's id runs past its end")
-    return bits.load64(p), value[layout.RECORD_HEADER:layout.RECORD_HEADER + idlen], \
-        value[layout.RECORD_HEADER + idlen:]
+    return record_fp(p, words), value[hdr:hdr + idlen], value[hdr + idlen:]
 
 
-cdef int _tail_push(Tail *tail, uint64_t seq, uint64_t fp) noexcept nogil:
+cdef int _tail_push(Tail *tail, uint64_t seq, const uint8_t *val) noexcept nogil:
+    """Append a record's seq and fingerprint words (its value holds the header)."""
     cdef void *tmp
+    cdef size_t rest = tail.words - 1 if tail.words > 1 else 0, w
     if tail.n == tail.cap:
         tail.cap = tail.cap * 2 if tail.cap else 1024
         tmp = realloc(tail.seq, tail.cap * 8)
@@ -277,8 +298,15 @@ cdef int _tail_push(Tail *tail, uint64_t seq, uint64_t fp) noexcept nogil:
         if tmp == NULL:
             return NO_MEMORY
         tail.fp = <uint64_t *>tmp
+        if rest:
+            tmp = realloc(tail.rest, tail.cap * 8 * rest)
+            if tmp == NULL:
+                return NO_MEMORY
+            tail.rest = <uint64_t *>tmp
     tail.seq[tail.n] = seq
-    tail.fp[tail.n] = fp
+    tail.fp[tail.n] = bits.load64(val)
+    for w in range(rest):
+        tail.rest[tail.n * rest + w] = bits.load64(val + layout.RECORD_HEADER + 8 * w)
     tail.n += 1
     return 0
 
@@ -293,9 +321,9 @@ cdef int _read_tail(MDB_cursor *cur, uint64_t start, size_t limit, Tail *tail) n
     key.mv_data = kbuf
     rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE)
     while rc == 0:
-        if key.mv_size != 8 or val.mv_size < layout.RECORD_HEADER:
+        if key.mv_size != 8 or val.mv_size < record_header(tail.words):
             return CORRUPT_RECORD
-        rc = _tail_push(tail, bits.load_be64(key.mv_data), bits.load64(val.mv_data))
+        rc = _tail_push(tail, bits.load_be64(key.mv_data), <const uint8_t *>val.mv_data)
         if rc:
             return rc
         if limit and tail.n >= limit:
@@ -312,31 +340,45 @@ cdef int load_tail(MDB_cursor *cur, uint64_t start, Tail *tail) noexcept nogil:
 cdef void free_tail(Tail *tail) noexcept nogil:
     free(tail.seq)
     free(tail.fp)
+    free(tail.rest)
     tail.seq = NULL
     tail.fp = NULL
+    tail.rest = NULL
     tail.n = tail.cap = 0
 
 
-def read_tail(Txn txn, str seqs_db, uint64_t start, size_t limit=0):
-    """(seqs, fps) of the records with seq >= start, in seq order, at most `limit` (0: all)."""
+def read_tail(Txn txn, str seqs_db, uint64_t start, size_t limit=0, int words=1):
+    """(seqs, fps) of the records with seq >= start, in seq order, at most `limit` (0: all);
+    fps an (n,) array, or (n, words) for wide fingerprints."""
     cdef MDB_cursor *cur
     cdef int rc
     cdef Tail tail
+    cdef size_t i
+    cdef int w
     txn.check()
+    if words not in (1, 2, 4):
+        raise ValueError("fingerprints have 1, 2 or 4 words")
     rc = mdb_cursor_open(txn.txn, txn.env.dbi(seqs_db), &cur)
     if rc:
         raise error(rc, f"{txn.env.path}: cursor failed")
-    tail.seq = tail.fp = NULL
-    tail.n = tail.cap = 0
+    memset(&tail, 0, sizeof(Tail))
+    tail.words = words
     try:
         with nogil:
             rc = _read_tail(cur, start, limit, &tail)
         if rc:
             raise error(rc, f"{txn.env.path}: reading records failed")
         seqs = np.empty(tail.n, dtype=np.uint64)
-        fps = np.empty(tail.n, dtype=np.uint64)
         _copy_u64(seqs, tail.seq, tail.n)
-        _copy_u64(fps, tail.fp, tail.n)
+        if words == 1:
+            fps = np.empty(tail.n, dtype=np.uint64)
+            _copy_u64(fps, tail.fp, tail.n)
+            return seqs, fps
+        fps = np.empty((tail.n, words), dtype=np.uint64)
+        for i in range(tail.n):
+            fps[i, 0] = tail.fp[i]
+            for w in range(1, words):
+                fps[i, w] = tail.rest[i * (words - 1) + w - 1]
         return seqs, fps
     finally:
         mdb_cursor_close(cur)
@@ -349,18 +391,23 @@ cdef void _copy_u64(arr, const uint64_t *src, size_t n):
         memcpy(&m[0], src, n * 8)
 
 
-def records_lookup(Txn txn, str seqs_db, const uint64_t[::1] seqs):
+def records_lookup(Txn txn, str seqs_db, const uint64_t[::1] seqs, int words=1):
     """(fingerprints, ids) of the records of ascending `seqs`, looked up in one pass; a
-    record removed since (no such seq) gives fingerprint 0 and id None."""
+    record removed since (no such seq) gives fingerprint 0 and id None. Fingerprints: an
+    (n,) array, or (n, words) for wide ones."""
     cdef Py_ssize_t i, n = seqs.shape[0]
+    cdef size_t hdr = record_header(words)
+    cdef int w
     cdef MDB_dbi dbi = txn.env.dbi(seqs_db)
     cdef MDB_cursor *cur = NULL
     cdef MDB_val k, v
     cdef uint8_t kbuf[8]
     cdef int rc
     txn.check()
-    fps = np.zeros(n, dtype=np.uint64)
-    cdef uint64_t[::1] fo = fps
+    if words not in (1, 2, 4):
+        raise ValueError("fingerprints have 1, 2 or 4 words")
+    fps = np.zeros((n, words), dtype=np.uint64)
+    cdef uint64_t[:, ::1] fo = fps
     ids = [None] * n
     rc = mdb_cursor_open(txn.txn, dbi, &cur)
     if rc:
@@ -375,12 +422,15 @@ def records_lookup(Txn txn, str seqs_db, const uint64_t[::1] seqs):
                 continue
             if rc:
                 raise error(rc, f"{txn.env.path}: reading records failed")
-            if v.mv_size < layout.RECORD_HEADER or \
+            if v.mv_size < hdr or \
                     (not txn.write and not val_in_pages(&v, txn.env.psize)):
                 raise CorruptError(f"{txn.env.path}: a stored record is damaged (its size "
                                    f"runs past its page or is below its header)")
-            fo[i] = bits.load64(v.mv_data)
-            ids[i] = record_id_meta(<const uint8_t *>v.mv_data, v.mv_size)[0]
+            fo[i, 0] = bits.load64(v.mv_data)
+            for w in range(1, words):
+                fo[i, w] = bits.load64(<const uint8_t *>v.mv_data + layout.RECORD_HEADER +
+                                       8 * (w - 1))
+            ids[i] = record_id_meta(<const uint8_t *>v.mv_data, v.mv_size, words)[0]
     finally:
         mdb_cursor_close(cur)
-    return fps, ids
+    return (fps[:, 0].copy() if words == 1 else fps), ids

@@ -1,0 +1,92 @@
+"""The block and record codecs (layout.pxd): runs and records written and read back
+exactly, at width 64 and with the further words of wide fingerprints, and damage refused
+(a block's tail words must be the run's)."""
+
+import numpy as np
+import pytest
+
+import simindex
+from simindex._blocks import read_run, write_run
+from simindex._lmdb import Env, Txn
+from simindex._records import read_tail, records_lookup, records_put, split_record
+
+
+@pytest.fixture
+def env(tmp_path):
+    e = Env(str(tmp_path), mapsize=1 << 28)
+    for db in ("blocks", "ids", "seqs"):
+        e.open_db(db, create=True)
+    yield e
+    e.close()
+
+
+def entries(n, tail_words, seed, spread=64):
+    rng = np.random.default_rng(seed)
+    keys = np.sort(rng.integers(0, 2 ** 63, n, dtype=np.uint64) >> np.uint64(64 - spread - 1)
+                   if spread < 64 else rng.integers(0, 2 ** 64, n, dtype=np.uint64))
+    seqs = rng.permutation(np.arange(1, n + 1, dtype=np.uint64) * np.uint64(3))
+    tails = rng.integers(0, 2 ** 64, (n, tail_words), dtype=np.uint64)
+    return keys, seqs, tails
+
+
+@pytest.mark.parametrize("tail_words", [0, 1, 3])
+@pytest.mark.parametrize("n,spread", [(1, 64), (5000, 64), (20000, 20), (3000, 0)])
+def test_runs_round_trip(env, tail_words, n, spread):
+    keys, seqs, tails = entries(n, tail_words, seed=n + tail_words, spread=spread)
+    with Txn(env, write=True) as txn:
+        blocks = write_run(txn, "blocks", 7, keys, seqs, tails if tail_words else None)
+    with Txn(env) as txn:
+        got = read_run(txn, "blocks", 7, n, check=True, tail_words=tail_words)
+    assert np.array_equal(got[0], keys) and np.array_equal(got[1], seqs)
+    if tail_words:
+        assert np.array_equal(got[2], tails)
+    # a block holds 16,328 bytes of entries: the tails alone need their share, and at the
+    # widest key and seq offsets (8 bytes each) a block still holds 16328 // entry bytes
+    assert -(-n * 8 * tail_words // 16328) <= blocks <= -(-n // (16328 // (16 + 8 * tail_words)))
+
+
+def test_a_run_read_with_other_tail_words_is_damage(env):
+    keys, seqs, tails = entries(100, 1, seed=1)
+    with Txn(env, write=True) as txn:
+        write_run(txn, "blocks", 3, keys, seqs, tails)
+    with Txn(env) as txn:
+        with pytest.raises(simindex.CorruptError, match="holds 1 tail words per entry, not 0"):
+            read_run(txn, "blocks", 3, 100)
+        with pytest.raises(simindex.CorruptError, match="not 3"):
+            read_run(txn, "blocks", 3, 100, tail_words=3)
+
+
+def test_bad_tails_are_refused(env):
+    keys, seqs, _ = entries(10, 1, seed=2)
+    with Txn(env, write=True) as txn:
+        for bad in (np.zeros((9, 1), np.uint64), np.zeros((10, 4), np.uint64)):
+            with pytest.raises(ValueError, match="tails must be"):
+                write_run(txn, "blocks", 4, keys, seqs, bad)
+
+
+@pytest.mark.parametrize("words", [1, 2, 4])
+def test_records_round_trip_at_every_width(env, words):
+    rng = np.random.default_rng(words)
+    n = 300
+    fps = rng.integers(0, 2 ** 64, (n, words), dtype=np.uint64)
+    ids = [b"s" + f"doc{i}".encode() for i in range(n)]
+    metas = [b"\xc0" if i % 2 else b"\x81\xa1a\x01" for i in range(n)]
+    with Txn(env, write=True) as txn:
+        nxt, replaced = records_put(txn, "ids", "seqs", ids, fps if words > 1 else fps[:, 0],
+                                    metas, 1)
+        assert (nxt, replaced) == (n + 1, 0)
+        # replacing an id: its old record goes, the new one gets the next seq
+        records_put(txn, "ids", "seqs", [ids[5]], fps[:1] if words > 1 else fps[:1, 0],
+                    [b"\xc0"], nxt)
+    as_int = [int.from_bytes(r.astype(">u8").tobytes(), "big") for r in fps]
+    with Txn(env) as txn:
+        seqs, got = read_tail(txn, "seqs", 0, 0, words)
+        assert len(seqs) == n and seqs[-1] == n + 1 and 6 not in seqs.tolist()
+        want = np.concatenate([np.delete(fps, 5, axis=0), fps[:1]])
+        assert np.array_equal(got.reshape(n, words), want)
+        found, names = records_lookup(txn, "seqs", np.array([1, 6, n + 1], np.uint64), words)
+        assert names == ["doc0", None, "doc5"]
+        assert np.array_equal(found.reshape(3, words)[[0, 2]], fps[[0, 0]])
+        raw = txn.get("seqs", (n).to_bytes(8, "big"))
+        fp, idkey, meta = split_record(raw, words)
+        assert fp == as_int[n - 1] and idkey == ids[n - 1] and meta == metas[n - 1]
