@@ -284,7 +284,7 @@ class Plan:
         return first >> np.uint64(64 - self.shard_bits)
 
     def describe(self) -> dict:
-        return {"width": self.width, "k": self.k, "blocks": self.blocks, "prefix_blocks": self.prefix_blocks,
-                "flips": self.flips, "shards": self.shards, "tables": self.ntables,
+        return {"width": self.width, "k": self.k, "blocks": self.blocks,
+                "prefix_blocks": self.prefix_blocks, "flips": self.flips, "shards": self.shards, "tables": self.ntables,
                 "block_widths": self.widths, "prefix_bits": self.prefix_bits,
                 "probes": sum(self.probes)}
