@@ -64,8 +64,8 @@ def _cluster(index, address, **check):
         _fail(f"cannot start or join the Ray cluster at {address}: {e}")
 
 
-def _hex(fp):
-    return f"{fp:016x}"
+def _hex(fp, width=64):
+    return f"{fp:0{width // 4}x}"
 
 
 def _open(path, k_at_most=None, **kw):
@@ -117,8 +117,9 @@ class _Skips:
 def _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips, on_error):
     """(item, fingerprint) of every input record; a text is fingerprinted with the index's
     scheme, and a text without a fingerprint is a bad line like any other."""
+    width = idx.width if isinstance(idx, Index) else 64
     for item in read_items(inputs or ["-"], fmt, fp_format, max_line,
-                           on_error=skips if on_error == "skip" else None):
+                           on_error=skips if on_error == "skip" else None, width=width):
         try:
             fp = item.fingerprint if item.text is None else idx.fingerprint(item.text)
         except Error as e:
@@ -142,11 +143,14 @@ def cli():
 @cli.command()
 @click.argument("index")
 @click.argument("inputs", nargs=-1)
-@click.option("--k", type=click.IntRange(0, 63), help="Bits of difference the index finds "
+@click.option("--k", type=click.IntRange(0, 255), help="Bits of difference the index finds "
               "(new index; default 3).")
-@click.option("--blocks", type=click.IntRange(1, 64), help="Blocks per fingerprint (new "
+@click.option("--blocks", type=click.IntRange(1, 256), help="Blocks per fingerprint (new "
               "index; default k+1).")
-@click.option("--prefix-blocks", type=click.IntRange(0, 64), help="Blocks leading each "
+@click.option("--width", type=click.Choice(["64", "128", "256"]), help="Bits per "
+              "fingerprint (new index; default 64); hex fingerprints then take up to "
+              "width/4 digits.")
+@click.option("--prefix-blocks", type=click.IntRange(0, 256), help="Blocks leading each "
               "table (new index; default blocks-k; fewer probe with flips, see `simindex "
               "plan`).")
 @click.option("--shards", type=int, help="Shards, a divisor of 256 (new index; default 16).")
@@ -158,15 +162,15 @@ def cli():
               help="Shards written at once (threads; with --ray every shard has its actor).")
 @ray_option
 @input_options
-def build(index, inputs, k, blocks, prefix_blocks, shards, expected, scheme, jobs, ray_address,
-          fmt, fp_format, max_line, on_error, quiet):
+def build(index, inputs, k, blocks, width, prefix_blocks, shards, expected, scheme, jobs,
+          ray_address, fmt, fp_format, max_line, on_error, quiet):
     """Create INDEX if missing, then add every record of INPUT files ('-': stdin).
 
     Incremental: run it again with more input to add to the same index.
     """
     if ray_address is None:
         idx = _open(index, k=k, blocks=blocks, shards=shards, scheme=scheme, expected=expected,
-                    prefix_blocks=prefix_blocks)
+                    prefix_blocks=prefix_blocks, width=None if width is None else int(width))
         write = lambda batch: idx.add_many(batch, jobs=jobs)
     else:
         idx = _cluster(index, ray_address, k=k, blocks=blocks, shards=shards, scheme=scheme,
@@ -229,6 +233,7 @@ def query(index, inputs, k, output, ray_address, fmt, fp_format, max_line, on_er
         idx = _open(index, k_at_most=k, readonly=True)
     else:
         idx = _cluster(index, ray_address, k_at_most=k, readonly=True)
+    width = idx.width if isinstance(idx, Index) else 64
     skips = _Skips(quiet)
     n = 0
     out = sys.stdout
@@ -245,7 +250,7 @@ def query(index, inputs, k, output, ray_address, fmt, fp_format, max_line, on_er
                     out.write(f"{qid}\t{m.id}\t{m.distance}\n")
             else:
                 out.write(json.dumps({"id": qid, "matches": [
-                    {"id": _jsonable(m.id), "fingerprint": _hex(m.fingerprint),
+                    {"id": _jsonable(m.id), "fingerprint": _hex(m.fingerprint, width),
                      "distance": m.distance} for m in ms]}) + "\n")
         n += len(batch)
         batch.clear()

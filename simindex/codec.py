@@ -160,16 +160,16 @@ def words_to_ints(arr):
     return [int.from_bytes(raw[i:i + step], "big") for i in range(0, len(raw), step)]
 
 
-def encode_records(items, fingerprints=None):
+def encode_records(items, fingerprints=None, width=64):
     """(id keys, fingerprint array, packed metas) of add_many's arguments, all checked first:
     items (id, fp) or (id, fp, meta), or with `fingerprints` a list of ids and their
-    fingerprints."""
+    fingerprints. The array is (n,) uint64 at width 64, (n, width/64) above."""
     if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
         raise InputTypeError(f"add_many takes an iterable of records (or of ids), got "
                              f"{type(items).__name__} {items!r:.60}")
     if fingerprints is not None:
         ids = list(items)
-        fps = fp_array(fingerprints)
+        fps = fp_array(fingerprints) if width == 64 else words_array(fingerprints, width)
         if len(ids) != len(fps):
             raise InputError(f"add_many got {len(ids)} ids and {len(fps)} fingerprints")
         return encode_ids(ids), fps, [_NONE] * len(ids)
@@ -181,10 +181,12 @@ def encode_records(items, fingerprints=None):
                 f"got {item!r:.80}")
         try:
             idks.append(encode_id(item[0]))
-            fpl.append(check_fp(item[1]))
+            fpl.append(check_fp(item[1]) if width == 64 else check_wide_fp(item[1], width))
             metas.append(pack_meta(item[2] if len(item) == 3 else None, item[0]))
         except InputError as e:
             raise type(e)(f"item {n}: {e}") from None
+    if width != 64:
+        return idks, words_array(fpl, width), metas
     return idks, np.array(fpl, dtype=np.uint64), metas
 
 

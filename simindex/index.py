@@ -9,9 +9,10 @@ import numpy as np
 
 from . import registry, verify as _verify
 from ._join import hamming as _hamming
-from ._layout import DB_IDS, MANIFEST, WIDTH
+from ._layout import DB_IDS, MANIFEST
 from .codec import (
     MAX_FP, check_fp, check_wide_fp, encode_id, encode_records, fp_array, pack_meta,
+    words_array,
 )
 from .errors import InputError, InputTypeError, ParameterError, ReadOnlyError, closed_error
 from .fingerprints import fingerprint as _fingerprint
@@ -48,7 +49,7 @@ class Index:
                  blocks: Optional[int] = None, shards: Optional[int] = None,
                  create: bool = True, readonly: bool = False, sync: bool = True,
                  scheme: Optional[str] = None, expected: Optional[int] = None,
-                 prefix_blocks: Optional[int] = None) -> None:
+                 prefix_blocks: Optional[int] = None, width: Optional[int] = None) -> None:
         self._store: Optional[Store] = None
         self._readonly = readonly
         self.path: str = os.path.abspath(os.fsdecode(os.fspath(path))) \
@@ -60,14 +61,21 @@ class Index:
                 raise ParameterError(f"expected must be a number of fingerprints, got "
                                      f"{expected!r}")
             if blocks is None:
-                blocks, p = default_plan(DEFAULT_K if k is None else Plan(k=k).k, expected)
+                w = 64 if width is None else width
+                blocks, p = default_plan(DEFAULT_K if k is None else Plan(k=k, width=w).k,
+                                         expected, width=w)
                 if prefix_blocks is None:
                     prefix_blocks = p
             if shards is None:
                 shards = default_shards(expected)
         self._store = registry.acquire(path, k=k, blocks=blocks, shards=shards, create=create,
                                        readonly=readonly, sync=sync, scheme=scheme,
-                                       prefix_blocks=prefix_blocks)
+                                       prefix_blocks=prefix_blocks, width=width)
+        if self._store.plan.width != 64 and not sync and not readonly:
+            st, self._store = self._store, None
+            registry.release(st)
+            raise ParameterError(f"sync=False (the write buffer) takes 64-bit indexes for "
+                                 f"now; {self.path} has width {st.plan.width}")
         self.path = self._store.path
 
     # ------------------------------------------------------------ lifetime
@@ -148,6 +156,17 @@ class Index:
         return self._open_store().plan.prefix_blocks
 
     @property
+    def width(self) -> int:
+        """Bits per fingerprint: 64, 128 or 256 (recorded at creation)."""
+        return self._open_store().plan.width
+
+    @staticmethod
+    def _fp(fingerprint: Any, st: Store) -> int:
+        """A fingerprint checked against the index's width, as an int."""
+        width = st.plan.width
+        return check_fp(fingerprint) if width == 64 else check_wide_fp(fingerprint, width)
+
+    @property
     def flips(self) -> int:
         """Bits a query flips in each table's prefix (0 for the paper's plans)."""
         return self._open_store().plan.flips
@@ -167,7 +186,7 @@ class Index:
 
     def fingerprint(self, text: str) -> int:
         """The fingerprint of `text` under this index's scheme."""
-        return _fingerprint(text, scheme=self.scheme, width=64)
+        return _fingerprint(text, scheme=self.scheme, width=self.width)
 
     def _k(self, k: Optional[int], st: Optional[Store] = None) -> int:
         plan = (st or self._open_store()).plan
@@ -188,13 +207,15 @@ class Index:
         With sync=False the record goes to this process's write buffer (see README).
         """
         idk = encode_id(id)
-        fp = check_fp(fingerprint)
-        mb = pack_meta(meta, id)
         st = self._writable_store()
+        fp = self._fp(fingerprint, st)
+        mb = pack_meta(meta, id)
         if st.buffer is not None:
             st.buffer.append(idk, fp, mb)
-        else:
+        elif st.plan.width == 64:
             st.add([idk], np.array([fp], dtype=np.uint64), [mb])
+        else:
+            st.add([idk], words_array([fp], st.plan.width), [mb])
 
     def add_many(self, items: Iterable[Any], fingerprints: Optional[Fingerprints] = None, *,
                  jobs: int = 1) -> None:
@@ -206,7 +227,7 @@ class Index:
         written at once (threads).
         """
         st = self._writable_store()
-        idks, fps, metas = encode_records(items, fingerprints)
+        idks, fps, metas = encode_records(items, fingerprints, st.plan.width)
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise ParameterError(f"jobs must be an int >= 1, got {jobs!r}")
         st.fold()
@@ -228,7 +249,7 @@ class Index:
         st = self._writable_store()
         k = self._k(k)
         idk = encode_id(id)
-        fp = check_fp(fingerprint)
+        fp = self._fp(fingerprint, st)
         mb = pack_meta(meta, id)
         st.fold()
         return [match_of(h) for h in st.add_unique(idk, fp, mb, k)]
@@ -237,7 +258,8 @@ class Index:
     def get(self, id: Id) -> Optional[Record]:
         """The stored Record of `id`, or None."""
         idk = encode_id(id)
-        return record_of(self._folded_store().get(idk))
+        st = self._folded_store()
+        return record_of(st.get(idk), st.plan.words)
 
     def __contains__(self, id: object) -> bool:
         try:
@@ -260,6 +282,9 @@ class Index:
         st = self._open_store()
         plan = st.plan
         k = plan.k if k is None else self._k(k, st)
+        if plan.width != 64:
+            out = st.query_one(check_wide_fp(fingerprint, plan.width), k)
+            return out if verify is None else verified(out, verify)
         fp = check_fp(fingerprint)
         buf = st.buffer
         if buf is not None and buf.n:
@@ -285,7 +310,8 @@ class Index:
         """
         st = self._open_store()
         k = self._k(k)
-        q = fp_array(fingerprints)
+        q = fp_array(fingerprints) if st.plan.width == 64 else \
+            words_array(fingerprints, st.plan.width)
         st.fold()
         return verified_many(st.query(q, k), verify)
 
@@ -356,7 +382,7 @@ class Index:
                     pass
         unapplied = int(max(0, last - min(s[0] for s in states)))
         return {
-            "count": count, "width": WIDTH, "k": plan.k, "blocks": plan.blocks,
+            "count": count, "width": plan.width, "k": plan.k, "blocks": plan.blocks,
             "prefix_blocks": plan.prefix_blocks, "flips": plan.flips,
             "probes": sum(plan.probes), "tables": plan.ntables, "shards": plan.shards,
             "runs": int(sum(len(s[1]) for s in states)),

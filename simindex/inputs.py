@@ -7,7 +7,7 @@ import sys
 import zlib
 from typing import Any, NamedTuple, Optional
 
-from .codec import MAX_FP, check_fp, encode_id, pack_meta
+from .codec import MAX_FP, check_fp, check_wide_fp, encode_id, pack_meta
 from .errors import BadLine, InputError
 
 MAX_LINE = 16 << 20
@@ -24,24 +24,30 @@ class Item(NamedTuple):
     where: str
 
 
-def parse_fp(s, fp_format="hex"):
+def parse_fp(s, fp_format="hex", width=64):
     """A fingerprint from its text form; raises ValueError with the rule."""
     s = s.strip()
     if fp_format == "hex":
         body = s[2:] if s[:2] in ("0x", "0X") else s
-        if not 1 <= len(body) <= 16 or any(c not in "0123456789abcdefABCDEF" for c in body):
-            raise ValueError(f"fingerprint {s!r:.40} is not 1-16 hex digits (64 bits at most)")
+        digits = width // 4
+        if not 1 <= len(body) <= digits or any(c not in "0123456789abcdefABCDEF"
+                                               for c in body):
+            raise ValueError(f"fingerprint {s!r:.40} is not 1-{digits} hex digits ({width} "
+                             f"bits at most)")
         return int(body, 16)
     try:
         v = int(s, 10)
     except ValueError:
         raise ValueError(f"fingerprint {s!r:.40} is not a decimal integer") from None
     if fp_format == "int64":
+        if width != 64:
+            raise ValueError(f"--fp-format int64 holds 64-bit fingerprints; this index has "
+                             f"width {width}")
         if not -(1 << 63) <= v < (1 << 63):
             raise ValueError(f"fingerprint {v} is outside the signed 64-bit range")
         return v & MAX_FP
-    if not 0 <= v <= MAX_FP:
-        raise ValueError(f"fingerprint {v} is out of range: it must be in [0, 2**64)")
+    if not 0 <= v < 1 << width:
+        raise ValueError(f"fingerprint {v} is out of range: it must be in [0, 2**{width})")
     return v
 
 
@@ -65,7 +71,7 @@ def _check_meta(meta):
     return meta
 
 
-def parse_line(line, fmt, fp_format, where):
+def parse_line(line, fmt, fp_format, where, width=64):
     """One Item from one decoded line; raises BadLine."""
     try:
         if fmt == "tsv":
@@ -80,7 +86,7 @@ def parse_line(line, fmt, fp_format, where):
                     meta = json.loads(parts[2])
                 except ValueError as e:
                     raise ValueError(f"meta is not valid JSON: {e}") from None
-            return Item(_check_id(parts[0]), parse_fp(parts[1], fp_format), None,
+            return Item(_check_id(parts[0]), parse_fp(parts[1], fp_format, width), None,
                         _check_meta(meta), where)
         try:
             obj = json.loads(line)
@@ -102,9 +108,10 @@ def parse_line(line, fmt, fp_format, where):
             return Item(id_, None, obj["text"], _check_meta(obj.get("meta")), where)
         fp = obj["fingerprint"]
         if isinstance(fp, str):
-            fp = parse_fp(fp, fp_format)
+            fp = parse_fp(fp, fp_format, width)
         elif isinstance(fp, int) and not isinstance(fp, bool):
-            fp = check_fp(fp) if fp_format != "int64" else parse_fp(str(fp), "int64")
+            fp = parse_fp(str(fp), "int64") if fp_format == "int64" else \
+                check_fp(fp) if width == 64 else check_wide_fp(fp, width)
         else:
             raise ValueError(f"fingerprint {fp!r:.40} must be a hex string or an integer")
         return Item(id_, fp, None, _check_meta(obj.get("meta")), where)
@@ -130,7 +137,7 @@ def open_input(path):
     return name, stream
 
 
-def read_items(paths, fmt=None, fp_format="hex", max_line=MAX_LINE, on_error=None):
+def read_items(paths, fmt=None, fp_format="hex", max_line=MAX_LINE, on_error=None, width=64):
     """Yield Items from every input in order; a bad line raises BadLine, or with
     `on_error(badline)` given, is reported to it and skipped."""
     for path in paths:
@@ -158,7 +165,7 @@ def read_items(paths, fmt=None, fp_format="hex", max_line=MAX_LINE, on_error=Non
                         continue
                     if line_fmt is None:
                         line_fmt = "jsonl" if line.lstrip().startswith("{") else "tsv"
-                    yield parse_line(line, line_fmt, fp_format, where)
+                    yield parse_line(line, line_fmt, fp_format, where, width)
                 except BadLine as e:
                     if on_error is None:
                         raise

@@ -12,6 +12,8 @@ from ._version import __version__ as _version
 from .codec import pack, unpack
 from .errors import CorruptError, FormatError, NotAnIndexError, ParameterError, StorageError
 
+WIDTHS = (64, 128, 256)
+
 # Block layouts a table may hold, and the field that names each one's block size: v1 (16
 # bytes per entry; still read) and v2 (offset-coded entries, ~10 bytes; what this version
 # writes). A writable open upgrades the manifest to v2 before its first write, so older
@@ -24,11 +26,11 @@ def make(plan, scheme=None) -> dict:
     """The manifest of a new index with `plan` and fingerprint `scheme`: format 1 for the
     paper's plans (older versions read it), format 2 with prefix_blocks for plans with
     flips (older versions refuse it rather than misread its tables)."""
-    m = {"magic": MAGIC, "format": FORMAT_CLASSIC, "width": WIDTH, "k": plan.k,
+    m = {"magic": MAGIC, "format": FORMAT_CLASSIC, "width": plan.width, "k": plan.k,
          "blocks": plan.blocks, "shards": plan.shards, "tables": plan.ntables,
          "layout": LAYOUT, "block_bytes": BLOCK_BYTES, "scheme": scheme,
          "created_by": f"simindex {_version}"}
-    if not plan.classic:
+    if not plan.classic or plan.width != WIDTH:
         m.update(format=FORMAT, prefix_blocks=plan.prefix_blocks)
     return m
 
@@ -36,7 +38,7 @@ def make(plan, scheme=None) -> dict:
 def plan_args(m) -> dict:
     """The Plan arguments a manifest records."""
     return {"k": m["k"], "blocks": m["blocks"], "shards": m["shards"],
-            "prefix_blocks": m.get("prefix_blocks")}
+            "prefix_blocks": m.get("prefix_blocks"), "width": m.get("width", WIDTH)}
 
 
 def write(dirpath, manifest):
@@ -86,9 +88,12 @@ def read(dirpath):
                            f"field 'prefix_blocks'")
     layout = m.get("layout")
     field, value = _LAYOUTS.get(layout, (None, None)) if isinstance(layout, str) else (None, None)
-    if field is None or m.get(field) != value or m.get("width") != WIDTH:
-        raise FormatError(f"{path} names layout {m.get('layout')!r}, width {m.get('width')!r}; "
-                          f"this simindex reads {' or '.join(_LAYOUTS)}, width {WIDTH}")
+    width = m.get("width")
+    if field is None or m.get(field) != value or width not in WIDTHS or \
+            (width != WIDTH and (fmt != FORMAT or layout != LAYOUT)):
+        raise FormatError(f"{path} names layout {m.get('layout')!r}, width {width!r}, format "
+                          f"{fmt}; this simindex reads {' or '.join(_LAYOUTS)} at width "
+                          f"{WIDTH}, and {LAYOUT} in format {FORMAT} at widths 128 and 256")
     scheme = m.get("scheme")
     from .fingerprints import schemes
     if scheme is not None and (not isinstance(scheme, str) or scheme not in schemes):

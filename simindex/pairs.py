@@ -107,7 +107,8 @@ def stored_pairs(store, k: int) -> list:
     with store.snapshot() as (rtxn, *stxns):
         states = [load_state(t, plan.ntables) for t in stxns]
         a_min = min(s[0] for s in states)
-        tseqs, tfps = tail(rtxn, a_min + 1)
+        words = plan.words
+        tseqs, tfps = tail(rtxn, a_min + 1, 0, words)
 
         for t in range(plan.ntables):
             earlier = plan.earlier_masks(t)
@@ -124,7 +125,11 @@ def stored_pairs(store, k: int) -> list:
                 ks, ss = [], []
                 for s in group:
                     for run, count in runs_of(states[s][1], t):
-                        kk, sq = read_run(stxns[s], DB_BLOCKS, run, count)
+                        part = read_run(stxns[s], DB_BLOCKS, run, count,
+                                        tail_words=words - 1)
+                        kk, sq = part[0], part[1]
+                        if words > 1:                  # wide: the whole key, word by word
+                            kk = np.column_stack([kk, part[2]])
                         if len(tseqs):
                             applied = sq <= np.uint64(a_min)   # newer: from the tail
                             kk, sq = kk[applied], sq[applied]
@@ -141,10 +146,16 @@ def stored_pairs(store, k: int) -> list:
                     keys, seqs = ks[0], ss[0]          # one run: already sorted
                 else:                                  # (the tail is in seq order)
                     keys, seqs = np.concatenate(ks), np.concatenate(ss)
-                    order = entry_order(keys, seqs)
+                    order = entry_order(keys if words == 1 else
+                                        np.ascontiguousarray(keys[:, 0]), seqs)
                     keys, seqs = keys[order], seqs[order]
-                a, b, d = pairs_sorted(keys, seqs, pmask, earlier, k,
-                                       plan.permuter.probe_masks(t), plan.flips)
+                if words == 1:
+                    a, b, d = pairs_sorted(keys, seqs, pmask, earlier, k,
+                                           plan.permuter.probe_masks(t), plan.flips)
+                else:
+                    a, b, d = pairs_wide(np.ascontiguousarray(keys), seqs, pmask,
+                                         earlier.reshape(-1, words), k,
+                                         plan.permuter.probe_masks(t), plan.flips)
                 pa.append(a)
                 pb.append(b)
                 pd.append(d)
@@ -153,11 +164,12 @@ def stored_pairs(store, k: int) -> list:
         a, b, d = np.concatenate(pa), np.concatenate(pb), np.concatenate(pd)
         # every record of a pair, looked up once and in seq order
         uniq, inv = np.unique(np.concatenate([a, b]), return_inverse=True)
-        fps, ids = records_lookup(rtxn, DB_SEQS, uniq)
+        fps, ids = records_lookup(rtxn, DB_SEQS, uniq, plan.words)
     live = np.array([i is not None for i in ids], dtype=bool)
     ia, ib = inv[:len(a)], inv[len(a):]
-    x = fps[ia] ^ fps[ib]
-    dist = np.unpackbits(x.view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1)
+    x = np.ascontiguousarray(fps[ia] ^ fps[ib])
+    dist = np.unpackbits(x.view(np.uint8).reshape(len(x), 8 * plan.words),
+                         axis=1).sum(axis=1)
     # removed or replaced since indexed: gone, or its table entry disagrees
     keep = live[ia] & live[ib] & (dist == d)
     return [(sa, sb, dd, ids[ja], ids[jb])

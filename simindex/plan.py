@@ -285,6 +285,6 @@ class Plan:
 
     def describe(self) -> dict:
         return {"width": self.width, "k": self.k, "blocks": self.blocks,
-                "prefix_blocks": self.prefix_blocks, "flips": self.flips, "shards": self.shards, "tables": self.ntables,
-                "block_widths": self.widths, "prefix_bits": self.prefix_bits,
-                "probes": sum(self.probes)}
+                "prefix_blocks": self.prefix_blocks, "flips": self.flips,
+                "shards": self.shards, "tables": self.ntables, "block_widths": self.widths,
+                "prefix_bits": self.prefix_bits, "probes": sum(self.probes)}

@@ -60,21 +60,27 @@ class Entries:
         self.tables = []
         bounds = np.arange(plan.shards + 1, dtype=np.uint64)
         for t in range(plan.ntables):
-            keys, sq = plan.permuter.keys(t, fps), seqs
+            keys, sq, tails = plan.permuter.keys(t, fps), seqs, None
+            if keys.ndim == 2:           # wide: sorted by the first word, the rest carried
+                keys, tails = np.ascontiguousarray(keys[:, 0]), keys[:, 1:]
             if shard is not None and plan.shard_bits:
                 mine = plan.shard_of_keys(keys) == np.uint64(shard)
                 keys, sq = keys[mine], sq[mine]
+                tails = None if tails is None else tails[mine]
             order = entry_order(keys, sq)
             keys, sq = keys[order], sq[order]
+            tails = None if tails is None else np.ascontiguousarray(tails[order])
             # keys are sorted, and a shard is a range of leading bits: split by search
             cuts = np.searchsorted(plan.shard_of_keys(keys), bounds) if plan.shard_bits \
                 else np.array([0, len(keys)])
-            self.tables.append((keys, sq, cuts))
+            self.tables.append((keys, sq, tails, cuts))
 
     def of(self, table: int, shard: int) -> tuple:
-        """(keys, seqs) of `table` in `shard`, sorted."""
-        keys, sq, cuts = self.tables[table]
-        return keys[cuts[shard]:cuts[shard + 1]], sq[cuts[shard]:cuts[shard + 1]]
+        """(keys, seqs, tails or None) of `table` in `shard`, sorted (tails: the further
+        words of wide keys)."""
+        keys, sq, tails, cuts = self.tables[table]
+        a, b = cuts[shard], cuts[shard + 1]
+        return keys[a:b], sq[a:b], None if tails is None else tails[a:b]
 
     def newer(self, shard: int, applied: int) -> bool:
         """Whether `shard` holds an entry of a record above `applied`."""
@@ -93,15 +99,17 @@ def apply(txn: Txn, plan: Plan, shard: int, entries: Entries, last: int,
     shard that has not applied `since` missed earlier records and is left alone too: the
     caller must catch it up first (its applied seq, below `since`, says so).
     """
-    w = ShardWriter(txn, plan.ntables)
+    w = ShardWriter(txn, plan.ntables, plan.words - 1)
     if w.applied >= last or (since is not None and w.applied < since):
         return w.applied
     for t in range(plan.ntables):
-        k, q = entries.of(t, shard)
+        k, q, tl = entries.of(t, shard)
         if w.applied >= entries.first:
             keep = q > np.uint64(w.applied)
             k, q = k[keep], q[keep]
-        w.add_run(t, np.ascontiguousarray(k), np.ascontiguousarray(q))
+            tl = None if tl is None else tl[keep]
+        w.add_run(t, np.ascontiguousarray(k), np.ascontiguousarray(q),
+                  None if tl is None else np.ascontiguousarray(tl))
     w.save(applied=last)
     return last
 
@@ -121,7 +129,7 @@ def catch_up(txns: Transactions, plan: Plan, force: bool = True, jobs: int = 1) 
         applied = txns.read(lambda ctx: ctx.applied(plan.ntables))
         start = min(applied) + 1
         seqs, fps, last = txns.read_txn(rec, lambda txn: (
-            *records.tail(txn, start, APPLY_CHUNK), records.last_seq(txn)))
+            *records.tail(txn, start, APPLY_CHUNK, plan.words), records.last_seq(txn)))
         if len(seqs) == 0:
             if force and last >= start:
                 _advance(txns, plan, shards, applied, last)   # only removed records above
@@ -149,7 +157,7 @@ def _advance(txns, plan, shards, applied, last):
     for s, a in enumerate(applied):
         if a < last:
             def bump(txn):
-                w = ShardWriter(txn, plan.ntables)
+                w = ShardWriter(txn, plan.ntables, plan.words - 1)
                 if w.applied < last:
                     w.save(applied=last)
             txns.write(shards[s], bump, then=SHARD_WRITE_FAILED)

@@ -89,10 +89,10 @@ def count(txn: Txn) -> int:
     return txn.entries(DB_IDS)
 
 
-def tail(txn: Txn, start: int, limit: int = 0) -> tuple:
+def tail(txn: Txn, start: int, limit: int = 0, words: int = 1) -> tuple:
     """(seqs, fingerprints) of the live records with seq >= start, in seq order, at most
     `limit` of them (0: all): uint64 arrays."""
-    return read_tail(txn, DB_SEQS, start, limit)
+    return read_tail(txn, DB_SEQS, start, limit, words)
 
 
 def live(txn: Txn) -> tuple:

@@ -31,11 +31,11 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None,
-            prefix_blocks=None) -> Store:
+            prefix_blocks=None, width=None) -> Store:
     """The process's store for the index at `path`, opening or creating it if needed."""
     if scheme is not None:
         scheme = scheme_name(scheme)               # a clear error for an unknown name
-        scheme_width(scheme, 64)                   # and for one without 64-bit fingerprints
+        scheme_width(scheme, 64 if width is None else width)   # and one without the width
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise ParameterTypeError(f"path must be a str, bytes or os.PathLike, got "
                                  f"{type(path).__name__} {path!r:.60}")
@@ -51,7 +51,7 @@ def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None,
             store = None
         if store is not None:
             manifest.check_same(store.manifest, k=k, blocks=blocks, shards=shards,
-                                scheme=scheme, prefix_blocks=prefix_blocks)
+                                scheme=scheme, prefix_blocks=prefix_blocks, width=width)
             if store.readonly and not readonly:
                 raise ParameterError(
                     f"{path} is already open read-only in this process; close it before "
@@ -63,7 +63,8 @@ def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None,
             store.refs += 1
             return store
         store = Store(path, k=k, blocks=blocks, shards=shards, create=create,
-                      readonly=readonly, sync=sync, scheme=scheme, prefix_blocks=prefix_blocks)
+                      readonly=readonly, sync=sync, scheme=scheme, prefix_blocks=prefix_blocks,
+                      width=width)
         _registry[_identity(path)] = store
         return store
 

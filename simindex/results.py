@@ -40,11 +40,12 @@ def match_of(hit: tuple) -> Match:
     return Match(id_, fp, dist, None if meta is None else unpack(meta, "meta value"))
 
 
-def record_of(value: Optional[bytes]) -> Optional[Record]:
-    """The Record of a stored record value (None for None)."""
+def record_of(value: Optional[bytes], words: int = 1) -> Optional[Record]:
+    """The Record of a stored record value (None for None); `words`: 64-bit words per
+    fingerprint."""
     if value is None:
         return None
-    fp, idk, mb = split_record(value)
+    fp, idk, mb = split_record(value, words)
     return Record(decode_id(idk), fp, unpack(mb, "meta value"))
 
 

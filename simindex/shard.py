@@ -55,20 +55,22 @@ def runs_of(runs: np.ndarray, table: int) -> list:
 class ShardWriter:
     """Changes to one shard inside one write transaction: new runs, merges, state."""
 
-    def __init__(self, txn: Txn, ntables: int) -> None:
+    def __init__(self, txn: Txn, ntables: int, tail_words: int = 0) -> None:
         self.txn = txn
+        self.tail_words = tail_words        # the further words of wide keys
         self.applied, runs, self.next_run = load_state(txn, ntables)
         self.runs = [(int(r["table"]), int(r["run"]), int(r["count"])) for r in runs]
 
     def table_runs(self, table: int) -> list:
         return [(run, count) for (t, run, count) in self.runs if t == table]
 
-    def add_run(self, table: int, keys: np.ndarray, seqs: np.ndarray) -> None:
+    def add_run(self, table: int, keys: np.ndarray, seqs: np.ndarray,
+                tails: Optional[np.ndarray] = None) -> None:
         """Store sorted entries as a new run of `table`, then merge runs by size."""
         if len(keys) == 0:
             return
         run = self._new_run()
-        write_run(self.txn, DB_BLOCKS, run, keys, seqs)
+        write_run(self.txn, DB_BLOCKS, run, keys, seqs, tails)
         self.runs.append((table, run, len(keys)))
         self._merge_tiers(table)
 
@@ -99,19 +101,23 @@ class ShardWriter:
         above `newest` belong to records added since and are kept.
         """
         counts = {r: c for (t, r, c) in self.runs if t == table}
-        parts = [read_run(self.txn, DB_BLOCKS, r, counts[r]) for r in run_ids]
+        parts = [read_run(self.txn, DB_BLOCKS, r, counts[r], tail_words=self.tail_words)
+                 for r in run_ids]
         keys = np.concatenate([p[0] for p in parts])
         seqs = np.concatenate([p[1] for p in parts])
+        tails = np.concatenate([p[2] for p in parts]) if self.tail_words else None
         if live is not None:
             keep = np.isin(seqs, live) | (seqs > np.uint64(newest))
             keys, seqs = keys[keep], seqs[keep]
+            tails = None if tails is None else tails[keep]
         order = entry_order(keys, seqs)
         for r in run_ids:
             delete_run(self.txn, DB_BLOCKS, r)
         self.runs = [x for x in self.runs if not (x[0] == table and x[1] in run_ids)]
         if len(keys):
             run = self._new_run()
-            write_run(self.txn, DB_BLOCKS, run, keys[order], seqs[order])
+            write_run(self.txn, DB_BLOCKS, run, keys[order], seqs[order],
+                      None if tails is None else np.ascontiguousarray(tails[order]))
             self.runs.append((table, run, len(keys)))
 
     def save(self, applied: Optional[int] = None) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 from . import environments, manifest, protocol, records, writebuffer
 from ._layout import MANIFEST
 from ._lmdb import current_pid
+from .codec import words_array
 from .errors import (
     CorruptError, Error, MissingIndexError, NotAnIndexError, ParameterError, ReadOnlyError,
     StorageError,
@@ -36,7 +37,8 @@ class Store:
 
     def __init__(self, path: str, *, k: Optional[int], blocks: Optional[int],
                  shards: Optional[int], create: bool, readonly: bool, sync: bool,
-                 scheme: Optional[str] = None, prefix_blocks: Optional[int] = None) -> None:
+                 scheme: Optional[str] = None, prefix_blocks: Optional[int] = None,
+                 width: Optional[int] = None) -> None:
         self.path = path
         self.readonly = readonly
         self.sync = sync
@@ -53,14 +55,14 @@ class Store:
                 raise MissingIndexError(f"no simindex index at {path} ({why} forbids making one)")
             plan = Plan(k=DEFAULT_K if k is None else k, blocks=blocks,
                         shards=DEFAULT_SHARDS if shards is None else shards,
-                        prefix_blocks=prefix_blocks)
+                        prefix_blocks=prefix_blocks, width=64 if width is None else width)
             try:
                 environments.create(path, plan, scheme or DEFAULT_SCHEME)
             except StorageError as e:
                 raise space_error(e, path) from None
         self.manifest = manifest.read(path)
         manifest.check_same(self.manifest, k=k, blocks=blocks, shards=shards, scheme=scheme,
-                            prefix_blocks=prefix_blocks)
+                            prefix_blocks=prefix_blocks, width=width)
         m = self.manifest
         try:
             self.plan = Plan(**manifest.plan_args(m))
@@ -190,6 +192,9 @@ class Store:
 
     def query_one(self, fp: int, k: int) -> list:
         perm = self.plan.permuter
+        if self.plan.width != 64:
+            q = words_array([fp], self.plan.width)
+            return self.read(lambda ctx: ctx.query(perm, q, k, None, True))[0]
         return self.read(lambda ctx: ctx.query_one(perm, fp, k))
 
     # ------------------------------------------------------------ writes
@@ -206,7 +211,8 @@ class Store:
         are. The records write transaction is held while the index is queried, so of two
         near-identical records added at once by any processes exactly one goes in."""
         self.check_writable()
-        q = np.array([fp], dtype=np.uint64)
+        q = np.array([fp], dtype=np.uint64) if self.plan.width == 64 else \
+            words_array([fp], self.plan.width)
 
         def admit(txn):
             hits = self.read(lambda ctx: ctx.query(self.plan.permuter, q, k, txn))[0]
@@ -236,13 +242,13 @@ class Store:
             self.catch_up()
 
             def live_state(txn):
-                return records.tail(txn, 0)[0], records.stale(txn)
+                return records.tail(txn, 0, 0, self.plan.words)[0], records.stale(txn)
             live, stale = self.read_records(live_state)
             # seqs above the snapshot's newest may belong to records added meanwhile
             newest = int(live[-1]) if len(live) else 0
             for env in self.shard_envs:
                 def merge_all(txn):
-                    w = ShardWriter(txn, self.plan.ntables)
+                    w = ShardWriter(txn, self.plan.ntables, self.plan.words - 1)
                     for t in range(self.plan.ntables):
                         runs = [r for r, _ in w.table_runs(t)]
                         # one run and no removed records: rewriting it would only free

@@ -34,7 +34,8 @@ def problems(store) -> list:
         if found:
             return found
         rtxn, stxns = txns[0], txns[1:]
-        seqs, fps = tail(rtxn, 0)
+        words = plan.words
+        seqs, fps = tail(rtxn, 0, 0, words)
         n_ids = rtxn.entries(DB_IDS)
         if n_ids != len(seqs):
             found.append(f"records: {n_ids} ids but {len(seqs)} records")
@@ -46,16 +47,19 @@ def problems(store) -> list:
                 continue
             sel = seqs <= np.uint64(applied)
             for t in range(plan.ntables):
-                keys = plan.permuter.keys(t, fps[sel])
+                keys = plan.permuter.keys(t, np.ascontiguousarray(fps[sel]))
                 mine = plan.shard_of_keys(keys) == np.uint64(s)
                 want = _sorted_pairs(keys[mine], seqs[sel][mine])
                 parts = []
                 for run, count in runs_of(runs, t):
                     try:
-                        parts.append(read_run(txn, DB_BLOCKS, run, count, True))
+                        part = read_run(txn, DB_BLOCKS, run, count, True, words - 1)
+                        parts.append((part[0] if words == 1 else
+                                      np.column_stack([part[0], part[2]]), part[1]))
                     except CorruptError as e:
                         found.append(f"{shard_dir(s)} table {t}: {e}")
-                gk = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.uint64)
+                empty = np.empty((0,) if words == 1 else (0, words), np.uint64)
+                gk = np.concatenate([p[0] for p in parts]) if parts else empty
                 gs = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.uint64)
                 live = np.isin(gs, seqs)
                 have = _sorted_pairs(gk[live], gs[live])
@@ -68,7 +72,12 @@ def problems(store) -> list:
 
 
 def _sorted_pairs(keys, seqs):
-    """(key, seq) rows sorted, as one structured array for exact comparison."""
-    out = np.empty(len(keys), dtype=[("k", "<u8"), ("s", "<u8")])
-    out["k"], out["s"] = keys, seqs
-    return np.sort(out, order=("k", "s"))
+    """(key, seq) rows sorted, as one structured array for exact comparison (a wide key's
+    words are fields k0, k1, ...)."""
+    keys = keys[:, None] if keys.ndim == 1 else keys
+    names = [f"k{w}" for w in range(keys.shape[1])]
+    out = np.empty(len(keys), dtype=[(n, "<u8") for n in names] + [("s", "<u8")])
+    for w, n in enumerate(names):
+        out[n] = keys[:, w]
+    out["s"] = seqs
+    return np.sort(out, order=names + ["s"])

@@ -49,6 +49,7 @@ cdef class Permuter:
 
 
 cdef class WidePermuter:
+    cdef Tables c                # the probe loop's view: ntables, shard_bits, pmask, probes
     cdef readonly int words
     cdef readonly int ntables
     cdef readonly int nblocks

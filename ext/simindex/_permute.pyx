@@ -218,6 +218,17 @@ cdef class WidePermuter:
             self.seg[j] = segs[j]
         for j in range(len(masks)):
             self.probe[j] = masks[j]
+        # the probe loop reads these through a Tables, as for 64-bit plans (not owned)
+        self.c.ntables = T
+        self.c.nblocks = m
+        self.c.shard_bits = shard_bits
+        self.c.flips = flips
+        self.c.pmask = self.pmask
+        self.c.probe = self.probe
+        self.c.probe_start = self.probe_start
+        self.c.src_shift = NULL
+        self.c.dst_shift = NULL
+        self.c.bmask = NULL
 
     def __dealloc__(self):
         free(self.seg)

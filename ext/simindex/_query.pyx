@@ -25,11 +25,13 @@ from simindex._lmdb cimport (
     Env, Txn, Handle, error, page_size, val_in_pages, CORRUPT_BLOCK, CORRUPT_KEY,
     CORRUPT_RECORD, NO_MEMORY,
 )
-from simindex._permute cimport Permuter, Tables, permute, prefix_range
+from simindex._permute cimport Permuter, WidePermuter, Tables, permute, prefix_range
 from simindex._blocks cimport (
     Block, RunList, open_block, key_at, seq_at, tail_at, read_state, free_state,
 )
-from simindex._records cimport Tail, load_tail, free_tail, record_id_meta
+from simindex._records cimport (
+    Tail, load_tail, free_tail, record_id_meta, record_fp, record_header,
+)
 from simindex._join cimport PairBuf, pair_push, pair_arrays, free_pairs
 
 
@@ -131,13 +133,17 @@ cdef int _scan_run(MDB_cursor *cur, uint64_t run_id, uint64_t lo, uint64_t hi,
     return rc
 
 
-cdef int _tail_hits(Tail *tail, uint64_t applied, uint64_t q, int k, HitBuf *hits) noexcept nogil:
-    """Check the tail records above `applied` (missing from some table) against q directly."""
-    cdef size_t j
+cdef int _tail_hits(Tail *tail, uint64_t applied, const uint64_t *q, int k,
+                    HitBuf *hits) noexcept nogil:
+    """Check the tail records above `applied` (missing from some table) against q directly
+    (q: the fingerprint's words, tail.words of them)."""
+    cdef size_t j, w, rest = tail.words - 1 if tail.words > 1 else 0
     cdef int d, rc
     for j in range(tail.n):
         if tail.seq[j] > applied:
-            d = bits.popcount(tail.fp[j] ^ q)
+            d = bits.popcount(tail.fp[j] ^ q[0])
+            for w in range(rest):
+                d += bits.popcount(tail.rest[j * rest + w] ^ q[w + 1])
             if d <= k:
                 rc = _hit_push(hits, tail.seq[j], d)
                 if rc:
@@ -161,7 +167,8 @@ def set_match_type(cls, unpack):
     _MATCH, _UNPACK = cls, unpack
 
 
-cdef list _hit_lists(HitBuf *hits, size_t *qstart, Py_ssize_t n, bint matches=False):
+cdef list _hit_lists(HitBuf *hits, size_t *qstart, Py_ssize_t n, bint matches=False,
+                     int words=1):
     """Per query, [(distance, fingerprint, seq, id, meta bytes or None), ...] of resolved
     hits; with `matches`, [Match(id, fingerprint, distance, meta), ...] instead."""
     cdef Py_ssize_t qi
@@ -175,13 +182,14 @@ cdef list _hit_lists(HitBuf *hits, size_t *qstart, Py_ssize_t n, bint matches=Fa
         lst = []
         for r in range(qstart[qi], qstart[qi + 1]):
             hh = &hits.h[r]
-            id_, meta = record_id_meta(hh.val, hh.vlen)
+            id_, meta = record_id_meta(hh.val, hh.vlen, words)
+            fp = hh.fp if words == 1 else record_fp(hh.val, words)
             if matches:
                 if meta is not None:
                     meta = _UNPACK(meta, "meta value")
-                lst.append(tuple.__new__(cls, (id_, hh.fp, hh.dist, meta)))
+                lst.append(tuple.__new__(cls, (id_, fp, hh.dist, meta)))
             else:
-                lst.append((hh.dist, hh.fp, hh.seq, id_, meta))
+                lst.append((hh.dist, fp, hh.seq, id_, meta))
         out.append(lst)
     return out
 
@@ -335,8 +343,8 @@ cdef class ReadContext(Handle):
             mdb_txn_reset(self.rec_txn)
             self.rec_state = VIEW_RESET
 
-    cdef int _finish(self, MDB_txn *rtxn, uint64_t q, HitBuf *hits, size_t start,
-                     size_t psize) noexcept nogil:
+    cdef int _finish(self, MDB_txn *rtxn, const uint64_t *q, HitBuf *hits, size_t start,
+                     size_t psize, int words=1) noexcept nogil:
         """De-duplicate one query's hits by seq, resolve them in the records, sort them.
 
         `psize`: check values against their pages (0 for a write txn, whose dirty pages are
@@ -345,8 +353,10 @@ cdef class ReadContext(Handle):
         cdef Hit *h = hits.h + start
         cdef MDB_val key, val
         cdef uint8_t kbuf[8]
-        cdef int rc
+        cdef int rc, ww
+        cdef uint32_t d
         cdef uint64_t fp
+        cdef size_t hdr = record_header(words)
         if n == 0:
             return 0
         qsort(h, n, sizeof(Hit), _cmp_seq)
@@ -361,10 +371,15 @@ cdef class ReadContext(Handle):
                 continue        # removed or replaced since the table entry was written
             if rc:
                 return rc
-            if val.mv_size < layout.RECORD_HEADER or not val_in_pages(&val, psize):
+            if val.mv_size < hdr or not val_in_pages(&val, psize):
                 return CORRUPT_RECORD
             fp = bits.load64(val.mv_data)
-            if <uint32_t>bits.popcount(fp ^ q) != h[i].dist:
+            d = <uint32_t>bits.popcount(fp ^ q[0])
+            for ww in range(1, words):
+                d += <uint32_t>bits.popcount(bits.load64(<const uint8_t *>val.mv_data +
+                                                         layout.RECORD_HEADER + 8 * (ww - 1))
+                                             ^ q[ww])
+            if d != h[i].dist:
                 self.anomalies += 1     # a table entry disagrees with its record
                 continue
             h[w] = h[i]
@@ -461,9 +476,9 @@ cdef class ReadContext(Handle):
                             rc = _hit_push(&hits, seqs[c], dists[c])
                         c += 1
                     if rc == 0:
-                        rc = _tail_hits(&tail, applied[qi], queries[qi], k, &hits)
+                        rc = _tail_hits(&tail, applied[qi], &queries[qi], k, &hits)
                     if rc == 0:
-                        rc = self._finish(rtxn, queries[qi], &hits, qstart[qi], vpsize)
+                        rc = self._finish(rtxn, &queries[qi], &hits, qstart[qi], vpsize)
                     qi += 1
                 qstart[n] = hits.n
             if rc:
@@ -472,28 +487,46 @@ cdef class ReadContext(Handle):
         finally:
             self._end_call(rc_cur, qstart, &hits, &tail)
 
-    def query(self, Permuter perm, const uint64_t[::1] queries, int k, Txn txn=None,
-              bint matches=False):
+    def query(self, perm, queries, int k, Txn txn=None, bint matches=False):
         """For each query, [(distance, fingerprint, seq, id, meta bytes or None), ...] sorted by
         (distance, seq): every record of the snapshot within `k` bits, each once. With
         `matches`, the registered Match objects instead (see set_match_type).
 
-        `txn`, when given, is the records transaction to answer from (a writer's, for
-        add_unique); otherwise this context's own records snapshot is used.
+        `perm` is the plan's Permuter, with `queries` an (n,) uint64 array, or its
+        WidePermuter, with an (n, words) array. `txn`, when given, is the records
+        transaction to answer from (a writer's, for add_unique); otherwise this context's
+        own records snapshot is used.
         """
-        cdef Py_ssize_t n = queries.shape[0]
-        return self._query(perm, &queries[0] if n else NULL, n, k, txn, matches)
+        cdef const uint64_t[::1] q1
+        cdef const uint64_t[:, ::1] q2
+        cdef Py_ssize_t n
+        if isinstance(perm, Permuter):
+            q1 = queries
+            n = q1.shape[0]
+            return self._query(perm, &q1[0] if n else NULL, n, k, txn, matches, 1)
+        if not isinstance(perm, WidePermuter):
+            raise TypeError("perm must be a Permuter or a WidePermuter")
+        q2 = queries
+        n = q2.shape[0]
+        if n and q2.shape[1] != (<WidePermuter>perm).words:
+            raise ValueError(f"queries have {q2.shape[1]} words, the plan "
+                             f"{(<WidePermuter>perm).words}")
+        return self._query(perm, &q2[0, 0] if n else NULL, n, k, txn, matches,
+                           (<WidePermuter>perm).words)
 
     def query_one(self, Permuter perm, uint64_t fingerprint, int k):
         """The Match list of one fingerprint given as an int: no array in or out."""
-        return self._query(perm, &fingerprint, 1, k, None, True)[0]
+        return self._query(perm, &fingerprint, 1, k, None, True, 1)[0]
 
-    cdef list _query(self, Permuter perm, const uint64_t *queries, Py_ssize_t n, int k,
-                     Txn txn, bint matches):
-        cdef const Tables *tb = &perm.c
+    cdef list _query(self, object perm, const uint64_t *queries, Py_ssize_t n, int k,
+                     Txn txn, bint matches, int words=1):
+        cdef WidePermuter wp = perm if words > 1 else None
+        cdef const Tables *tb = &(<Permuter>perm).c if words == 1 else &wp.c
+        cdef const uint64_t *qp
+        cdef uint64_t pkw[4]
         cdef Py_ssize_t qi
         cdef int T = tb.ntables, t, s, s0, s1, rc = 0
-        cdef uint64_t q, pk, lo, hi, last = 0, minA, minAll
+        cdef uint64_t pk, lo, hi, last = 0, minA, minAll
         cdef HitBuf hits
         cdef size_t *qstart = NULL
         cdef size_t r
@@ -528,9 +561,13 @@ cdef class ReadContext(Handle):
                 active = 0
                 qi = 0
                 while qi < n and rc == 0 and active < self.nshards:
-                    q = queries[qi]
+                    qp = queries + qi * words
                     for t in range(T):
-                        pk = permute(tb, t, q)
+                        if words == 1:
+                            pk = permute(tb, t, qp[0])
+                        else:
+                            wp.permute(t, qp, pkw)
+                            pk = pkw[0]
                         for j in range(tb.probe_start[t], tb.probe_start[t + 1]):
                             prefix_range(tb, t, pk ^ tb.probe[j], &lo, &hi, &s0, &s1)
                             for s in range(s0, s1 + 1):
@@ -561,12 +598,17 @@ cdef class ReadContext(Handle):
                     elif rc == MDB_NOTFOUND:
                         rc = 0
                 qi = 0
+                tail.words = words
                 while qi < n and rc == 0:
-                    q = queries[qi]
+                    qp = queries + qi * words
                     qstart[qi] = hits.n
                     minA = 0xFFFFFFFFFFFFFFFF
                     for t in range(T):
-                        pk = permute(tb, t, q)
+                        if words == 1:
+                            pk = permute(tb, t, qp[0])
+                        else:
+                            wp.permute(t, qp, pkw)
+                            pk = pkw[0]
                         for j in range(tb.probe_start[t], tb.probe_start[t + 1]):
                             prefix_range(tb, t, pk ^ tb.probe[j], &lo, &hi, &s0, &s1)
                             for s in range(s0, s1 + 1):
@@ -579,7 +621,7 @@ cdef class ReadContext(Handle):
                                 for r in range(sv.runs.table_start[t],
                                                sv.runs.table_start[t + 1]):
                                     rc = _scan_run(sv.cur, sv.runs.run_ids[r], lo, hi, pk, k,
-                                                   &hits)
+                                                   &hits, pkw + 1, words - 1)
                                     if rc:
                                         break
                                 if rc:
@@ -606,15 +648,15 @@ cdef class ReadContext(Handle):
                             if rc:
                                 break
                             tail_loaded = True
-                        rc = _tail_hits(&tail, minA, q, k, &hits)
+                        rc = _tail_hits(&tail, minA, qp, k, &hits)
                         if rc:
                             break
-                    rc = self._finish(rtxn, q, &hits, qstart[qi], vpsize)
+                    rc = self._finish(rtxn, qp, &hits, qstart[qi], vpsize, words)
                     qi += 1
                 qstart[n] = hits.n
             if rc:
                 raise error(rc, f"query on {where}")
-            return _hit_lists(&hits, qstart, n, matches)
+            return _hit_lists(&hits, qstart, n, matches, words)
         finally:
             self._end_call(rc_cur, qstart, &hits, &tail)
 

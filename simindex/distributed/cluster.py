@@ -85,6 +85,10 @@ class Cluster:
                                     f"simindex.Index or simindex.distributed.build)")
         self._manifest = manifest.read(self.path)
         self.plan = plan_of(self.path)
+        if self.plan.width != 64:
+            raise ParameterError(f"{self.path} holds {self.plan.width}-bit fingerprints; the "
+                                 f"Ray package takes 64-bit indexes for now (open it with "
+                                 f"simindex.Index)")
         self.readonly = bool(readonly)
         self._client = uuid.uuid4().bytes
         self._requests = 0

@@ -1,0 +1,232 @@
+"""Indexes of 128- and 256-bit fingerprints: every call against a brute-force scan with
+planted near-duplicates at every distance 0..k+1 (packed, spread, the first and the last
+bit), for the paper's plans and plans with flips, across reopen, compaction, records no
+shard has applied, kill -9 of a writer, and the state machine."""
+
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import initialize
+
+import simindex
+from simindex import _testing
+from test_state_machine import IndexMachine
+from trials import ENV
+
+
+def popcount(x):
+    return bin(x).count("1")
+
+
+def brute(stored, q, k):
+    return {i: popcount(f ^ q) for i, f in stored.items() if popcount(f ^ q) <= k}
+
+
+def brute_pairs(stored, k):
+    ids = list(stored)
+    return {(ids[i], ids[j]): popcount(stored[ids[i]] ^ stored[ids[j]])
+            for i in range(len(ids)) for j in range(i + 1, len(ids))
+            if popcount(stored[ids[i]] ^ stored[ids[j]]) <= k}
+
+
+def dataset(width, k, seed, bases=10, randoms=400):
+    rng = random.Random(seed)
+    stored = {f"r{i}": rng.getrandbits(width) for i in range(randoms)}
+    queries = []
+    for b in range(bases):
+        base = rng.getrandbits(width) if b > 1 else (0 if b == 0 else 2 ** width - 1)
+        queries.append(base)
+        for d in range(k + 2):
+            for name, bits in (("front", range(d)), ("back", range(width - d, width)),
+                               ("spread", [int(x) for x in np.linspace(0, width - 1, d)]
+                                if d else []),
+                               ("random", rng.sample(range(width), d))):
+                stored[f"b{b}.{d}.{name}"] = base ^ sum(1 << (width - 1 - x) for x in set(bits))
+    queries += [rng.getrandbits(width) for _ in range(5)]
+    return stored, queries
+
+
+PLANS = [
+    # (width, k, blocks, prefix_blocks, shards)
+    (128, 8, None, None, 4),        # the planner's plan
+    (128, 3, 4, None, 16),          # the paper's: 4 tables of 32-bit prefixes
+    (128, 8, 4, 1, 16),             # flips 2 over 32-bit blocks
+    (256, 16, None, None, 8),
+    (256, 31, None, None, 2),       # flips over 16-bit blocks
+    (256, 5, 6, 1, 1),              # prefixes longer than 64 bits: scanned by the first 64
+]
+
+
+@pytest.mark.parametrize("width,k,blocks,prefix_blocks,shards", PLANS)
+def test_every_call_equals_brute_force(tmp_path, width, k, blocks, prefix_blocks, shards):
+    stored, queries = dataset(width, k, seed=width + k)
+    path = tmp_path / "i"
+    with simindex.Index(path, width=width, k=k, blocks=blocks, prefix_blocks=prefix_blocks,
+                        shards=shards) as idx:
+        assert idx.width == width and idx.stats()["width"] == width
+        items = list(stored.items())
+        third = len(items) // 3
+        idx.add_many(items[:third])                                   # (id, fp) items
+        idx.add_many([i for i, _ in items[third:2 * third]],          # columnar: ints...
+                     [f for _, f in items[third:2 * third]])
+        rest = items[2 * third:]
+        words = np.array([[(f >> (64 * (width // 64 - 1 - w))) & (2 ** 64 - 1)
+                           for w in range(width // 64)] for _, f in rest], dtype=np.uint64)
+        idx.add_many([i for i, _ in rest], words)                     # ...and word arrays
+        assert len(idx) == len(stored)
+        for q in queries:
+            for kq in sorted({0, k // 2, k}):
+                got = idx.query(q, k=kq)
+                assert {m.id: m.distance for m in got} == brute(stored, q, kq)
+                assert all(m.fingerprint == stored[m.id] for m in got)
+        assert [{m.id: m.distance for m in ms} for ms in idx.query_many(queries)] == \
+            [brute(stored, q, k) for q in queries]
+        assert {(a, b): d for a, b, d in idx.pairs()} == brute_pairs(stored, k)
+        assert idx.get("b2.0.front") == simindex.Record("b2.0.front", stored["b2.0.front"], None)
+        near = stored["b3.0.front"] ^ 1
+        assert {m.id for m in idx.add_unique("u", near)} == set(brute(stored, near, k))
+        far = random.Random(1).getrandbits(width)
+        while brute(stored, far, k):
+            far = random.Random(far).getrandbits(width)
+        assert idx.add_unique("u", far) == [] and idx.query(far)[0].id == "u"
+        stored["u"] = far
+        assert idx.remove("b4.1.back") and idx.verify() == []
+        del stored["b4.1.back"]
+    with simindex.Index(path) as idx:                                   # only the path
+        assert (idx.width, idx.k) == (width, k)
+        idx.compact()
+        assert idx.verify() == []
+        assert [{m.id: m.distance for m in ms} for ms in idx.query_many(queries)] == \
+            [brute(stored, q, k) for q in queries]
+
+
+def test_records_no_shard_applied_are_found_and_paired(tmp_path):
+    stored, queries = dataset(128, 8, seed=3, randoms=200)
+    with simindex.Index(tmp_path / "i", width=128, k=8, shards=4) as idx:
+        fps = np.array([[f >> 64, f & (2 ** 64 - 1)] for f in stored.values()], np.uint64)
+        _testing.commit_unapplied(idx, list(stored), fps)
+        assert idx.stats()["unapplied"] == len(stored)
+        assert [{m.id: m.distance for m in ms} for ms in idx.query_many(queries)] == \
+            [brute(stored, q, 8) for q in queries]
+        assert {(a, b): d for a, b, d in idx.pairs()} == brute_pairs(stored, 8)
+        _testing.crash(idx)
+    with simindex.Index(tmp_path / "i") as idx:                        # replays
+        assert idx.stats()["unapplied"] == 0 and idx.verify() == []
+        assert [{m.id: m.distance for m in ms} for ms in idx.query_many(queries)] == \
+            [brute(stored, q, 8) for q in queries]
+
+
+WIDE_WRITER = r"""
+import sys, numpy as np, simindex
+path, b = sys.argv[1], int(sys.argv[2])
+idx = simindex.Index(path, width=128, k=8, shards=4)
+print("ready", flush=True)
+while True:
+    fps = np.random.default_rng(b).integers(0, 2**64, (64, 2), dtype=np.uint64)
+    idx.add_many([f"{b}.{i}" for i in range(64)], fps)
+    print("ack", b, flush=True)
+    b += 1
+"""
+
+
+def test_kill_9_of_a_wide_writer_loses_nothing_acknowledged(tmp_path):
+    path = str(tmp_path / "i")
+    acked, b = [], 0
+    rng = random.Random(7)
+    for trial in range(6):
+        p = subprocess.Popen([sys.executable, "-c", WIDE_WRITER, path, str(b)], env=ENV,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()
+        time.sleep(rng.uniform(0.05, 0.4))
+        p.send_signal(signal.SIGKILL)
+        out, _ = p.communicate()
+        got = [int(line.split()[1]) for line in out.splitlines() if line.startswith("ack")]
+        acked += got
+        b = (max(got) + 1 if got else b) + 1000        # a fresh range: no half batch reused
+    with simindex.Index(path) as idx:
+        assert idx.verify() == []
+        for a in acked:
+            fps = np.random.default_rng(a).integers(0, 2**64, (64, 2), dtype=np.uint64)
+            got = idx.query_many(fps, k=0)
+            assert all(f"{a}.{i}" in {m.id for m in ms} for i, ms in enumerate(got))
+    assert acked                                         # the trials did acknowledge writes
+
+
+def test_wide_errors_name_the_width(tmp_path):
+    with simindex.Index(tmp_path / "i", width=128, k=8) as idx:
+        with pytest.raises(simindex.InputError, match="at width 128 it must be in"):
+            idx.add("a", 2 ** 128)
+        with pytest.raises(simindex.InputError, match="item 0: .*at width 128"):
+            idx.add_many([("a", -1)])
+        with pytest.raises(simindex.InputError, match=r"shape \(n, 2\)"):
+            idx.query_many(np.zeros((3, 4), np.uint64))
+        with pytest.raises(simindex.ParameterError, match="k \\(9\\) must be between 0 and "
+                           "the index's k"):
+            idx.query(0, k=9)
+        fp = idx.add_text("doc", "the quick brown fox jumps over the lazy dog")
+        assert fp == simindex.fingerprint("the quick brown fox jumps over the lazy dog",
+                                          width=128)
+        assert idx.query_text("the quick brown fox jumps over the lazy dog")[0].id == "doc"
+    with pytest.raises(simindex.ParameterError, match="width=256 was given, but the index "
+                       "was built with width=128"):
+        simindex.Index(tmp_path / "i", width=256)
+    with pytest.raises(simindex.ParameterError, match="sync=False .* 64-bit indexes"):
+        simindex.Index(tmp_path / "i", sync=False)
+    with pytest.raises(simindex.ParameterError, match="seomoz.* not 128"):
+        simindex.Index(tmp_path / "s", width=128, scheme="seomoz")
+    with simindex.Index(tmp_path / "m", width=128, k=20, scheme="memosstilvi") as idx:
+        assert idx.scheme == "memosstilvi"
+    with pytest.raises(simindex.ParameterError, match="width \\(96\\) must be 64, 128 or 256"):
+        simindex.Index(tmp_path / "w", width=96)
+
+
+class WideIndexMachine(IndexMachine):
+    """The state machine of test_state_machine.py on 128-bit indexes (its fingerprints lie
+    in the low word: the tables' blocks over the high word all agree)."""
+
+    @initialize(k=st.integers(0, 8), plan=st.sampled_from([(None, None), (4, 1), (8, 1)]),
+                shards=st.sampled_from([1, 4, 256]))
+    def open(self, k, plan, shards):
+        self.k = k
+        blocks, prefix_blocks = plan
+        self.idx = simindex.Index(f"{self.dir}/i", width=128, k=k, blocks=blocks,
+                                  prefix_blocks=prefix_blocks, shards=shards)
+
+
+TestWideIndexMachine = WideIndexMachine.TestCase
+TestWideIndexMachine.settings = settings(max_examples=25, stateful_step_count=25,
+                                         deadline=None)
+
+
+def test_cli_builds_and_queries_a_wide_index(tmp_path):
+    import json
+    rng = random.Random(9)
+    fps = [rng.getrandbits(256) for _ in range(200)]
+    (tmp_path / "in.tsv").write_text("".join(f"r{i}\t{f:x}\n" for i, f in enumerate(fps)))
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": "big", "fingerprint": fps[0] ^ 1})
+                                       + "\n")
+    q = fps[5] ^ (0b10111 << 250)
+    (tmp_path / "q.tsv").write_text(f"q\t{q:x}\n")
+
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "simindex", *map(str, a)], env=ENV,
+                              capture_output=True, text=True, timeout=120)
+    b = run("build", tmp_path / "i", tmp_path / "in.tsv", tmp_path / "in.jsonl", "--width",
+            "256", "--k", "16", "--quiet")
+    assert b.returncode == 0, b.stderr
+    out = run("query", tmp_path / "i", tmp_path / "q.tsv", "--quiet", "--output", "jsonl")
+    [line] = [json.loads(x) for x in out.stdout.splitlines()]
+    assert [(m["id"], m["distance"], m["fingerprint"]) for m in line["matches"]] == \
+        [("r5", 4, f"{fps[5]:064x}")]
+    (tmp_path / "bad.tsv").write_text(f"x\t{1 << 256:x}\n")
+    bad = run("build", tmp_path / "i", tmp_path / "bad.tsv")
+    assert bad.returncode == 1 and "bad.tsv:1: fingerprint" in bad.stderr and \
+        "not 1-64 hex digits (256 bits at most)" in bad.stderr
+    info = run("info", tmp_path / "i")
+    assert "width\t256" in info.stdout and "count\t201" in info.stdout
