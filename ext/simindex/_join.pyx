@@ -174,13 +174,13 @@ cdef int _group_sub(PairBuf *p, const uint64_t *keys, const uint64_t *ids, Py_ss
 
 
 cdef Py_ssize_t _group_start(const uint64_t *keys, Py_ssize_t n, uint64_t prefix,
-                             uint64_t pmask) noexcept nogil:
+                             uint64_t pmask, int stride=1) noexcept nogil:
     """The first position whose key's prefix is at least `prefix` (keys grouped by prefix
-    in ascending order)."""
+    in ascending order; a key every `stride` words, its first word holding the prefix)."""
     cdef Py_ssize_t a = 0, b = n, mid
     while a < b:
         mid = (a + b) >> 1
-        if (keys[mid] & pmask) < prefix:
+        if (keys[mid * stride] & pmask) < prefix:
             a = mid + 1
         else:
             b = mid
@@ -361,7 +361,7 @@ def pairs_wide(const uint64_t[:, ::1] keys, const uint64_t[::1] ids, uint64_t pm
                     other = (kp[g0 * words] ^ probes[f]) & pmask
                     if probes[f] == 0 or other < (kp[g0 * words] & pmask):
                         continue
-                    h0 = _group_start_wide(kp, n, words, other, pmask)
+                    h0 = _group_start(kp, n, other, pmask, words)
                     h1 = h0
                     while h1 < n and (kp[h1 * words] & pmask) == other:
                         h1 += 1
@@ -380,15 +380,4 @@ def pairs_wide(const uint64_t[:, ::1] keys, const uint64_t[::1] ids, uint64_t pm
     finally:
         free_pairs(&p)
 
-
-cdef Py_ssize_t _group_start_wide(const uint64_t *keys, Py_ssize_t n, int words,
-                                  uint64_t prefix, uint64_t pmask) noexcept nogil:
-    cdef Py_ssize_t a = 0, b = n, mid
-    while a < b:
-        mid = (a + b) >> 1
-        if (keys[mid * words] & pmask) < prefix:
-            a = mid + 1
-        else:
-            b = mid
-    return a
 

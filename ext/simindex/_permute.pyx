@@ -300,11 +300,11 @@ cdef class WidePermuter:
         """A (shards, n) bool array: shard s holds part of some table's probed ranges of
         fingerprint i (an (n, words) array; see Permuter.shard_reach)."""
         cdef Py_ssize_t i, n = fps.shape[0]
-        cdef int t, s, s0, s1, sb = self.shard_bits
+        cdef int t, s, s0, s1
         cdef uint32_t j
         cdef uint64_t lo, hi
         cdef uint64_t key[4]
-        out = np.zeros((1 << sb, n), dtype=np.bool_)
+        out = np.zeros((1 << self.shard_bits, n), dtype=np.bool_)
         cdef uint8_t[:, ::1] o = out.view(np.uint8)
         if n and fps.shape[1] != self.words:
             raise ValueError(f"fingerprints have {fps.shape[1]} words, not {self.words}")
@@ -313,10 +313,7 @@ cdef class WidePermuter:
                 for t in range(self.ntables):
                     self.permute(t, &fps[i, 0], key)
                     for j in range(self.probe_start[t], self.probe_start[t + 1]):
-                        lo = (key[0] ^ self.probe[j]) & self.pmask[t]
-                        hi = lo | ~self.pmask[t]
-                        s0 = <int>(lo >> (64 - sb)) if sb else 0
-                        s1 = <int>(hi >> (64 - sb)) if sb else 0
+                        prefix_range(&self.c, t, key[0] ^ self.probe[j], &lo, &hi, &s0, &s1)
                         for s in range(s0, s1 + 1):
                             o[s, i] = 1
         return out

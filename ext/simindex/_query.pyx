@@ -151,6 +151,15 @@ cdef int _tail_hits(Tail *tail, uint64_t applied, const uint64_t *q, int k,
     return 0
 
 
+cdef inline uint64_t _key(const Tables *tb, WidePermuter wp, int t, const uint64_t *q,
+                          int words, uint64_t *pkw) noexcept nogil:
+    """The first word of q's permuted key in table t (all of it in pkw when wide)."""
+    if words == 1:
+        return permute(tb, t, q[0])
+    wp.permute(t, q, pkw)
+    return pkw[0]
+
+
 # ---------------------------------------------------------------- results
 # The Python layer's result type and meta decoder (set_match_type): with them the core builds
 # the final Match objects itself, so a query makes no intermediate Python object per match.
@@ -563,11 +572,7 @@ cdef class ReadContext(Handle):
                 while qi < n and rc == 0 and active < self.nshards:
                     qp = queries + qi * words
                     for t in range(T):
-                        if words == 1:
-                            pk = permute(tb, t, qp[0])
-                        else:
-                            wp.permute(t, qp, pkw)
-                            pk = pkw[0]
+                        pk = _key(tb, wp, t, qp, words, pkw)
                         for j in range(tb.probe_start[t], tb.probe_start[t + 1]):
                             prefix_range(tb, t, pk ^ tb.probe[j], &lo, &hi, &s0, &s1)
                             for s in range(s0, s1 + 1):
@@ -604,11 +609,7 @@ cdef class ReadContext(Handle):
                     qstart[qi] = hits.n
                     minA = 0xFFFFFFFFFFFFFFFF
                     for t in range(T):
-                        if words == 1:
-                            pk = permute(tb, t, qp[0])
-                        else:
-                            wp.permute(t, qp, pkw)
-                            pk = pkw[0]
+                        pk = _key(tb, wp, t, qp, words, pkw)
                         for j in range(tb.probe_start[t], tb.probe_start[t + 1]):
                             prefix_range(tb, t, pk ^ tb.probe[j], &lo, &hi, &s0, &s1)
                             for s in range(s0, s1 + 1):
