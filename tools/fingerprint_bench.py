@@ -5,12 +5,14 @@
 
 The corpus: every Debian copyright file, license text and Python standard library module on
 the machine (read once, then timed from memory). Each system fingerprints the same texts in
-the same process run; the 1e0ng scheme is also checked bit for bit against PyPI simhash.
+the same process run, in rounds that alternate their order; the 1e0ng scheme is also
+checked bit for bit against PyPI simhash.
 """
 
 import argparse
 import glob
 import os
+import statistics
 import sys
 import time
 
@@ -33,17 +35,23 @@ def corpus(root):
     return texts
 
 
-def run(label, fn, texts, repeat, mb):
-    best = None
-    out = None
-    for _ in range(repeat):
-        t = time.perf_counter()
-        out = [fn(x) for x in texts]
-        dt = time.perf_counter() - t
-        best = dt if best is None else min(best, dt)
-    print(f"{label:<34} {best:8.3f} s {mb / best:9.1f} MB/s {len(texts) / best:10.0f} docs/s",
-          flush=True)
-    return out, best
+def timed(fn, texts):
+    t = time.perf_counter()
+    out = [fn(x) for x in texts]
+    return out, time.perf_counter() - t
+
+
+def pypi(f):
+    """PyPI simhash's value of a text at f bits, None where it raises (2.1.2 under NumPy 2:
+    a weight above 255)."""
+    from simhash import Simhash
+
+    def value(x):
+        try:
+            return Simhash(x, f=f).value
+        except OverflowError:
+            return None
+    return value
 
 
 def main(argv=None):
@@ -53,50 +61,43 @@ def main(argv=None):
     a = ap.parse_args(argv)
     texts = corpus(a.dir)
     mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
-    print(f"# {len(texts)} documents, {mb:.1f} MB; best of {a.repeat}; python "
-          f"{sys.version.split()[0]}")
-    _, v1 = run("simindex simindex-v1", simindex.fingerprint, texts, a.repeat, mb)
-    ours, t_ours = run("simindex 1e0ng", lambda x: simindex.fingerprint(x, scheme="1e0ng"),
-                       texts, a.repeat, mb)
-    run("simindex seomoz", lambda x: simindex.fingerprint(x, scheme="seomoz"),
-        texts, a.repeat, mb)
-    for width in (128, 256):
-        run(f"simindex simindex-v1 width {width}",
-            lambda x, w=width: simindex.fingerprint(x, width=w), texts, a.repeat, mb)
-    wide, t_wide = run("simindex 1e0ng width 128",
-                       lambda x: simindex.fingerprint(x, scheme="1e0ng", width=128),
-                       texts, a.repeat, mb)
-    run("simindex memosstilvi (128)",
-        lambda x: simindex.fingerprint(x, scheme="memosstilvi"), texts, a.repeat, mb)
+    print(f"# {len(texts)} documents, {mb:.1f} MB; median (range) of {a.repeat} interleaved "
+          f"rounds; python {sys.version.split()[0]}")
+    systems = {
+        "simindex simindex-v1": simindex.fingerprint,
+        "simindex 1e0ng": lambda x: simindex.fingerprint(x, scheme="1e0ng"),
+        "simindex seomoz": lambda x: simindex.fingerprint(x, scheme="seomoz"),
+        "simindex simindex-v1 width 128": lambda x: simindex.fingerprint(x, width=128),
+        "simindex simindex-v1 width 256": lambda x: simindex.fingerprint(x, width=256),
+        "simindex 1e0ng width 128": lambda x: simindex.fingerprint(x, scheme="1e0ng", width=128),
+        "simindex memosstilvi (128)": lambda x: simindex.fingerprint(x, scheme="memosstilvi"),
+    }
     try:
-        from simhash import Simhash
+        import simhash  # noqa: F401
+        systems["PyPI simhash 2.1.2 Simhash(text)"] = pypi(64)
+        systems["PyPI simhash Simhash(text, f=128)"] = pypi(128)
     except ImportError:
         print("PyPI simhash 2.1.2: not installed (pip install simhash==2.1.2)")
-        return 0
-
-    def theirs(x):
-        try:
-            return Simhash(x).value
-        except OverflowError:            # 2.1.2 under NumPy 2: a weight above 255
-            return None
-    ref, t_ref = run("PyPI simhash 2.1.2 Simhash(text)", theirs, texts, a.repeat, mb)
-    same = sum(1 for x, y in zip(ours, ref) if y is not None and x == y)
-    failed = sum(1 for y in ref if y is None)
-    print(f"1e0ng bit-exact on {same} of {len(texts) - failed} texts PyPI simhash computes "
-          f"({failed} raise OverflowError under NumPy 2)")
-    print(f"ratio PyPI simhash / simindex 1e0ng: {t_ref / t_ours:.1f}x; "
-          f"/ simindex-v1: {t_ref / v1:.1f}x")
-
-    def theirs128(x):
-        try:
-            return Simhash(x, f=128).value
-        except OverflowError:
-            return None
-    ref128, t_ref128 = run("PyPI simhash Simhash(text, f=128)", theirs128, texts, a.repeat, mb)
-    same = sum(1 for x, y in zip(wide, ref128) if y is not None and x == y)
-    failed = sum(1 for y in ref128 if y is None)
-    print(f"1e0ng width 128 bit-exact on {same} of {len(texts) - failed} texts; ratio PyPI "
-          f"simhash f=128 / simindex 1e0ng width 128: {t_ref128 / t_wide:.1f}x")
+    times = {name: [] for name in systems}
+    outs = {}
+    for r in range(a.repeat):                # rounds alternate the order of the systems
+        for name in (list(systems) if r % 2 == 0 else list(systems)[::-1]):
+            outs[name], dt = timed(systems[name], texts)
+            times[name].append(dt)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    for name, t in times.items():
+        print(f"{name:<34} {med[name]:8.3f} s ({min(t):.3f}-{max(t):.3f}) "
+              f"{mb / med[name]:9.1f} MB/s {len(texts) / med[name]:10.0f} docs/s", flush=True)
+    for ours, ref, label in (("simindex 1e0ng", "PyPI simhash 2.1.2 Simhash(text)", "64"),
+                             ("simindex 1e0ng width 128", "PyPI simhash Simhash(text, f=128)",
+                              "128")):
+        if ref not in outs:
+            break
+        same = sum(1 for x, y in zip(outs[ours], outs[ref]) if y is not None and x == y)
+        failed = sum(1 for y in outs[ref] if y is None)
+        print(f"1e0ng at {label} bits bit-exact on {same} of {len(texts) - failed} texts PyPI "
+              f"simhash computes ({failed} raise OverflowError under NumPy 2); ratio of the "
+              f"medians PyPI / simindex: {med[ref] / med[ours]:.1f}x")
     return 0
 
 
