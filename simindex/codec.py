@@ -217,17 +217,20 @@ def pack(value):
     return msgpack.packb(value, use_bin_type=True)
 
 
-# A write-buffer log record: msgpack [id key, fingerprint, meta bytes] (simindex/writebuffer.py).
-MAX_LOG_RECORD = 1 + (MAX_ID_BYTES + 1 + 5) + 9 + (MAX_META_BYTES + 5)
+# A write-buffer log record: msgpack [id key, fingerprint, meta bytes] (simindex/writebuffer.py);
+# the fingerprint is an int at width 64 and big-endian bin of width/8 bytes above.
+MAX_LOG_RECORD = 1 + (MAX_ID_BYTES + 1 + 5) + (2 + 256 // 8) + (MAX_META_BYTES + 5)
 
 
-def pack_log_record(idkey, fp, meta_bytes):
-    return msgpack.packb([idkey, fp, meta_bytes], use_bin_type=True)
+def pack_log_record(idkey, fp, meta_bytes, width=64):
+    f = fp if width == 64 else fp.to_bytes(width // 8, "big")
+    return msgpack.packb([idkey, f, meta_bytes], use_bin_type=True)
 
 
-def unpack_log_record(b):
-    """(id key, fingerprint, meta bytes) of a write-buffer log record, every field checked;
-    CorruptError when it is not one this package wrote."""
+def unpack_log_record(b, width=64):
+    """(id key, fingerprint as an int, meta bytes) of a write-buffer log record of an index
+    of `width` bits, every field checked; CorruptError when it is not one this package
+    wrote for that width."""
     if len(b) > MAX_LOG_RECORD:
         raise CorruptError(f"a log record of {len(b)} bytes is longer than any record")
     try:
@@ -235,12 +238,17 @@ def unpack_log_record(b):
                             max_str_len=0, max_array_len=3, max_map_len=0, max_ext_len=0)
     except Exception as e:  # msgpack raises several unrelated types on damage
         raise CorruptError(f"a log record cannot be decoded: {e}") from None
-    if not (type(v) is list and len(v) == 3 and type(v[0]) is bytes and type(v[1]) is int
-            and type(v[2]) is bytes):
+    if not (type(v) is list and len(v) == 3 and type(v[0]) is bytes and type(v[2]) is bytes):
         raise CorruptError("a log record is not [id key, fingerprint, meta]")
     idkey, fp, meta = v
-    if not 0 <= fp <= MAX_FP:
-        raise CorruptError(f"a log record's fingerprint {fp} is out of range")
+    if width == 64:
+        if type(fp) is not int or not 0 <= fp <= MAX_FP:
+            raise CorruptError(f"a log record's fingerprint {fp!r:.80} is not a 64-bit int")
+    elif type(fp) is not bytes or len(fp) != width // 8:
+        raise CorruptError(f"a log record's fingerprint {fp!r:.80} is not {width // 8} "
+                           f"bytes (the index has width {width})")
+    else:
+        fp = int.from_bytes(fp, "big")
     try:
         decode_id(idkey)
     except (CorruptError, UnicodeDecodeError):

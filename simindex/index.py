@@ -71,11 +71,6 @@ class Index:
         self._store = registry.acquire(path, k=k, blocks=blocks, shards=shards, create=create,
                                        readonly=readonly, sync=sync, scheme=scheme,
                                        prefix_blocks=prefix_blocks, width=width)
-        if self._store.plan.width != 64 and not sync and not readonly:
-            st, self._store = self._store, None
-            registry.release(st)
-            raise ParameterError(f"sync=False (the write buffer) takes 64-bit indexes for "
-                                 f"now; {self.path} has width {st.plan.width}")
         self.path = self._store.path
 
     # ------------------------------------------------------------ lifetime
@@ -282,15 +277,15 @@ class Index:
         st = self._open_store()
         plan = st.plan
         k = plan.k if k is None else self._k(k, st)
-        if plan.width != 64:
-            out = st.query_one(check_wide_fp(fingerprint, plan.width), k)
-            return out if verify is None else verified(out, verify)
-        fp = check_fp(fingerprint)
+        fp = check_fp(fingerprint) if plan.width == 64 else \
+            check_wide_fp(fingerprint, plan.width)
         buf = st.buffer
         if buf is not None and buf.n:
             buf.fold_if_old()
             if buf.n:
                 return verified(self._query_buffered(st, fp, k), verify)
+        if plan.width != 64:
+            return verified(st.query_one(fp, k), verify)
         perm = plan.permuter        # the hot path of a single query: no call in between
         out = st.read(lambda ctx: ctx.query_one(perm, fp, k))
         return out if verify is None else verified(out, verify)

@@ -89,12 +89,13 @@ class Store:
                 self.manifest = manifest.upgrade(path, self.manifest)
                 top = max(self.txns.read(lambda ctx: ctx.applied(self.plan.ntables)))
                 protocol.raise_seq_floor(self.txns, self.records, top)
-                self.replayed = writebuffer.replay_logs(path, self.txns, self.records)
+                self.replayed = writebuffer.replay_logs(path, self.txns, self.records,
+                                                        self.plan.width)
                 protocol.catch_up(self.txns, self.plan)
                 if not sync:
                     self.buffer = writebuffer.WriteBuffer(
                         path, self.txns, self.records, self.write_lock,
-                        after_fold=lambda: self.catch_up(force=False))
+                        after_fold=lambda: self.catch_up(force=False), width=self.plan.width)
         except BaseException as e:
             self.txns.close(sync=not readonly)    # what was replayed reaches the disk
             if isinstance(e, StorageError):

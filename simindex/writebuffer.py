@@ -3,7 +3,8 @@ append-only log in `<index>/pending/` and to memory, and fold into records/ in b
 
 A log is LOG_MAGIC then entries, each `length (u32 LE) | crc32 (u32 LE) | payload`, the CRC
 taken over the length's 4 bytes and the payload, the payload a msgpack
-[id key, fingerprint, meta bytes] (simindex/codec.py). An entry is written with one
+[id key, fingerprint, meta bytes] (simindex/codec.py; the fingerprint an int at width 64,
+big-endian bytes of width/8 above). An entry is written with one
 `pwrite`, so once `add` returns it is in the kernel's page cache and survives the death of
 the process (not an OS crash: nothing is fsynced). Replay stops at the first entry that is
 short or fails its check, so a torn tail is never applied in part.
@@ -33,13 +34,15 @@ from typing import Callable, Optional
 import numpy as np
 
 from . import records
-from ._join import within
+from ._join import within, within_words
 from ._layout import (
     DB_INFO, INFO_LOG_MARKER, LOG_DIR, LOG_ENTRY_HEADER, LOG_MAGIC, LOG_SUFFIX, LOG_TOKEN_HEX,
 )
 from ._lmdb import Env
 from ._records import checksum
-from .codec import MAX_LOG_RECORD, decode_id, encode_id, pack_log_record, unpack, unpack_log_record
+from .codec import (
+    MAX_LOG_RECORD, decode_id, encode_id, pack_log_record, unpack, unpack_log_record, words_array,
+)
 from .errors import CorruptError, DiskFullError, StorageError, closed_error
 from .transactions import Transactions, space_error
 
@@ -51,9 +54,9 @@ _NAME = re.compile(f"[0-9a-f]{{{LOG_TOKEN_HEX}}}{re.escape(LOG_SUFFIX)}")
 
 
 # ---------------------------------------------------------------- the log file
-def entry(idkey: bytes, fp: int, meta_bytes: bytes) -> bytes:
-    """One framed log entry of a record."""
-    payload = pack_log_record(idkey, fp, meta_bytes)
+def entry(idkey: bytes, fp: int, meta_bytes: bytes, width: int = 64) -> bytes:
+    """One framed log entry of a record of a `width`-bit index."""
+    payload = pack_log_record(idkey, fp, meta_bytes, width)
     n = len(payload).to_bytes(4, "little")
     return _HEAD.pack(len(payload), checksum(payload, checksum(n))) + payload
 
@@ -150,9 +153,10 @@ def _write_all(fd, data, off):
         view, off = view[n:], off + n
 
 
-def read_log(f) -> tuple:
-    """(entries, good, size) of an open log file: entries as (offset, id key, fp, meta bytes)
-    up to the first bad one, `good` the offset where the valid part ends."""
+def read_log(f, width: int = 64) -> tuple:
+    """(entries, good, size) of an open log file of a `width`-bit index: entries as (offset,
+    id key, fp, meta bytes) up to the first bad one, `good` the offset where the valid part
+    ends."""
     data_head = f.read(len(LOG_MAGIC))
     size = os.fstat(f.fileno()).st_size
     entries: list = []
@@ -170,7 +174,7 @@ def read_log(f) -> tuple:
         if len(payload) < n or checksum(payload, checksum(head[:4])) != crc:
             break
         try:
-            idkey, fp, meta = unpack_log_record(payload)
+            idkey, fp, meta = unpack_log_record(payload, width)
         except CorruptError:
             break
         entries.append((off, idkey, fp, meta))
@@ -212,8 +216,10 @@ class Replay:
         self.torn_bytes = 0      # bytes of torn or damaged log tails skipped
 
 
-def replay_logs(index_path: str, txns: Transactions, records_env: Env) -> Replay:
-    """Apply the logs of writers that died with records buffered (a writable open)."""
+def replay_logs(index_path: str, txns: Transactions, records_env: Env,
+                width: int = 64) -> Replay:
+    """Apply the logs of writers that died with records buffered (a writable open of a
+    `width`-bit index)."""
     d = os.path.join(index_path, LOG_DIR)
     done = Replay()
     try:
@@ -231,14 +237,14 @@ def replay_logs(index_path: str, txns: Transactions, records_env: Env) -> Replay
             except OSError as e:
                 raise StorageError(e.errno, f"cannot open {path}: {e.strerror}") from e
             with f:
-                replay_file(f, path, token_of(name), txns, records_env, done)
+                replay_file(f, path, token_of(name), txns, records_env, done, width)
     if txns.read_txn(records_env, lambda txn: txn.prefixed(DB_INFO, INFO_LOG_MARKER)):
         txns.write(records_env, lambda txn: drop_stale_markers(txn, d))
     return done
 
 
 def replay_file(f, path: str, token: str, txns: Transactions, records_env: Env,
-                done: Replay) -> None:
+                done: Replay, width: int = 64) -> None:
     """Replay the log open as `f` unless its writer lives (holds its lock) or another
     process replayed and removed it since `f` was opened."""
     try:
@@ -250,7 +256,7 @@ def replay_file(f, path: str, token: str, txns: Transactions, records_env: Env,
     try:
         if os.fstat(f.fileno()).st_nlink == 0:
             return                       # replayed and removed meanwhile
-        entries, good, size = read_log(f)
+        entries, good, size = read_log(f, width)
     except OSError as e:
         raise StorageError(e.errno, f"cannot read {path}: {e.strerror}") from e
     key = marker_key(token)
@@ -262,8 +268,9 @@ def replay_file(f, path: str, token: str, txns: Transactions, records_env: Env,
         folded = marker_offset(v) if v is not None else 0
         todo = [e for e in entries if e[0] >= folded]
         if todo:
-            records.put(txn, [e[1] for e in todo],
-                        np.array([e[2] for e in todo], dtype=np.uint64), [e[3] for e in todo])
+            fps = [e[2] for e in todo]
+            records.put(txn, [e[1] for e in todo], np.array(fps, dtype=np.uint64)
+                        if width == 64 else words_array(fps, width), [e[3] for e in todo])
         txn.put(DB_INFO, key, marker_value(max(folded, good)))
         return len(todo)
     if entries:
@@ -312,8 +319,10 @@ class WriteBuffer:
     """
 
     def __init__(self, index_path: str, txns: Transactions, records_env: Env,
-                 write_lock, after_fold: Callable[[], None]) -> None:
+                 write_lock, after_fold: Callable[[], None], width: int = 64) -> None:
         self.path = index_path
+        self.width = width
+        self._shape: tuple = (FOLD,) if width == 64 else (FOLD, width // 64)
         self.directory = os.path.join(index_path, LOG_DIR)
         self._txns = txns
         self._records = records_env
@@ -328,7 +337,7 @@ class WriteBuffer:
     def _clear(self) -> None:
         self.idkeys: list = []
         self.metas: list = []
-        self.fps = np.empty(FOLD, dtype=np.uint64)
+        self.fps = np.empty(self._shape, dtype=np.uint64)   # (n,) or (n, words) wide
         self.n = 0
         self.newest: dict = {}   # id key -> position of its newest buffered record
         self.first: dict = {}    # id key -> position of its first buffered record
@@ -343,10 +352,13 @@ class WriteBuffer:
     def _push(self, idkey, fp, meta, now):
         n = self.n
         if n == len(self.fps):
-            self.fps = np.concatenate([self.fps, np.empty(len(self.fps), np.uint64)])
+            self.fps = np.concatenate([self.fps, np.empty_like(self.fps)])
         if not n:
             self.since = now
-        self.fps[n] = fp
+        if self.width == 64:
+            self.fps[n] = fp
+        else:
+            self.fps[n] = words_array([fp], self.width)[0]
         self.idkeys.append(idkey)
         self.metas.append(meta)
         self.newest[idkey] = n
@@ -365,7 +377,7 @@ class WriteBuffer:
         n = self.n
         if n and (n >= FOLD or time.monotonic() - self.since > FOLD_AGE):
             self.fold()
-        data = entry(idkey, fp, meta)
+        data = entry(idkey, fp, meta, self.width)
         with self._lock:
             if self._shut or self._txns.closed:
                 raise closed_error(f"index {self.path}")
@@ -441,10 +453,19 @@ class WriteBuffer:
         return self._lock.holder == threading.get_ident() or self._txns.gate.nested()
 
     # ------------------------------------------------------------ queries
+    def fingerprint(self, i: int) -> int:
+        """The fingerprint of the record at buffer position i, as an int."""
+        if self.width == 64:
+            return int(self.fps[i])
+        return int.from_bytes(self.fps[i].astype(">u8").tobytes(), "big")
+
     def within(self, q: int, k: int) -> list:
         """[(position, distance)] of the buffered records within k of q that are the newest
         of their id, in buffer order."""
-        hits = within(self.fps, self.n, q, k)
+        if self.width == 64:
+            hits = within(self.fps, self.n, q, k)
+        else:
+            hits = within_words(self.fps, self.n, words_array([q], self.width)[0], k)
         if not hits:
             return hits
         newest, idkeys = self.newest, self.idkeys
@@ -458,7 +479,7 @@ class WriteBuffer:
         while True:
             with self._lock:
                 gen, n = self.gen, self.n
-                mine = [(d, self.idkeys[i], int(self.fps[i]), self.metas[i])
+                mine = [(d, self.idkeys[i], self.fingerprint(i), self.metas[i])
                         for i, d in self.within(fp, k)]
             found = stored()
             with self._lock:

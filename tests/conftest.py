@@ -23,9 +23,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def fp_of(i):
-    """A fixed, well-spread fingerprint for record number i."""
-    return (i * 0x9E3779B97F4A7C15 + 12345) % 2**64
+def fp_of(i, width=64):
+    """A fixed, well-spread fingerprint for record number i (at 128 and 256 bits, one such
+    word per 64 bits, each shifted by its own constant)."""
+    return sum(((i * 0x9E3779B97F4A7C15 + 12345 + w * 0x5851F42D4C957F2D) % 2**64)
+               << (width - 64 * (w + 1)) for w in range(width // 64))
 
 
 def buffer_logs(path):

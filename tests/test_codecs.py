@@ -90,3 +90,14 @@ def test_records_round_trip_at_every_width(env, words):
         raw = txn.get("seqs", (n).to_bytes(8, "big"))
         fp, idkey, meta = split_record(raw, words)
         assert fp == as_int[n - 1] and idkey == ids[n - 1] and meta == metas[n - 1]
+
+
+@pytest.mark.parametrize("width", [64, 128, 256])
+def test_log_records_round_trip_and_refuse_another_width(width):
+    from simindex.codec import encode_id, pack_log_record, unpack_log_record
+    for fp in (0, 1, 2 ** width - 1, 3 << (width - 2)):
+        b = pack_log_record(encode_id("d"), fp, b"\xc0", width)
+        assert unpack_log_record(b, width) == (encode_id("d"), fp, b"\xc0")
+        for other in {64, 128, 256} - {width}:
+            with pytest.raises(simindex.CorruptError, match="fingerprint"):
+                unpack_log_record(b, other)

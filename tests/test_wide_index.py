@@ -3,6 +3,7 @@ planted near-duplicates at every distance 0..k+1 (packed, spread, the first and 
 bit), for the paper's plans and plans with flips, across reopen, compaction, records no
 shard has applied, kill -9 of a writer, and the state machine."""
 
+import os
 import random
 import signal
 import subprocess
@@ -16,8 +17,10 @@ from hypothesis.stateful import initialize, rule
 
 import simindex
 from simindex import _testing
+from conftest import buffer_logs, fp_of
+from test_buffer import BufferMachine, oracle, put
 from test_state_machine import IndexMachine
-from trials import ENV
+from trials import ENV, kill, start_buffered
 
 
 def popcount(x):
@@ -176,8 +179,6 @@ def test_wide_errors_name_the_width(tmp_path):
     with pytest.raises(simindex.ParameterError, match="width=256 was given, but the index "
                        "was built with width=128"):
         simindex.Index(tmp_path / "i", width=256)
-    with pytest.raises(simindex.ParameterError, match="sync=False .* 64-bit indexes"):
-        simindex.Index(tmp_path / "i", sync=False)
     with pytest.raises(simindex.ParameterError, match="seomoz.* not 128"):
         simindex.Index(tmp_path / "s", width=128, scheme="seomoz")
     with simindex.Index(tmp_path / "m", width=128, k=20, scheme="memosstilvi") as idx:
@@ -237,6 +238,133 @@ class WideIndexMachine(IndexMachine):
     def reopen(self):
         self.idx.close()
         self.idx = Spread(simindex.Index(f"{self.dir}/i"))
+
+
+# ---------------------------------------------------------------- the write buffer
+@pytest.mark.parametrize("width,k", [(128, 8), (256, 16)])
+def test_buffered_wide_queries_equal_a_brute_force_and_the_answers_after_flush(tmp_path,
+                                                                               width, k):
+    stored, queries = dataset(width, k, seed=11, bases=6, randoms=200)
+    path = str(tmp_path / "i")
+    model = {}
+    names = list(stored)
+    with simindex.Index(path, width=width, k=k, shards=4) as idx:     # half stored
+        idx.add_many([(i, stored[i], n) for n, i in enumerate(names[::2])])
+    for n, i in enumerate(names[::2]):
+        put(model, i, stored[i], n)
+    saved = _testing.tune(fold_age=3600.0)
+    try:
+        idx = simindex.Index(path, sync=False)                          # half buffered
+        for i in names[1::2]:
+            idx.add(i, stored[i], meta=[i])
+            put(model, i, stored[i], [i])
+        moved = names[2]                      # a stored id replaced by a buffered record
+        idx.add(moved, queries[0] ^ 1)
+        put(model, moved, queries[0] ^ 1, None)
+        assert _testing.buffered(idx) == len(names[1::2]) + 1
+        before = {}
+        for q in queries:
+            for kq in (0, k // 2, k):
+                got = idx.query(q, k=kq)
+                assert [tuple(m) for m in got] == oracle(model, q, kq)
+                before[q, kq] = got
+        assert _testing.buffered(idx) == len(names[1::2]) + 1        # queries never fold
+        idx.flush()
+        assert _testing.buffered(idx) == 0 and buffer_logs(path) == []
+        for (q, kq), got in before.items():
+            assert idx.query(q, k=kq) == got
+        assert len(idx) == len(model) and idx.verify() == []
+        idx.close()
+    finally:
+        _testing.tune(**saved)
+
+
+@pytest.mark.parametrize("width", [128, 256])
+def test_kill_9_of_a_buffered_wide_writer_loses_nothing(tmp_path, width):
+    path = str(tmp_path / "i")
+    p, log = start_buffered(path, 200, width)
+    kill(p)
+    with simindex.Index(path) as idx:                                   # replays the log
+        assert idx.stats()["replayed"] == 200 and len(idx) == 200
+        for i in range(200):
+            assert idx.get(f"r{i}") == (f"r{i}", fp_of(i, width), {"i": i})
+            assert [m.id for m in idx.query(fp_of(i, width) ^ 1, k=1)] == [f"r{i}"]
+        assert idx.verify() == [] and buffer_logs(path) == []
+
+
+def test_a_torn_wide_log_applies_the_whole_entries_before_it(tmp_path):
+    path = str(tmp_path / "i")
+    p, log = start_buffered(path, 40, 256)
+    kill(p)
+    with open(log, "r+b") as f:
+        f.truncate(os.path.getsize(log) - 3)          # mid-payload of the last entry
+    with pytest.warns(RuntimeWarning, match="torn or damaged"):
+        idx = simindex.Index(path)
+    with idx:
+        assert len(idx) == 39 and "r39" not in idx
+        assert all(idx.get(f"r{i}").fingerprint == fp_of(i, 256) for i in range(39))
+
+
+def spread4(fp):
+    """A 64-bit value's bit j at bit 4j+1 of 256: each of the four words gets 16 bits."""
+    return sum(1 << (4 * j + 1) for j in range(64) if fp >> j & 1)
+
+
+def gather4(fp):
+    return sum(1 << j for j in range(64) if fp >> (4 * j + 1) & 1)
+
+
+class Spread4:
+    """A 256-bit index seen through spread4 both ways (the buffer machine's fingerprints and
+    the ones it gets back)."""
+
+    def __init__(self, idx):
+        self.idx = idx
+
+    def __getattr__(self, name):
+        return getattr(self.idx, name)
+
+    def __len__(self):
+        return len(self.idx)
+
+    def add(self, id_, fp, meta=None):
+        self.idx.add(id_, spread4(fp), meta=meta)
+
+    def add_many(self, items):
+        self.idx.add_many([(i, spread4(f)) for i, f in items])
+
+    def get(self, id_):
+        r = self.idx.get(id_)
+        return None if r is None else r._replace(fingerprint=gather4(r.fingerprint))
+
+    def query(self, fp, k=None):
+        return [m._replace(fingerprint=gather4(m.fingerprint))
+                for m in self.idx.query(spread4(fp), k=k)]
+
+    def query_many(self, fps):
+        return [[m._replace(fingerprint=gather4(m.fingerprint)) for m in ms]
+                for ms in self.idx.query_many([spread4(f) for f in fps])]
+
+
+class WideBufferMachine(BufferMachine):
+    """test_buffer.py's machine (buffered adds mixed with every other call, folds of every
+    size) on a 256-bit index, its fingerprints spread over the four words."""
+
+    @initialize(fold=st.sampled_from([1, 3, 8, 4096]), shards=st.sampled_from([1, 4]))
+    def open(self, fold, shards):
+        self.saved = _testing.tune(fold=fold, fold_age=3600.0)
+        self.idx = Spread4(simindex.Index(f"{self.dir}/i", width=256, k=3, shards=shards,
+                                          sync=False))
+
+    @rule()
+    def reopen(self):
+        self.idx.close()
+        self.idx = Spread4(simindex.Index(f"{self.dir}/i", sync=False))
+
+
+TestWideBufferMachine = WideBufferMachine.TestCase
+TestWideBufferMachine.settings = settings(max_examples=25, stateful_step_count=30,
+                                          deadline=None)
 
 
 TestWideIndexMachine = WideIndexMachine.TestCase

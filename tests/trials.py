@@ -437,10 +437,11 @@ def disk_full_trial(work, how):
 # ---------------------------------------------------------------- write-buffer writers
 BUFFERED_WRITER = r"""
 import sys, simindex, simindex._testing
-path, n = sys.argv[1], int(sys.argv[2])
+path, n, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 simindex._testing.tune(fold_age=3600.0)        # nothing folds by age while the parent looks
-fp = lambda i: (i * 0x9E3779B97F4A7C15 + 12345) % 2**64
-idx = simindex.Index(path, k=3, shards=4, sync=False)
+fp = lambda i: sum(((i * 0x9E3779B97F4A7C15 + 12345 + w * 0x5851F42D4C957F2D) % 2**64)
+                   << (width - 64 * (w + 1)) for w in range(width // 64))
+idx = simindex.Index(path, k=3, shards=4, sync=False, width=width)
 for i in range(n):
     idx.add(f"r{i}", fp(i), meta={"i": i})
 print("added", simindex._testing.buffered(idx), simindex._testing.log_path(idx), flush=True)
@@ -451,10 +452,10 @@ for line in sys.stdin:
 """
 
 
-def start_buffered(path, n):
-    """A process that adds n records through a write buffer and waits (stdin "flush"
-    flushes); (the process, the path of its log)."""
-    p = spawn(BUFFERED_WRITER, path, n, stdin=subprocess.PIPE)
+def start_buffered(path, n, width=64):
+    """A process that adds n records (conftest.fp_of(i, width)) through a write buffer and
+    waits (stdin "flush" flushes); (the process, the path of its log)."""
+    p = spawn(BUFFERED_WRITER, path, n, width, stdin=subprocess.PIPE)
     line = p.stdout.readline().split()
     assert line[:2] == ["added", str(n)], (line, p.stderr.read() if p.poll() is not None else "")
     return p, line[2]

@@ -19,13 +19,16 @@ def hamming(uint64_t a, uint64_t b):
     return bits.popcount(a ^ b)
 
 
-cdef size_t _within(const uint64_t *fps, size_t n, uint64_t q, int k, uint32_t *pos,
-                    uint8_t *dist) noexcept nogil:
-    """Write the position and distance of every fps[i] within k bits of q; returns how many."""
-    cdef size_t i, m = 0
+cdef size_t _within(const uint64_t *fps, size_t n, size_t words, const uint64_t *q, int k,
+                    uint32_t *pos, uint8_t *dist) noexcept nogil:
+    """Write the position and distance of every fingerprint of `words` words (rows of fps)
+    within k bits of q; returns how many."""
+    cdef size_t i, w, m = 0
     cdef int d
     for i in range(n):
-        d = bits.popcount(fps[i] ^ q)
+        d = bits.popcount(fps[i * words] ^ q[0])
+        for w in range(1, words):
+            d += bits.popcount(fps[i * words + w] ^ q[w])
         if d <= k:
             pos[m] = <uint32_t>i
             dist[m] = <uint8_t>d
@@ -33,15 +36,14 @@ cdef size_t _within(const uint64_t *fps, size_t n, uint64_t q, int k, uint32_t *
     return m
 
 
-def within(const uint64_t[::1] fps, Py_ssize_t n, uint64_t q, int k):
-    """[(position, distance), ...] of the first `n` fingerprints of `fps` within k bits of q,
-    in position order: the popcount filter of a write buffer, one Python object per hit."""
+cdef list _hits(const uint64_t *fps, Py_ssize_t n, Py_ssize_t rows, size_t words,
+                const uint64_t *q, int k):
+    """within()'s list for the first n of `rows` fingerprints."""
     cdef uint32_t *pos
     cdef uint8_t *dist
     cdef size_t m, i
-    if n < 0 or n > fps.shape[0]:
-        raise ValueError(f"within: n ({n}) must be between 0 and the array's length "
-                         f"({fps.shape[0]})")
+    if n < 0 or n > rows:
+        raise ValueError(f"within: n ({n}) must be between 0 and the array's length ({rows})")
     if n > 0xFFFFFFFF:
         raise ValueError(f"within: n ({n}) must fit 32 bits")
     if n == 0:
@@ -54,11 +56,30 @@ def within(const uint64_t[::1] fps, Py_ssize_t n, uint64_t q, int k):
         raise MemoryError()
     try:
         with nogil:
-            m = _within(&fps[0], <size_t>n, q, k, pos, dist)
+            m = _within(fps, <size_t>n, words, q, k, pos, dist)
         return [(pos[i], dist[i]) for i in range(m)]
     finally:
         free(pos)
         free(dist)
+
+
+def within(const uint64_t[::1] fps, Py_ssize_t n, uint64_t q, int k):
+    """[(position, distance), ...] of the first `n` fingerprints of `fps` within k bits of q,
+    in position order: the popcount filter of a write buffer, one Python object per hit."""
+    if fps.shape[0] == 0:
+        return _hits(NULL, n, 0, 1, &q, k)
+    return _hits(&fps[0], n, fps.shape[0], 1, &q, k)
+
+
+def within_words(const uint64_t[:, ::1] fps, Py_ssize_t n, const uint64_t[::1] q, int k):
+    """within() for wide fingerprints: rows of `fps` and `q` are words, most significant
+    first."""
+    if q.shape[0] != fps.shape[1] or q.shape[0] == 0:
+        raise ValueError(f"within_words: the query has {q.shape[0]} words, the rows "
+                         f"{fps.shape[1]}")
+    if fps.shape[0] == 0:
+        return _hits(NULL, n, 0, q.shape[0], &q[0], k)
+    return _hits(&fps[0, 0], n, fps.shape[0], q.shape[0], &q[0], k)
 
 
 cdef int pair_push(PairBuf *p, uint64_t a, uint64_t b, uint8_t d) noexcept nogil:
