@@ -113,6 +113,35 @@ def test_pairs_in_crowded_prefixes_equal_brute_force(tmp_path, k, blocks, free_b
         assert {(int(a), int(b)): d for a, b, d in got} == want
 
 
+@pytest.mark.parametrize("width", [64, 128])
+def test_blocks_with_unevenly_spread_keys_answer_exactly(tmp_path, width):
+    """Dense runs of keys beside sparse ones (a block's scan start is guessed by
+    interpolation and then searched: a far-off guess must still find every entry)."""
+    rng = np.random.default_rng(5)
+    words = width // 64
+    low = np.zeros((4000, words), np.uint64)
+    low[:, -1] = np.arange(4000, dtype=np.uint64)                 # the lowest bits only
+    mid = np.zeros((2000, words), np.uint64)
+    mid[:, 0] = np.arange(2000, dtype=np.uint64) << np.uint64(40)  # a few middle bits
+    top = np.zeros((2000, words), np.uint64)
+    top[:, 0] = np.arange(2000, dtype=np.uint64) << np.uint64(53)  # the highest bits
+    fps = np.concatenate([low, mid, top, rng.integers(0, 2 ** 64, (2000, words), np.uint64),
+                          np.full((3, words), 2 ** 64 - 1, np.uint64)])
+    q = fps[rng.integers(0, len(fps), 300)].copy()
+    flips = rng.integers(0, 64, (300, 2))
+    for i, (a, b) in enumerate(flips):
+        q[i, i % words] ^= np.uint64(1 << int(a)) | np.uint64(1 << int(b))
+    k = 3
+    with simindex.Index(tmp_path / "i", width=width, k=k, blocks=4, shards=1) as idx:
+        idx.add_many(range(len(fps)), fps if width > 64 else fps[:, 0])
+        assert idx.stats()["runs"] == 4 and idx.verify() == []
+        got = idx.query_many(q if width > 64 else q[:, 0])
+    for i, ms in enumerate(got):
+        d = np.unpackbits((fps ^ q[i]).view(np.uint8), axis=1).sum(axis=1)
+        assert {m.id: m.distance for m in ms} == \
+            {int(j): int(d[j]) for j in np.nonzero(d <= k)[0]}, i
+
+
 def test_ties_sort_by_insertion_order(tmp_path):
     with simindex.Index(tmp_path / "i") as idx:
         idx.add("b", 0b1000)
