@@ -1,10 +1,10 @@
 # The query engine (ext/simindex/_query.pyx): read transactions on an index's records and
 # shards, the nogil scan of every table's prefix ranges, and the resolution of candidates.
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
-from simindex.clmdb cimport MDB_env, MDB_txn, MDB_cursor, MDB_dbi
+from simindex.clmdb cimport MDB_env, MDB_txn, MDB_cursor, MDB_dbi, MDB_val
 from simindex._lmdb cimport Env, Txn, Handle
 from simindex._permute cimport Permuter
-from simindex._blocks cimport RunList
+from simindex._blocks cimport Block, RunList
 from simindex._records cimport Tail
 
 
@@ -28,6 +28,22 @@ cdef struct Hit:
     const uint8_t *val
     size_t vlen
     uint32_t dist
+
+
+cdef struct Probe:
+    # one run's part of one probe of a query: the block a seek found and the range to scan
+    MDB_cursor *cur        # the shard's cursor (for a range that runs past the block)
+    MDB_val key, val       # the block (valid while the shard's read txn lives)
+    uint64_t run, lo, hi, pk
+    const uint64_t *pkt    # the table key's further words (wide)
+    Block blk              # its decoded header (pass 2)
+    size_t guess           # where its range is guessed to start (pass 2)
+
+
+cdef struct ProbeBuf:
+    Probe *p
+    size_t n
+    size_t cap
 
 
 cdef struct HitBuf:

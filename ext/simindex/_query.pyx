@@ -70,21 +70,28 @@ cdef int _cmp_dist_seq(const void *a, const void *b) noexcept nogil:
 
 
 # ---------------------------------------------------------------- the scan
-cdef inline size_t _lower_bound(const Block *blk, uint64_t lo, uint64_t last) noexcept nogil:
-    """The first entry of a block with key >= lo, its keys spanning [kbase, last]: guessed by
-    interpolation (permuted simhash keys spread evenly), then found by galloping from the
-    guess, so a block not in cache costs one or two cache lines of keys, not a binary
-    search's nine. Any guess gives the right answer; only the speed depends on it."""
-    cdef size_t c = blk.c, g, a, b, mid, step = 1
+cdef inline size_t _guess(const Block *blk, uint64_t lo, uint64_t last) noexcept nogil:
+    """Where in a block whose keys span [kbase, last] the first key >= lo should be, by
+    interpolation (permuted simhash keys spread evenly)."""
+    cdef size_t c = blk.c, g
     cdef uint64_t first = blk.kbase
     if lo <= first:
         return 0
     if lo > last or last <= first:
-        g = c - 1
-    else:
-        g = <size_t>(<double>(lo - first) / <double>(last - first) * <double>(c - 1))
-        if g >= c:
-            g = c - 1
+        return c - 1
+    g = <size_t>(<double>(lo - first) / <double>(last - first) * <double>(c - 1))
+    return g if g < c else c - 1
+
+
+cdef inline size_t _lower_bound(const Block *blk, uint64_t lo, uint64_t last,
+                                size_t g) noexcept nogil:
+    """The first entry of a block with key >= lo, found by galloping from the guess g (see
+    _guess), so a block not in cache costs one or two cache lines of keys, not a binary
+    search's nine. Any guess below the count gives the right answer; only the speed
+    depends on it."""
+    cdef size_t c = blk.c, a, b, mid, step = 1
+    if lo <= blk.kbase:
+        return 0
     if key_at(blk, g) < lo:
         a = g + 1                          # every key before a is < lo
         while a + step <= c and key_at(blk, a + step - 1) < lo:
@@ -136,7 +143,8 @@ cdef int _scan_run(MDB_cursor *cur, uint64_t run_id, uint64_t lo, uint64_t hi,
         if blk.tw != tw:
             return CORRUPT_BLOCK
         if first:
-            i = _lower_bound(&blk, lo, bits.load_be64(<const uint8_t *>key.mv_data + 8))
+            x = bits.load_be64(<const uint8_t *>key.mv_data + 8)
+            i = _lower_bound(&blk, lo, x, _guess(&blk, lo, x))
             first = False
         else:
             i = 0
@@ -157,6 +165,121 @@ cdef int _scan_run(MDB_cursor *cur, uint64_t run_id, uint64_t lo, uint64_t hi,
     if rc == MDB_NOTFOUND:
         return 0
     return rc
+
+
+# A query's probes run in three passes so that the memory of the blocks they read is fetched
+# in parallel, not one miss after another: (1) seek every run's block for every probe and
+# prefetch its header; (2) decode each header, guess where the range starts (interpolation)
+# and prefetch those keys and tail words; (3) scan. At 256 bits and k=31 a query reads ~190
+# blocks that are rarely in cache; the three passes measured 1.6x one probe at a time.
+cdef int _probe_push(ProbeBuf *b, MDB_cursor *cur, uint64_t run_id, uint64_t lo, uint64_t hi,
+                     uint64_t pk, const uint64_t *pkt) noexcept nogil:
+    """Pass 1: find run `run_id`'s first block whose keys reach lo, queue it with the range
+    and prefetch its header; 0 (queued, or nothing in the run at or above lo), or an error."""
+    cdef uint8_t kbuf[layout.BLOCK_KEY]
+    cdef MDB_val key, val
+    cdef size_t cap
+    cdef void *t
+    cdef Probe *pr
+    cdef int rc
+    bits.store_be64(kbuf, run_id)
+    bits.store_be64(kbuf + 8, lo)
+    bits.store_be32(kbuf + 16, 0)
+    key.mv_size = layout.BLOCK_KEY
+    key.mv_data = kbuf
+    rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE)
+    if rc == MDB_NOTFOUND:
+        return 0
+    if rc:
+        return rc
+    if key.mv_size != layout.BLOCK_KEY:
+        return CORRUPT_KEY
+    if bits.load_be64(key.mv_data) != run_id:
+        return 0
+    bits.prefetch(val.mv_data)
+    if b.n == b.cap:
+        cap = b.cap * 2 if b.cap else 64
+        t = realloc(b.p, cap * sizeof(Probe))
+        if t == NULL:
+            return NO_MEMORY
+        b.p = <Probe *>t
+        b.cap = cap
+    pr = &b.p[b.n]
+    pr.cur = cur
+    pr.key = key
+    pr.val = val
+    pr.run = run_id
+    pr.lo = lo
+    pr.hi = hi
+    pr.pk = pk
+    pr.pkt = pkt
+    b.n += 1
+    return 0
+
+
+cdef int _probe_guess(Probe *pr, size_t tw) noexcept nogil:
+    """Pass 2: decode the block's header, guess where the range starts, prefetch there."""
+    cdef int rc = open_block(&pr.key, &pr.val, &pr.blk)
+    cdef size_t g, e
+    cdef uint64_t last
+    if rc:
+        return rc
+    if pr.blk.tw != tw:
+        return CORRUPT_BLOCK
+    last = bits.load_be64(<const uint8_t *>pr.key.mv_data + 8)
+    g = _guess(&pr.blk, pr.lo, last)
+    pr.guess = g
+    # the entries the range should hold, as the keys spread (a few lines at most)
+    e = 2
+    if last > pr.blk.kbase and pr.hi > pr.lo:
+        e += <size_t>(<double>(pr.hi - pr.lo) / <double>(last - pr.blk.kbase) *
+                      <double>pr.blk.c)
+    if g + e > pr.blk.c:
+        e = pr.blk.c - g
+    _prefetch_span(pr.blk.keys + g * pr.blk.kw, e * pr.blk.kw)
+    if tw:
+        _prefetch_span(pr.blk.tails + g * tw * 8, e * tw * 8)
+    return 0
+
+
+cdef inline void _prefetch_span(const uint8_t *p, size_t n) noexcept nogil:
+    """Prefetch the cache lines of [p, p + n), 16 of them at most."""
+    cdef size_t off = 0
+    if n > 16 * 64:
+        n = 16 * 64
+    while off < n:
+        bits.prefetch(p + off)
+        off += 64
+    if n:
+        bits.prefetch(p + n - 1)
+
+
+cdef int _probe_scan(Probe *pr, int k, HitBuf *hits, size_t tw) noexcept nogil:
+    """Pass 3: push (seq, distance) of the block's entries in the probe's range within k;
+    a range that runs past the block is scanned again whole, the run way (_scan_run), its
+    repeated hits dropped with the query's other duplicates."""
+    cdef const Block *blk = &pr.blk
+    cdef size_t i, w
+    cdef uint64_t x
+    cdef int d, rc
+    i = _lower_bound(blk, pr.lo, bits.load_be64(<const uint8_t *>pr.key.mv_data + 8),
+                     pr.guess)
+    while i < blk.c:
+        x = key_at(blk, i)
+        if x > pr.hi:
+            return 0
+        d = bits.popcount(x ^ pr.pk)
+        if d <= k:
+            for w in range(tw):
+                d += bits.popcount(tail_at(blk, i, w) ^ pr.pkt[w])
+            if d <= k:
+                rc = _hit_push(hits, seq_at(blk, i), d)
+                if rc:
+                    return rc
+        i += 1
+    if bits.load_be64(<const uint8_t *>pr.key.mv_data + 8) >= pr.hi:
+        return 0                  # the block's last key closes the range
+    return _scan_run(pr.cur, pr.run, pr.lo, pr.hi, pr.pk, k, hits, pr.pkt, tw)
 
 
 cdef int _tail_hits(Tail *tail, uint64_t applied, const uint64_t *q, int k,
@@ -559,6 +682,9 @@ cdef class ReadContext(Handle):
         cdef const Tables *tb = &(<Permuter>perm).c if words == 1 else &wp.c
         cdef const uint64_t *qp
         cdef uint64_t pkw[4]
+        cdef uint64_t *pkws = NULL     # each table's key words, 4 per table
+        cdef const uint64_t *pkt
+        cdef ProbeBuf probes
         cdef Py_ssize_t qi
         cdef int T = tb.ntables, t, s, s0, s1, rc = 0
         cdef uint64_t pk, lo, hi, last = 0, minA, minAll
@@ -579,6 +705,7 @@ cdef class ReadContext(Handle):
         cdef MDB_txn *given = NULL
         memset(&hits, 0, sizeof(HitBuf))
         memset(&tail, 0, sizeof(Tail))
+        memset(&probes, 0, sizeof(ProbeBuf))
         if txn is not None:
             txn.check()
             if txn.env is not self.records:
@@ -586,7 +713,10 @@ cdef class ReadContext(Handle):
             given = txn.txn
         self.records.check()
         qstart = <size_t *>malloc((n + 1) * sizeof(size_t))
-        if qstart == NULL:
+        pkws = <uint64_t *>malloc(<size_t>T * 4 * sizeof(uint64_t))
+        if qstart == NULL or pkws == NULL:
+            free(qstart)
+            free(pkws)
             raise MemoryError()
         try:
             with nogil:
@@ -634,8 +764,10 @@ cdef class ReadContext(Handle):
                     qp = queries + qi * words
                     qstart[qi] = hits.n
                     minA = 0xFFFFFFFFFFFFFFFF
+                    probes.n = 0
                     for t in range(T):
-                        pk = _key(tb, wp, t, qp, words, pkw)
+                        pkt = pkws + t * 4
+                        pk = _key(tb, wp, t, qp, words, pkt)
                         for j in range(tb.probe_start[t], tb.probe_start[t + 1]):
                             prefix_range(tb, t, pk ^ tb.probe[j], &lo, &hi, &s0, &s1)
                             for s in range(s0, s1 + 1):
@@ -647,8 +779,8 @@ cdef class ReadContext(Handle):
                                     minA = sv.runs.applied
                                 for r in range(sv.runs.table_start[t],
                                                sv.runs.table_start[t + 1]):
-                                    rc = _scan_run(sv.cur, sv.runs.run_ids[r], lo, hi, pk, k,
-                                                   &hits, pkw + 1, words - 1)
+                                    rc = _probe_push(&probes, sv.cur, sv.runs.run_ids[r], lo,
+                                                     hi, pk, pkt + 1)
                                     if rc:
                                         break
                                 if rc:
@@ -657,6 +789,14 @@ cdef class ReadContext(Handle):
                                 break
                         if rc:
                             break
+                    r = 0
+                    while r < probes.n and rc == 0:
+                        rc = _probe_guess(&probes.p[r], words - 1)
+                        r += 1
+                    r = 0
+                    while r < probes.n and rc == 0:
+                        rc = _probe_scan(&probes.p[r], k, &hits, words - 1)
+                        r += 1
                     if rc:
                         break
                     if last > minA:
@@ -685,6 +825,8 @@ cdef class ReadContext(Handle):
                 raise error(rc, f"query on {where}")
             return _hit_lists(&hits, qstart, n, matches, words)
         finally:
+            free(pkws)
+            free(probes.p)
             self._end_call(rc_cur, qstart, &hits, &tail)
 
 

@@ -52,8 +52,10 @@ cdef extern from *:
         b[0] = (uint8_t)(v >> 24); b[1] = (uint8_t)(v >> 16); b[2] = (uint8_t)(v >> 8); b[3] = (uint8_t)v;
     }
     static inline int si_popcount(uint64_t x) { return __builtin_popcountll(x); }
+    static inline void si_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
     static inline int si_clz64(uint64_t x) { return __builtin_clzll(x); }
     """
+    void prefetch "si_prefetch"(const void *p) noexcept nogil
     uint64_t load64 "si_load64"(const void *p) noexcept nogil
     void store64 "si_store64"(void *p, uint64_t v) noexcept nogil
     uint32_t load32 "si_load32"(const void *p) noexcept nogil
