@@ -16,6 +16,7 @@ from conftest import (
     shard_boundary_fps,
 )
 from simindex import _testing
+from simindex.plan import Plan
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'simindex[ray]')")
 dist = pytest.importorskip("simindex.distributed")
@@ -432,6 +433,65 @@ def test_a_wide_cluster_answers_like_the_index(local_ray, tmp_path, width, k, bl
     # the batch join of inputs (not an index) at this width
     got = dist.pairs(items, k=k, width=width, partitions=4)
     assert {(a, b): d for a, b, d in got} == wide_brute_pairs(dict(items), k)
+
+
+def write_hex_tsv(path, records, width):
+    """id<TAB>hex lines: width/4 digits, every third with its leading zeros dropped."""
+    with open(path, "w") as f:
+        for n, (i, fp) in enumerate(records):
+            f.write(f"{i}\t{fp:x}\n" if n % 3 == 0 else f"{i}\t{fp:0{width // 4}x}\n")
+
+
+@pytest.mark.parametrize("width,k", [(128, 6), (256, 12)])
+def test_build_of_wide_hex_gives_the_cli_index(local_ray, tmp_path, width, k):
+    from click.testing import CliRunner
+    from simindex.cli import cli
+    stored, queries = wide_dataset(width, k, Plan(k=k, width=width).blocks, seed=width,
+                                   n_random=300)
+    items = list(stored.items())
+    write_hex_tsv(tmp_path / "a.tsv", items[:200], width)
+    write_hex_tsv(tmp_path / "b.tsv", items[200:], width)
+    files = [str(tmp_path / "a.tsv"), str(tmp_path / "b.tsv")]
+    got = dist.build(tmp_path / "d", files, width=width, k=k, shards=4)
+    assert got["records"] == len(items)
+    cli_build = subprocess.run([sys.executable, "-m", "simindex.cli", "build",
+                                str(tmp_path / "s"), *files, "--width", str(width), "--k",
+                                str(k), "--shards", "4", "-q"], capture_output=True, text=True,
+                               timeout=300)
+    assert cli_build.returncode == 0, cli_build.stderr
+    with simindex.Index(tmp_path / "d", readonly=True) as d, \
+            simindex.Index(tmp_path / "s", readonly=True) as s:
+        assert (d.width, d.k, d.blocks, d.shards) == (width, k, s.blocks, 4)
+        assert d.verify() == [] and len(d) == len(s) == len(stored)
+        want = s.query_many(queries)
+        assert answers(d.query_many(queries)) == answers(want)
+        assert [d.get(i) for i in stored] == [s.get(i) for i in stored]
+        for q, ms in zip(queries, want):
+            assert {m.id: m.distance for m in ms} == brute(stored, q, k)
+        assert sorted(dist.pairs(tmp_path / "d")) == sorted(s.pairs())
+        assert dist.clusters(files, k=k, width=width) == list(s.clusters())
+    if width == 256:
+        # the CLI through a Cluster (once: its actors take seconds to start): build --ray
+        # --width and query --ray give the plain answers, fingerprints in 64 hex digits
+        run = CliRunner().invoke(cli, ["build", str(tmp_path / "r"), *files, "--width", "256",
+                                       "--k", str(k), "--shards", "4", "-q", "--ray", local_ray])
+        assert run.exit_code == 0, run.output
+        outs = [CliRunner().invoke(cli, ["query", str(tmp_path / name), files[1], "-q", *extra])
+                for name, extra in (("r", ["--ray", local_ray]), ("s", []))]
+        assert outs[0].exit_code == 0 and outs[0].stdout == outs[1].stdout
+        assert f'"fingerprint": "{stored["b0.0.packed"]:064x}"' in outs[1].stdout
+    # an existing index keeps its width; one given that differs is the error Index gives
+    other = 384 - width
+    with pytest.raises(simindex.ParameterError) as e:
+        simindex.Index(tmp_path / "d", width=other)
+    for call in (lambda: dist.build(tmp_path / "d", [("x", 1)], width=other),
+                 lambda: dist.pairs(tmp_path / "d", width=other)):
+        with pytest.raises(simindex.ParameterError) as e2:
+            call()
+        assert str(e2.value) == str(e.value)
+    (tmp_path / "bad.tsv").write_text(f"x\t{'f' * (width // 4 + 1)}\n")
+    with pytest.raises(simindex.BadLine, match=rf"bad.tsv:1: .*1-{width // 4} hex digits"):
+        dist.build(tmp_path / "d", [tmp_path / "bad.tsv"])
 
 
 def test_request_records_keep_wide_results():
