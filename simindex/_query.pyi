@@ -25,5 +25,5 @@ class ReadContext(Handle):
     def resolve(self, queries: _U64, qidx: _U64, seqs: _U64, dists: npt.NDArray[np.uint8],
                 applied: _U64, k: int, txn: Optional[Txn] = ...) -> list[list[_Hit]]: ...
 
-def scan_shard(txn: Txn, perm: Permuter, shard: int, queries: _U64, k: int
+def scan_shard(txn: Txn, perm: Permuter | WidePermuter, shard: int, queries: _U64, k: int
                ) -> tuple[_U64, _U64, npt.NDArray[np.uint8], int]: ...

@@ -117,7 +117,7 @@ class _Skips:
 def _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips, on_error):
     """(item, fingerprint) of every input record; a text is fingerprinted with the index's
     scheme, and a text without a fingerprint is a bad line like any other."""
-    width = idx.width if isinstance(idx, Index) else 64
+    width = idx.width
     for item in read_items(inputs or ["-"], fmt, fp_format, max_line,
                            on_error=skips if on_error == "skip" else None, width=width):
         try:
@@ -174,7 +174,8 @@ def build(index, inputs, k, blocks, width, prefix_blocks, shards, expected, sche
         write = lambda batch: idx.add_many(batch, jobs=jobs)
     else:
         idx = _cluster(index, ray_address, k=k, blocks=blocks, shards=shards, scheme=scheme,
-                       expected=expected, prefix_blocks=prefix_blocks)
+                       expected=expected, prefix_blocks=prefix_blocks,
+                       width=None if width is None else int(width))
         write = idx.add_many
     skips = _Skips(quiet)
     added = 0
@@ -233,7 +234,7 @@ def query(index, inputs, k, output, ray_address, fmt, fp_format, max_line, on_er
         idx = _open(index, k_at_most=k, readonly=True)
     else:
         idx = _cluster(index, ray_address, k_at_most=k, readonly=True)
-    width = idx.width if isinstance(idx, Index) else 64
+    width = idx.width
     skips = _Skips(quiet)
     n = 0
     out = sys.stdout

@@ -41,12 +41,18 @@ def prefix_order(keys: np.ndarray, pmask: int) -> np.ndarray:
 
 def join_table(plan: Plan, table: int, keys: np.ndarray, ids: Optional[np.ndarray],
                k: int) -> tuple:
-    """(a, b, d) of the pairs within k of one table's keys (in any order), named by `ids`
-    (None: by their positions in `keys`)."""
+    """(a, b, d) of the pairs within k of one table's keys (in any order; (n, words) at
+    widths above 64, grouped by their first word's prefix and checked over every word),
+    named by `ids` (None: by their positions in `keys`)."""
     pmask = plan.permuter.prefix_mask(table)
-    order = prefix_order(keys, pmask)
+    wide = keys.ndim == 2
+    order = prefix_order(np.ascontiguousarray(keys[:, 0]) if wide else keys, pmask)
     # positions: the order itself (a sequential copy, not a gather through it)
     named = order.astype(np.uint64) if ids is None else ids[order]
+    if wide:
+        return pairs_wide(np.ascontiguousarray(keys[order]), named, pmask,
+                          plan.earlier_masks(table).reshape(-1, plan.words), k,
+                          plan.permuter.probe_masks(table), plan.flips)
     return pairs_sorted(keys[order], named, pmask, plan.earlier_masks(table), k,
                         plan.permuter.probe_masks(table), plan.flips)
 
@@ -76,14 +82,8 @@ def _find_all_wide(fingerprints, k, blocks, prefix_blocks, width):
         blocks, p = default_plan(k, max(len(fps), 1), width=width)
         prefix_blocks = p if prefix_blocks is None else prefix_blocks
     plan = Plan(k=k, blocks=blocks, shards=1, prefix_blocks=prefix_blocks, width=width)
-    parts = []
-    for t in range(plan.ntables):
-        keys = plan.permuter.keys(t, fps)
-        pmask = plan.permuter.prefix_mask(t)
-        order = prefix_order(np.ascontiguousarray(keys[:, 0]), pmask)
-        parts.append(pairs_wide(np.ascontiguousarray(keys[order]), order.astype(np.uint64),
-                                pmask, plan.earlier_masks(t).reshape(-1, plan.words), k,
-                                plan.permuter.probe_masks(t), plan.flips))
+    parts = [join_table(plan, t, plan.permuter.keys(t, fps), None, k)
+             for t in range(plan.ntables)]
     return _sorted_pairs(parts)
 
 

@@ -91,14 +91,15 @@ def count(txn: Txn) -> int:
 
 def tail(txn: Txn, start: int, limit: int = 0, words: int = 1) -> tuple:
     """(seqs, fingerprints) of the live records with seq >= start, in seq order, at most
-    `limit` of them (0: all): uint64 arrays."""
+    `limit` of them (0: all): uint64 arrays, fingerprints (n, words) when words > 1."""
     return read_tail(txn, DB_SEQS, start, limit, words)
 
 
-def live(txn: Txn) -> tuple:
-    """(seqs, fingerprints, ids) of every live record, in seq (insertion) order."""
-    seqs, fps = tail(txn, 0)
-    return seqs, fps, records_lookup(txn, DB_SEQS, seqs)[1]
+def live(txn: Txn, words: int = 1) -> tuple:
+    """(seqs, fingerprints, ids) of every live record, in seq (insertion) order
+    (fingerprints (n, words) for wide ones)."""
+    seqs, fps = tail(txn, 0, 0, words)
+    return seqs, fps, records_lookup(txn, DB_SEQS, seqs, words)[1]
 
 
 def request(txn: Txn, client: bytes) -> Optional[bytes]:

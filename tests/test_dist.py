@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 
 import simindex
-from conftest import brute, brute_pairs, one_table_family, planted_family, shard_boundary_fps
+from conftest import (
+    block_ranges, brute, brute_pairs, flip, one_table_family, planted_family, popcount,
+    shard_boundary_fps,
+)
+from simindex import _testing
+from simindex.plan import Plan
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'simindex[ray]')")
 dist = pytest.importorskip("simindex.distributed")
@@ -131,8 +136,18 @@ def test_cluster_answers_like_the_index(local_ray, tmp_path):
         assert c.remove("u2") and not c.remove("u2") and c.query(far) == []
         with pytest.raises(simindex.ParameterError):
             c.query(1, k=4)
-        with pytest.raises(simindex.InputError):
+        # a wide fingerprint given to a 64-bit cluster: its value and the rule
+        with pytest.raises(simindex.InputError, match=rf"item 0: fingerprint {2 ** 64} is "
+                                                      rf"out of range: .*2\*\*64"):
             c.add_many([("x", 2 ** 64)])
+        with pytest.raises(simindex.InputError, match=rf"{2 ** 128} is out of range"):
+            c.query(2 ** 128)
+        with pytest.raises(simindex.InputError, match=rf"{2 ** 100} is out of range"):
+            c.add_unique("x", 2 ** 100)
+        with pytest.raises(simindex.InputTypeError, match=r"int, got bytes b'\\x00\\x00"):
+            c.add("x", bytes(16))
+        with pytest.raises(simindex.InputError, match=r"1-d array, got shape \(2, 2\)"):
+            c.query_many(np.zeros((2, 2), dtype=np.uint64))
         with simindex.Index(tmp_path / "i", readonly=True) as idx:
             assert answers(idx.query_many(queries)) == answers(c.query_many(queries))
     with simindex.Index(tmp_path / "i") as idx:
@@ -154,8 +169,8 @@ def test_a_killed_actor_comes_back_and_loses_nothing(local_ray, tmp_path):
                 os.kill(pids["records"], signal.SIGKILL)  # the ledger
             if b == 6:
                 # a shard server killed while this batch is being applied
-                killer = subprocess.Popen([sys.executable, "-c",
-                                           f"import os,time; time.sleep(0.05); os.kill({pids[1]}, 9)"])
+                kill = f"import os, time; time.sleep(0.05); os.kill({pids[1]}, 9)"
+                killer = subprocess.Popen([sys.executable, "-c", kill])
             c.add_many(ids, fps)
             if b == 6:
                 killer.wait()
@@ -295,3 +310,198 @@ def test_a_plan_with_flips_is_exact_on_ray(local_ray, tmp_path):
     assert {(a, b): d for a, b, d in smaller} == {p: d for p, d in want.items() if d <= 5}
     with simindex.Index(tmp_path / "d", readonly=True) as d:
         assert (d.blocks, d.prefix_blocks, d.flips) == (4, 1, 2) and d.verify() == []
+
+
+# ---------------------------------------------------------------- wide indexes (128, 256)
+def wide_dataset(width, k, blocks, seed, n_random=400):
+    """Random records plus, around each base (0 and all ones among them), fingerprints at
+    every distance 0..k+1: bits packed in one of the plan's `blocks`, spread, from the first
+    and last bit inwards, and at random; queries at the bases, next to stored ones and at
+    random."""
+    rng = random.Random(seed)
+    stored = {f"r{i}": rng.getrandbits(width) for i in range(n_random)}
+    ranges = block_ranges(blocks, width)
+    bases = [0, (1 << width) - 1] + [rng.getrandbits(width) for _ in range(3)]
+    for b, base in enumerate(bases):
+        for d in range(k + 2):
+            # in one block, or contiguous over the fewest when no block is that wide
+            lo, hi = rng.choice([r for r in ranges if r[1] - r[0] >= d] or [(0, width)])
+            start = rng.randrange(lo, hi - d + 1)
+            edges = [x for pair in zip(range(width), reversed(range(width))) for x in pair]
+            for name, bits in (("packed", range(start, start + d)),
+                               ("spread", {int(x) for x in np.linspace(0, width - 1, d)}),
+                               ("edges", edges[:d]),
+                               ("random", rng.sample(range(width), d))):
+                stored[f"b{b}.{d}.{name}"] = flip(base, bits)
+    queries = bases + [fp ^ (1 << (width - 1)) for fp in list(stored.values())[::41]] + \
+        [rng.getrandbits(width) for _ in range(10)]
+    return stored, queries
+
+
+def wide_brute_pairs(stored, k):
+    """{(id_a, id_b): d} of every pair within k bits, a stored first (any width)."""
+    ids, fps = list(stored), list(stored.values())
+    return {(ids[i], ids[j]): popcount(fps[i] ^ fps[j]) for i in range(len(ids))
+            for j in range(i + 1, len(ids)) if popcount(fps[i] ^ fps[j]) <= k}
+
+
+def as_words(fps, width):
+    """(n, width/64) uint64 words, most significant first."""
+    words = width // 64
+    return np.array([[(f >> (64 * (words - 1 - w))) & (2 ** 64 - 1) for w in range(words)]
+                     for f in fps], dtype=np.uint64).reshape(-1, words)
+
+
+@pytest.mark.parametrize("width,k,blocks,prefix_blocks,shards", [
+    (128, 8, None, None, 4),         # the planner's plan: 9 tables of 14-15-bit prefixes
+    (256, 16, None, None, 2),        # the planner's plan: 17 tables
+    (256, 16, 8, 1, 8),              # flips: 8 tables of 32-bit prefixes probed within 2 bits
+])
+def test_a_wide_cluster_answers_like_the_index(local_ray, tmp_path, width, k, blocks,
+                                              prefix_blocks, shards):
+    path = tmp_path / "i"
+    with simindex.Index(path, width=width, k=k, blocks=blocks, prefix_blocks=prefix_blocks,
+                        shards=shards) as idx:
+        stored, queries = wide_dataset(width, k, idx.blocks, seed=width + k + shards)
+        items = list(stored.items())
+        q = len(items) // 4
+        idx.add_many(items[:q])
+        # committed but applied by no shard (a writer killed): the cluster catches them up
+        _testing.commit_unapplied(idx, [i for i, _ in items[q:2 * q]],
+                                  as_words([f for _, f in items[q:2 * q]], width))
+    with simindex.Index(path, readonly=True) as idx:
+        assert idx.stats()["unapplied"] == q
+        text_fp = idx.fingerprint("a text")
+    with dist.Cluster(path) as c:
+        assert (c.width, c.k, c.fingerprint("a text")) == (width, k, text_fp)
+        c.add_many(items[2 * q:3 * q])                                    # (id, fp) items
+        rest = items[3 * q:]
+        c.add_many([i for i, _ in rest], as_words([f for _, f in rest], width))   # words
+        fp = stored["b2.0.packed"]
+        c.add("bytes", fp.to_bytes(width // 8, "big"), {"m": 1})        # big-endian bytes
+        stored["bytes"] = fp
+        got = c.query_many(queries)
+        for q, ms in zip(queries, got):
+            assert {m.id: m.distance for m in ms} == brute(stored, q, k)
+            assert all(m.fingerprint == stored[m.id] for m in ms)
+        with simindex.Index(path, readonly=True) as idx:
+            assert answers(got) == answers(idx.query_many(queries))
+            assert answers(c.query_many(as_words(queries, width), k=k // 2)) == \
+                answers(idx.query_many(queries, k=k // 2))
+            assert [c.get(i) for i in ("bytes", "r7", "b1.3.edges", "nope")] == \
+                [idx.get(i) for i in ("bytes", "r7", "b1.3.edges", "nope")]
+        assert c.get("bytes") == simindex.Record("bytes", fp, {"m": 1})
+        for q in queries[:3]:
+            assert answers([c.query(q)]) == answers(c.query_many([q]))
+        assert answers([c.query(queries[2].to_bytes(width // 8, "big"), k=1)]) == \
+            answers(c.query_many([queries[2]], k=1))
+        # add_unique: refused within k (the neighbours returned), admitted otherwise; a
+        # single add leaves shards without its entries behind (queries check the ledger)
+        near = stored["b3.1.spread"] ^ 1
+        assert {m.id: m.distance for m in c.add_unique("u1", near)} == brute(stored, near, k)
+        assert c.get("u1") is None
+        far = random.Random(width).getrandbits(width)
+        while brute(stored, far, k):
+            far = random.Random(far).getrandbits(width)
+        assert c.add_unique("u2", far, {"x": 2}) == []
+        stored["u2"] = far
+        assert [(m.id, m.distance, m.meta) for m in c.query(far ^ 3)] == [("u2", 2, {"x": 2})]
+        assert c.add_text("t", "a text") == c.fingerprint("a text")
+        stored["t"] = c.fingerprint("a text")
+        assert c.query_text("a text", k=0)[0].id == "t"
+        assert c.remove("r3") and not c.remove("r3")
+        del stored["r3"]
+        want = wide_brute_pairs(stored, k)
+        pairs = c.pairs(partitions=4)
+        assert {(a, b): d for a, b, d in pairs} == want and len(pairs) == len(want)
+        with simindex.Index(path, readonly=True) as idx:
+            assert sorted(pairs) == sorted(idx.pairs())
+            assert c.clusters() == list(idx.clusters())
+            assert answers(c.query_many(queries)) == answers(idx.query_many(queries))
+        # a wrong width names the value and the rule
+        with pytest.raises(simindex.InputError, match=rf"{2 ** width}.*2\*\*{width}"):
+            c.query(2 ** width)
+        with pytest.raises(simindex.InputError,
+                           match=rf"b'(\\x01\\x02){{4}}' is 8 bytes.*exactly {width // 8}"):
+            c.add("x", b"\x01\x02" * 4)
+        with pytest.raises(simindex.InputError, match=rf"\(n, {width // 64}\), got \(2,\)"):
+            c.query_many(np.array([1, 2], dtype=np.uint64))
+        with pytest.raises(simindex.InputError, match=rf"item 0: .*{2 ** width + 1}"):
+            c.add_many([("x", 2 ** width + 1)])
+    with simindex.Index(path) as idx:
+        assert idx.verify() == [] and idx.stats()["unapplied"] == 0 and len(idx) == len(stored)
+    # the batch join of inputs (not an index) at this width
+    got = dist.pairs(items, k=k, width=width, partitions=4)
+    assert {(a, b): d for a, b, d in got} == wide_brute_pairs(dict(items), k)
+
+
+def write_hex_tsv(path, records, width):
+    """id<TAB>hex lines: width/4 digits, every third with its leading zeros dropped."""
+    with open(path, "w") as f:
+        for n, (i, fp) in enumerate(records):
+            f.write(f"{i}\t{fp:x}\n" if n % 3 == 0 else f"{i}\t{fp:0{width // 4}x}\n")
+
+
+@pytest.mark.parametrize("width,k", [(128, 6), (256, 12)])
+def test_build_of_wide_hex_gives_the_cli_index(local_ray, tmp_path, width, k):
+    from click.testing import CliRunner
+    from simindex.cli import cli
+    stored, queries = wide_dataset(width, k, Plan(k=k, width=width).blocks, seed=width,
+                                   n_random=300)
+    items = list(stored.items())
+    write_hex_tsv(tmp_path / "a.tsv", items[:200], width)
+    write_hex_tsv(tmp_path / "b.tsv", items[200:], width)
+    files = [str(tmp_path / "a.tsv"), str(tmp_path / "b.tsv")]
+    got = dist.build(tmp_path / "d", files, width=width, k=k, shards=4)
+    assert got["records"] == len(items)
+    cli_build = subprocess.run([sys.executable, "-m", "simindex.cli", "build",
+                                str(tmp_path / "s"), *files, "--width", str(width), "--k",
+                                str(k), "--shards", "4", "-q"], capture_output=True, text=True,
+                               timeout=300)
+    assert cli_build.returncode == 0, cli_build.stderr
+    with simindex.Index(tmp_path / "d", readonly=True) as d, \
+            simindex.Index(tmp_path / "s", readonly=True) as s:
+        assert (d.width, d.k, d.blocks, d.shards) == (width, k, s.blocks, 4)
+        assert d.verify() == [] and len(d) == len(s) == len(stored)
+        want = s.query_many(queries)
+        assert answers(d.query_many(queries)) == answers(want)
+        assert [d.get(i) for i in stored] == [s.get(i) for i in stored]
+        for q, ms in zip(queries, want):
+            assert {m.id: m.distance for m in ms} == brute(stored, q, k)
+        assert sorted(dist.pairs(tmp_path / "d")) == sorted(s.pairs())
+        assert dist.clusters(files, k=k, width=width) == list(s.clusters())
+    if width == 256:
+        # the CLI through a Cluster (once: its actors take seconds to start): build --ray
+        # --width and query --ray give the plain answers, fingerprints in 64 hex digits
+        run = CliRunner().invoke(cli, ["build", str(tmp_path / "r"), *files, "--width", "256",
+                                       "--k", str(k), "--shards", "4", "-q", "--ray", local_ray])
+        assert run.exit_code == 0, run.output
+        outs = [CliRunner().invoke(cli, ["query", str(tmp_path / name), files[1], "-q", *extra])
+                for name, extra in (("r", ["--ray", local_ray]), ("s", []))]
+        assert outs[0].exit_code == 0 and outs[0].stdout == outs[1].stdout
+        assert f'"fingerprint": "{stored["b0.0.packed"]:064x}"' in outs[1].stdout
+    # an existing index keeps its width; one given that differs is the error Index gives
+    other = 384 - width
+    with pytest.raises(simindex.ParameterError) as e:
+        simindex.Index(tmp_path / "d", width=other)
+    for call in (lambda: dist.build(tmp_path / "d", [("x", 1)], width=other),
+                 lambda: dist.pairs(tmp_path / "d", width=other)):
+        with pytest.raises(simindex.ParameterError) as e2:
+            call()
+        assert str(e2.value) == str(e.value)
+    (tmp_path / "bad.tsv").write_text(f"x\t{'f' * (width // 4 + 1)}\n")
+    with pytest.raises(simindex.BadLine, match=rf"bad.tsv:1: .*1-{width // 4} hex digits"):
+        dist.build(tmp_path / "d", [tmp_path / "bad.tsv"])
+
+
+def test_request_records_keep_wide_results():
+    # a ledger write's stored result (replayed to a retried call) keeps 2-d fingerprint
+    # arrays and the full-width fingerprints of add_unique's refusing matches
+    from simindex.codec import pack, unpack
+    from simindex.distributed.servers import _flat, _revive
+    arr = np.arange(6, dtype=np.uint64).reshape(3, 2) | np.uint64(1 << 63)
+    hits = [(3, 2 ** 255 + 5, 7, "id", b"\x90"), (0, 5, 8, b"raw", None)]
+    out = _revive(unpack(pack([1, _flat((arr, (None, hits), np.arange(2, dtype=np.uint64)))]))[1])
+    assert out[0].shape == (3, 2) and (out[0] == arr).all()
+    assert out[1] == (None, tuple(hits))
+    assert list(out[2]) == [0, 1]

@@ -574,18 +574,23 @@ cdef class ReadContext(Handle):
             self._release()
         return out
 
-    def resolve(self, const uint64_t[::1] queries, const uint64_t[::1] qidx,
+    def resolve(self, queries, const uint64_t[::1] qidx,
                 const uint64_t[::1] seqs, const uint8_t[::1] dists,
                 const uint64_t[::1] applied, int k, Txn txn=None):
         """query() for candidates found elsewhere (a distributed query's shard scans).
 
-        Candidate i is (query qidx[i], record seq seqs[i], distance dists[i]), qidx ascending;
-        applied[q] is the lowest applied seq of the shard snapshots that scanned query q.
-        The shard snapshots must be older than this call's records snapshot (or `txn`, a
-        records write transaction held since before them). Records above applied[q] are
-        checked directly, every candidate against its record, as in query().
+        `queries` is an (n,) uint64 array, or (n, words) for wide fingerprints (most
+        significant word first). Candidate i is (query qidx[i], record seq seqs[i], distance
+        dists[i]), qidx ascending; applied[q] is the lowest applied seq of the shard
+        snapshots that scanned query q. The shard snapshots must be older than this call's
+        records snapshot (or `txn`, a records write transaction held since before them).
+        Records above applied[q] are checked directly, every candidate against its record,
+        as in query().
         """
-        cdef Py_ssize_t n = queries.shape[0], qi, c = 0, nc = qidx.shape[0]
+        cdef const uint64_t[:, ::1] q2 = _rows(queries)
+        cdef int words = <int>q2.shape[1]
+        cdef Py_ssize_t n = q2.shape[0], qi, c = 0, nc = qidx.shape[0]
+        cdef const uint64_t *qp = &q2[0, 0] if n else NULL
         cdef int rc = 0
         cdef uint64_t lowest = 0xFFFFFFFFFFFFFFFF
         cdef HitBuf hits
@@ -623,6 +628,7 @@ cdef class ReadContext(Handle):
                     rc_cur = self.rec_cur
                 elif rc == 0:
                     rc = mdb_cursor_open(rtxn, self.seqs_dbi, &rc_cur)
+                tail.words = words
                 if rc == 0 and n:
                     rc = load_tail(rc_cur, lowest + 1, &tail)
                 c = 0
@@ -634,14 +640,15 @@ cdef class ReadContext(Handle):
                             rc = _hit_push(&hits, seqs[c], dists[c])
                         c += 1
                     if rc == 0:
-                        rc = _tail_hits(&tail, applied[qi], &queries[qi], k, &hits)
+                        rc = _tail_hits(&tail, applied[qi], qp + qi * words, k, &hits)
                     if rc == 0:
-                        rc = self._finish(rtxn, &queries[qi], &hits, qstart[qi], vpsize)
+                        rc = self._finish(rtxn, qp + qi * words, &hits, qstart[qi], vpsize,
+                                          words)
                     qi += 1
                 qstart[n] = hits.n
             if rc:
                 raise error(rc, f"resolving candidates on {self.records.path}")
-            return _hit_lists(&hits, qstart, n)
+            return _hit_lists(&hits, qstart, n, False, words)
         finally:
             self._end_call(rc_cur, qstart, &hits, &tail)
 
@@ -831,17 +838,36 @@ cdef class ReadContext(Handle):
 
 
 # ---------------------------------------------------------------- one shard (distributed)
-def scan_shard(Txn txn, Permuter perm, int shard, const uint64_t[::1] queries, int k):
+def scan_shard(Txn txn, perm, int shard, queries, int k):
     """Candidates of one shard for each query: (qidx, seq, distance) arrays, qidx ascending,
     and the shard's applied seq, all from the snapshot `txn` reads.
 
-    Only key ranges inside this shard are scanned, so a distributed query sends each shard
-    just the queries that reach it.
+    `perm` is the plan's Permuter, with `queries` an (n,) uint64 array, or its
+    WidePermuter, with an (n, words) array. Only key ranges inside this shard are scanned,
+    so a distributed query sends each shard just the queries that reach it.
     """
-    cdef const Tables *tb = &perm.c
-    cdef Py_ssize_t n = queries.shape[0], qi
+    cdef const uint64_t[:, ::1] q2
+    cdef int words = 1
+    if isinstance(perm, WidePermuter):
+        words = (<WidePermuter>perm).words
+    elif not isinstance(perm, Permuter):
+        raise TypeError("perm must be a Permuter or a WidePermuter")
+    q2 = _rows(queries)
+    if q2.shape[0] and q2.shape[1] != words:
+        raise ValueError(f"queries have {q2.shape[1]} words, the plan {words}")
+    return _scan_shard(txn, perm, shard, &q2[0, 0] if q2.shape[0] else NULL, q2.shape[0],
+                       words, k)
+
+
+cdef tuple _scan_shard(Txn txn, object perm, int shard, const uint64_t *queries,
+                       Py_ssize_t n, int words, int k):
+    cdef WidePermuter wp = perm if words > 1 else None
+    cdef const Tables *tb = &(<Permuter>perm).c if words == 1 else &wp.c
+    cdef const uint64_t *qp
+    cdef uint64_t pkw[4]
+    cdef Py_ssize_t qi
     cdef int T = tb.ntables, t, s0, s1, rc = 0
-    cdef uint64_t q, pk, lo, hi
+    cdef uint64_t pk, lo, hi
     cdef size_t r, i, before
     cdef uint32_t j
     cdef HitBuf hits
@@ -861,16 +887,17 @@ def scan_shard(Txn txn, Permuter perm, int shard, const uint64_t[::1] queries, i
                 rc = mdb_cursor_open(txn.txn, dbi, &cur)
             qi = 0
             while qi < n and rc == 0:
-                q = queries[qi]
+                qp = queries + qi * words
                 before = hits.n
                 for t in range(T):
-                    pk = permute(tb, t, q)
+                    pk = _key(tb, wp, t, qp, words, pkw)
                     for j in range(tb.probe_start[t], tb.probe_start[t + 1]):
                         prefix_range(tb, t, pk ^ tb.probe[j], &lo, &hi, &s0, &s1)
                         if shard < s0 or shard > s1:
                             continue
                         for r in range(runs.table_start[t], runs.table_start[t + 1]):
-                            rc = _scan_run(cur, runs.run_ids[r], lo, hi, pk, k, &hits)
+                            rc = _scan_run(cur, runs.run_ids[r], lo, hi, pk, k, &hits,
+                                           pkw + 1, words - 1)
                             if rc:
                                 break
                         if rc:
@@ -894,3 +921,13 @@ def scan_shard(Txn txn, Permuter perm, int shard, const uint64_t[::1] queries, i
         free(hits.h)
         free_pairs(&out)
         free_state(&runs)
+
+
+cdef object _rows(queries):
+    """Queries as an (n, words) uint64 array: a flat (n,) one as (n, 1), a view."""
+    if queries.ndim == 1:
+        return queries.reshape(queries.shape[0], 1)
+    if queries.ndim != 2 or queries.shape[1] not in (1, 2, 4):
+        raise ValueError(f"queries must be an (n,) or (n, words) array, got shape "
+                         f"{queries.shape}")
+    return queries

@@ -14,30 +14,32 @@ from .parts import collect, partitions
 def build(index_path: Union[str, os.PathLike], inputs: Any, *, shards: Optional[int] = None,
           k: Optional[int] = None, blocks: Optional[int] = None, scheme: Optional[str] = None,
           address: Optional[str] = None, fmt: Optional[str] = None,
-          fp_format: str = "hex", prefix_blocks: Optional[int] = None) -> dict:
+          fp_format: str = "hex", prefix_blocks: Optional[int] = None,
+          width: Optional[int] = None) -> dict:
     """Create (or extend) the index at `index_path` from `inputs` on Ray.
 
     `inputs` is a list of TSV/JSONL files (plain or gzip; one parse task each) or any
     iterable of (id, fingerprint) / (id, fingerprint, meta). A new index gets `shards`
-    (default 16), `k` (3), `blocks`, `prefix_blocks` and `scheme`; an existing one keeps its own (parameters
-    given must match). Records commit in input order, so the result is what
+    (default 16), `k` (3), `blocks`, `prefix_blocks`, `scheme` and `width` (64, 128 or
+    256; hex fingerprints in files then take up to width/4 digits); an existing one keeps
+    its own (parameters given must match). Records commit in input order, so the result is what
     `simindex.Index(...).add_many` would build, and it opens with simindex.Index. A bad
     line or record raises its error after every record before it (in input order) is
     committed, as `simindex build` does. Returns {"records", "seconds"}.
     """
     start = time.perf_counter()
     with Index(os.fspath(index_path), k=k, blocks=blocks, shards=shards, scheme=scheme,
-               prefix_blocks=prefix_blocks) as idx:
-        scheme = idx.scheme                   # create it, or check the parameters agree
+               prefix_blocks=prefix_blocks, width=width) as idx:
+        scheme, width = idx.scheme, idx.width  # create it, or check the parameters agree
         plan = {"k": idx.k, "blocks": idx.blocks, "shards": idx.shards,
-                "prefix_blocks": idx.prefix_blocks}
+                "prefix_blocks": idx.prefix_blocks, "width": width}
     started = connect(address)
     added = 0
     try:
         with Cluster(index_path) as cluster:
             # map tasks parse and route (which shards each record goes to) in parallel;
             # the driver commits their chunks in input order
-            for ref in partitions(inputs, scheme, fmt, fp_format, plan=plan):
+            for ref in partitions(inputs, scheme, fmt, fp_format, plan=plan, width=width):
                 chunks, error = collect(ref)
                 for idks, fps, metas, owners in chunks:
                     cluster.add_columns(idks, fps, metas, owners)

@@ -13,7 +13,9 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import manifest
-from ..codec import check_fp, encode_id, encode_records, fp_array, pack_meta
+from ..codec import (
+    check_fp, check_wide_fp, encode_id, encode_records, fp_array, pack_meta, words_array,
+)
 from ..errors import (
     InputError, MissingIndexError, ParameterError, ReadOnlyError, StorageError, closed_error,
 )
@@ -85,10 +87,6 @@ class Cluster:
                                     f"simindex.Index or simindex.distributed.build)")
         self._manifest = manifest.read(self.path)
         self.plan = plan_of(self.path)
-        if self.plan.width != 64:
-            raise ParameterError(f"{self.path} holds {self.plan.width}-bit fingerprints; the "
-                                 f"Ray package takes 64-bit indexes for now (open it with "
-                                 f"simindex.Index)")
         self.readonly = bool(readonly)
         self._client = uuid.uuid4().bytes
         self._requests = 0
@@ -187,11 +185,25 @@ class Cluster:
         return self.plan.blocks
 
     @property
+    def width(self) -> int:
+        """Bits per fingerprint: 64, 128 or 256 (the index's)."""
+        return self.plan.width
+
+    @property
     def scheme(self) -> Optional[str]:
         return self._manifest["scheme"]
 
     def fingerprint(self, text: str) -> int:
-        return fingerprint(text, scheme=self.scheme)
+        return fingerprint(text, scheme=self.scheme, width=self.plan.width)
+
+    def _fp(self, fp: Any) -> int:
+        """A fingerprint checked against the index's width, as an int (as Index._fp)."""
+        return check_fp(fp) if self.plan.width == 64 else check_wide_fp(fp, self.plan.width)
+
+    def _fps(self, fps: Any) -> np.ndarray:
+        """Fingerprints checked against the index's width: (n,) uint64 at 64 bits, (n,
+        width/64) above (as Index.query_many takes them)."""
+        return fp_array(fps) if self.plan.width == 64 else words_array(fps, self.plan.width)
 
     def _k(self, k):
         if k is None:
@@ -256,7 +268,7 @@ class Cluster:
         """As Index.add_many: everything is checked first; records commit in the ledger in
         atomic chunks (durable), then the shards apply their parts."""
         self._check(write=True)
-        idks, fps, metas = encode_records(items, fingerprints)
+        idks, fps, metas = encode_records(items, fingerprints, self.plan.width)
         self.add_columns(idks, fps, metas)
 
     def add_columns(self, idks: list, fps: np.ndarray, metas: list,
@@ -265,11 +277,16 @@ class Cluster:
         known, `owners`: the (shards, n) bools of route.owners (distributed.build has its
         map tasks compute them)."""
         self._check(write=True)
+        shape = (len(idks),) if self.plan.width == 64 else (len(idks), self.plan.words)
+        if not isinstance(fps, np.ndarray) or fps.dtype != np.uint64 or fps.shape != shape:
+            raise InputError(f"add_columns takes the fingerprints as a uint64 array of shape "
+                             f"{shape} (width {self.plan.width}), got "
+                             f"{getattr(fps, 'shape', type(fps).__name__)}")
         batches = []
         for i in range(0, len(idks), RECORD_CHUNK):
             j = i + RECORD_CHUNK
-            prev, seqs = self._written(self.ledger.commit.remote(self._request(), idks[i:j], fps[i:j],
-                                                         metas[i:j]))
+            prev, seqs = self._written(self.ledger.commit.remote(
+                self._request(), idks[i:j], fps[i:j], metas[i:j]))
             batches.append((prev, seqs, fps[i:j], None if owners is None else owners[:, i:j]))
         if batches:
             self._apply(batches)
@@ -283,12 +300,12 @@ class Cluster:
         lock while the shards scan)."""
         self._check(write=True)
         k = self._k(k)
-        idk, fp, mb = encode_id(id), check_fp(fingerprint), pack_meta(meta, id)
+        idk, fp, mb = encode_id(id), self._fp(fingerprint), pack_meta(meta, id)
         added, hits = self._written(self.ledger.add_unique.remote(self._request(), idk, fp, mb, k,
                                                           self.shards))
         if added is not None:
             prev, seqs = added
-            self._apply([(prev, seqs, np.array([fp], dtype=np.uint64), None)])
+            self._apply([(prev, seqs, self._fps([fp]), None)])
         return [match_of(h) for h in hits]
 
     def remove(self, id: Id) -> bool:
@@ -312,7 +329,7 @@ class Cluster:
         """As Index.query_many: shards scan their parts at once, then the ledger resolves."""
         self._check()
         k = self._k(k)
-        q = fp_array(fingerprints)
+        q = self._fps(fingerprints)
         if verify is not None:
             check_verify(verify)
         if not len(q):
@@ -327,7 +344,7 @@ class Cluster:
 
     def query(self, fingerprint: int, k: Optional[int] = None,
               verify: Optional[Callable[[Match], bool]] = None) -> list[Match]:
-        ms = self.query_many(np.array([check_fp(fingerprint)], dtype=np.uint64), k)[0]
+        ms = self.query_many(self._fps([self._fp(fingerprint)]), k)[0]
         return verified(ms, verify)
 
     def query_text(self, text: str, k: Optional[int] = None,
@@ -337,7 +354,7 @@ class Cluster:
     def get(self, id: Id) -> Optional[Record]:
         """The stored Record of `id`, or None."""
         self._check()
-        return record_of(fetch(self.ledger.get.remote(encode_id(id))))
+        return record_of(fetch(self.ledger.get.remote(encode_id(id))), self.plan.words)
 
     def __contains__(self, id: object) -> bool:
         try:

@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from .. import environments, manifest, protocol, records
-from ..codec import pack, unpack
+from ..codec import pack, unpack, words_array
 from ..errors import Error
 from ..plan import Plan
 from ..shard import load_state, scan as scan_shard
@@ -136,8 +136,10 @@ class LedgerServer(_Server):
         protocol.raise_seq_floor(self.txns, self.env, top)
 
     def tail(self, start, limit=0):
-        """(seqs, fps) of the live records with seq >= start, at most `limit` (0: all)."""
-        return self.txns.read_txn(self.env, lambda txn: records.tail(txn, start, limit))
+        """(seqs, fps) of the live records with seq >= start, at most `limit` (0: all); fps
+        (n, words) at widths above 64."""
+        return self.txns.read_txn(self.env,
+                                  lambda txn: records.tail(txn, start, limit, self.plan.words))
 
     def resolve(self, queries, qidx, seqs, dists, applied, k):
         """Matches of each query from the shards' candidates (see ReadContext.resolve)."""
@@ -147,8 +149,10 @@ class LedgerServer(_Server):
 
     def add_unique(self, request, idk, fp, meta, k, shards):
         """Insert unless a record within k bits exists (returning those). The shard servers
-        scan while this holds the records write lock, so it is atomic across clients."""
-        q = np.array([fp], dtype=np.uint64)
+        scan while this holds the records write lock, so it is atomic across clients.
+        `fp`: an int of the index's width."""
+        q = np.array([fp], dtype=np.uint64) if self.plan.width == 64 else \
+            words_array([fp], self.plan.width)
 
         def fn(txn):
             qidx, seqs, dists, applied = route.scan(self.plan, shards, q, k)
@@ -172,17 +176,24 @@ class LedgerServer(_Server):
 
 
 def _flat(out):
-    """A write's result in msgpack terms (arrays as lists) for the request record."""
+    """A write's result in msgpack terms for the request record: arrays as their bytes and
+    shape, ints wider than msgpack's 64 bits (wide fingerprints) as big-endian bytes."""
     if isinstance(out, np.ndarray):
-        return {"u64": out.tolist()}
+        return {"u64": np.ascontiguousarray(out, dtype=np.uint64).tobytes(),
+                "shape": list(out.shape)}
     if isinstance(out, (tuple, list)):
         return [_flat(x) for x in out]
+    if type(out) is int and out >> 64:
+        return {"int": out.to_bytes((out.bit_length() + 7) // 8, "big")}
     return out
 
 
 def _revive(v):
+    """The result _flat() stored (lists come back as tuples)."""
     if isinstance(v, dict) and "u64" in v:
-        return np.array(v["u64"], dtype=np.uint64)
+        return np.frombuffer(v["u64"], dtype=np.uint64).reshape(v["shape"]).copy()
+    if isinstance(v, dict) and "int" in v:
+        return int.from_bytes(v["int"], "big")
     if isinstance(v, list):
         return tuple(_revive(x) for x in v)
     return v
