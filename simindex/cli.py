@@ -219,7 +219,7 @@ def build(index, inputs, k, blocks, width, prefix_blocks, shards, expected, sche
 @cli.command()
 @click.argument("index")
 @click.argument("inputs", nargs=-1)
-@click.option("--k", type=click.IntRange(0, 63), help="Bits of difference (default and "
+@click.option("--k", type=click.IntRange(0, 255), help="Bits of difference (default and "
               "maximum: the index's k).")
 @click.option("--output", type=click.Choice(["jsonl", "tsv"]), default="jsonl",
               show_default=True, help="jsonl: one line per query; tsv: one "
@@ -294,7 +294,7 @@ def info(index):
 
 @cli.command()
 @click.argument("index")
-@click.option("--k", type=click.IntRange(0, 63), help="Bits of difference (default: the "
+@click.option("--k", type=click.IntRange(0, 255), help="Bits of difference (default: the "
               "index's k).")
 def pairs(index, k):
     """Every near-duplicate pair in INDEX: id_a<TAB>id_b<TAB>distance."""
@@ -308,7 +308,7 @@ def pairs(index, k):
 
 @cli.command()
 @click.argument("index")
-@click.option("--k", type=click.IntRange(0, 63), help="Bits of difference (default: the "
+@click.option("--k", type=click.IntRange(0, 255), help="Bits of difference (default: the "
               "index's k).")
 def clusters(index, k):
     """Groups of near-duplicates in INDEX, one per line, ids separated by tabs."""

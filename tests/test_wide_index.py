@@ -398,3 +398,15 @@ def test_cli_builds_and_queries_a_wide_index(tmp_path):
         "not 1-64 hex digits (256 bits at most)" in bad.stderr
     info = run("info", tmp_path / "i")
     assert "width\t256" in info.stdout and "count\t201" in info.stdout
+    # radii above 63 bits: an index of k=70 is queried and paired at k=68
+    (tmp_path / "far.tsv").write_text(f"far\t{fps[7] ^ (2 ** 68 - 1):x}\nnear\t{fps[7]:x}\n")
+    b = run("build", tmp_path / "w", tmp_path / "far.tsv", "--width", "256", "--k", "70",
+            "--quiet")
+    assert b.returncode == 0, b.stderr
+    (tmp_path / "q7.tsv").write_text(f"q\t{fps[7]:x}\n")
+    out = run("query", tmp_path / "w", tmp_path / "q7.tsv", "--k", "68", "--quiet")
+    assert out.returncode == 0, out.stderr
+    assert sorted((m["id"], m["distance"]) for m in json.loads(out.stdout)["matches"]) == \
+        [("far", 68), ("near", 0)]
+    assert run("pairs", tmp_path / "w", "--k", "68").stdout == "far\tnear\t68\n"
+    assert run("pairs", tmp_path / "w", "--k", "67").stdout == ""
