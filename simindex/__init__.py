@@ -1,4 +1,5 @@
-"""simindex: a persistent, sharded, exact near-duplicate index for 64-bit simhash fingerprints.
+"""simindex: a persistent, sharded, exact near-duplicate index for simhash fingerprints of
+64, 128 or 256 bits.
 
 Block-permutation tables (Manku, Jain, Das Sarma, WWW 2007) stored in LMDB, scanned by a
 compiled core. Every stored fingerprint within k bits of a query is returned, nothing else.

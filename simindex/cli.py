@@ -137,7 +137,7 @@ def _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips, on_error):
     message=(f"%(prog)s %(version)s, on-disk format {FORMAT_VERSION} (and 1), "
              f"{lmdb_version()}, msgpack {'.'.join(map(str, msgpack.version))}"))
 def cli():
-    """Exact near-duplicate search over 64-bit simhash fingerprints."""
+    """Exact near-duplicate search over 64-, 128- and 256-bit simhash fingerprints."""
 
 
 @cli.command()
