@@ -168,7 +168,9 @@ def encode_records(items, fingerprints=None, width=64):
         raise InputTypeError(f"add_many takes an iterable of records (or of ids), got "
                              f"{type(items).__name__} {items!r:.60}")
     if fingerprints is not None:
-        ids = list(items)
+        # a numpy array of int ids as Python ints: the compiled encoder's fast case
+        ids = items.tolist() if isinstance(items, np.ndarray) and items.dtype.kind in "iu" \
+            else list(items)
         fps = fp_array(fingerprints) if width == 64 else words_array(fingerprints, width)
         if len(ids) != len(fps):
             raise InputError(f"add_many got {len(ids)} ids and {len(fps)} fingerprints")

@@ -80,6 +80,16 @@ def test_add_many_forms(tmp_path):
         idx.add_many(["f"], np.array([6], dtype=np.int64))
         idx.add(np.uint64(9), np.uint64((1 << 64) - 1))
         assert idx.get(9).fingerprint == (1 << 64) - 1
+        # numpy arrays of int ids are the ints they hold; a negative or 2-d one is refused
+        idx.add_many(np.array([20, 21], dtype=np.int32), [20, 21])
+        idx.add_many(np.array([2 ** 64 - 1], dtype=np.uint64), [22])
+        assert [idx.get(i).fingerprint for i in (20, 21, 2 ** 64 - 1)] == [20, 21, 22]
+        with pytest.raises(simindex.InputError, match="id -1 is out of range"):
+            idx.add_many(np.array([3, -1]), [1, 2])
+        with pytest.raises(simindex.InputTypeError, match="got list"):
+            idx.add_many(np.array([[1, 2]]), [1])
+        with pytest.raises(simindex.InputTypeError, match="bool"):
+            idx.add_many(np.array([True]), [1])
 
 
 @pytest.mark.parametrize("fp,exc,words", [
