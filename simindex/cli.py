@@ -6,6 +6,7 @@ never a traceback), 2 on a usage error.
 """
 
 import json
+import os
 import sys
 import time
 import zlib
@@ -434,6 +435,98 @@ def plan(size, k, width, top):
         click.echo(f"{m}\t{p}\t{pl.ntables}\t{pl.flips}\t{sum(pl.probes)}\t{bits}\t"
                    f"{cands:.3g}\t{cost / 1000:.2g}\t{disk:.3g}\t"
                    f"{choice if (m, p) == chosen else ''}")
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--output", "-o", required=True, help="Where the kept rows go (written to a "
+              "temporary name and renamed when complete). Format: --output-format, else "
+              "its extension, else the first input's.")
+@click.option("--text-field", default="text", show_default=True,
+              help="The column holding each row's text.")
+@click.option("--id-field", help="The column holding each row's id (default: FILE:ROW).")
+@click.option("--fingerprint-field", help="A column of precomputed fingerprints (hex or "
+              "integer) used instead of the text.")
+@click.option("--k", type=click.IntRange(0, 255), help="Bits of difference that make a "
+              "near-duplicate (default 3; with an existing --index, at most its k).")
+@click.option("--scheme", type=click.Choice(list(schemes)), help="Fingerprint scheme of a new "
+              "index (default simindex-v1).")
+@click.option("--width", type=click.Choice(["64", "128", "256"]), help="Bits per fingerprint "
+              "of a new index (default 64).")
+@click.option("--index", "index_dir", help="Keep the index here: a later run removes what "
+              "duplicates anything kept in this one.")
+@click.option("--against", help="A reference index: rows near any of its records are "
+              "removed; nothing is added to it.")
+@click.option("--removed", help="Write each removed row's id, the id it matched and the "
+              "distance here (JSON lines).")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet"]),
+              help="Input format (default: from each file's extension).")
+@click.option("--output-format", type=click.Choice(["jsonl", "csv", "parquet"]))
+@click.option("--jobs", "-j", type=click.IntRange(1, 256), default=None,
+              help="Fingerprinting processes (default: every core).")
+@click.option("--on-error", type=click.Choice(["stop", "skip"]), default="stop",
+              show_default=True, help="A bad row: stop (writing no output) or skip it.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, width,
+          index_dir, against, removed, fmt, output_format, jobs, on_error, quiet):
+    """Write the rows of INPUTS (JSONL, CSV or Parquet, .gz too) that are not near-duplicates
+    of a row kept before them to --output: in input order, a row is kept when no kept row
+    is within k bits (the crawler's rule, add_unique); each removed row names the kept row
+    it matched. With --index the kept rows stay indexed for later runs."""
+    from .datasets import Summary, decisions
+    from .rows import RowWriter, format_of
+
+    try:
+        out_fmt = output_format or _known_format(output) or format_of(inputs[0], fmt)
+    except Error as e:
+        _fail(str(e))
+    summary = Summary()
+    writers = []
+    bar = _progress(quiet, unit="row")
+    error = None
+    try:
+        kept_out = RowWriter(output, out_fmt)
+        writers.append(kept_out)
+        gone = RowWriter(removed, "jsonl") if removed else None
+        if gone is not None:
+            writers.append(gone)
+        for d in decisions(list(inputs), text_field=text_field, id_field=id_field,
+                           fingerprint_field=fingerprint_field, k=k, scheme=scheme,
+                           width=None if width is None else int(width), index=index_dir,
+                           against=against, fmt=fmt,
+                           jobs=jobs or os.cpu_count() or 1,
+                           on_error=_Skips(quiet) if on_error == "skip" else "stop",
+                           summary=summary):
+            if d.kept:
+                kept_out.write(d.row)
+            elif gone is not None:
+                gone.write({"id": d.id, "where": d.where, "match": d.match,
+                            "distance": d.distance, "reference": d.reference})
+            if bar is not None:
+                bar.update(1)
+        for w in writers:
+            w.commit()
+        writers = []
+    except (Error, OSError, ValueError) as e:
+        error = str(e)
+    finally:
+        for w in writers:
+            w.abort()
+        if bar is not None:
+            bar.close()
+    if error:
+        _fail(f"{error} ({summary}; no output was written)")
+    if not quiet:
+        click.echo(f"simindex dedup: {summary}", err=True)
+
+
+def _known_format(path):
+    """The format a path's extension names, or None."""
+    from .rows import format_of
+    try:
+        return format_of(path)
+    except Error:
+        return None
 
 
 def main(argv=None):

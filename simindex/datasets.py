@@ -1,0 +1,339 @@
+"""Deduplicating datasets: rows of JSONL, CSV or Parquet files judged in input order against
+everything kept before, in this run and (with a kept index) in earlier runs.
+
+The rule is the crawler's (`Index.add_unique`): a row is kept when no kept row is within k
+bits of its fingerprint, and a removed row names the kept one it matched. There is no
+chaining: a row within k of a removed row only is kept.
+
+Rows go in batches: fingerprints (in worker processes with jobs > 1), one query_many of the
+batch against the index (and the reference index), the batch's own pairs (find_all), then
+the kept rows are added in one atomic add_many. Each kept record's meta holds the run's
+token and the row's position, which makes a re-run of a killed run give the output of an
+uninterrupted one: a record this run's earlier process kept at the same position is the row
+itself, and records it kept at later positions are not yet "before" the row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Union
+
+from . import manifest
+from .codec import check_fp, check_wide_fp
+from .errors import BadLine, Error, InputError, ParameterError
+from .fingerprints import DEFAULT_SCHEME, fingerprint
+from .index import Index
+from .inputs import parse_fp
+from .pairs import find_all
+from .rows import Row, read_rows
+
+BATCH = 4096              # rows judged together: one query_many, one add_many
+MODES = ("greedy",)
+DEFAULT_K = 3
+
+
+class Decision(NamedTuple):
+    """What dedup decided for one input row."""
+    row: dict                       # the row's columns, as read
+    id: Any                         # its id (the --id-field value, or "file:row")
+    where: str                      # "file:row"
+    fingerprint: int
+    kept: bool
+    match: Any = None               # removed: the id of the kept record it matched
+    distance: Optional[int] = None  # removed: the distance to that record
+    reference: bool = False         # removed: the match is in the --against index
+
+
+class Summary:
+    """Counts of a run (also printed by the CLI)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.kept = 0
+        self.removed = 0
+        self.skipped = 0
+        self.start = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start
+
+    def __str__(self) -> str:
+        secs = self.seconds
+        rate = self.rows / secs if secs > 0 else 0.0
+        return (f"rows in {self.rows}, kept {self.kept}, removed {self.removed}, skipped "
+                f"{self.skipped}, in {secs:.2f} s ({rate:,.0f} rows/s)")
+
+
+def run_token(inputs: list, text_field: str, id_field: Optional[str],
+              fingerprint_field: Optional[str]) -> bytes:
+    """8 bytes naming a run: its inputs (absolute paths) and the fields it reads. A re-run
+    of the same command has the same token (see the module's docstring)."""
+    h = hashlib.blake2b(digest_size=8)
+    for part in [*map(os.path.abspath, inputs), text_field, id_field or "",
+                 fingerprint_field or ""]:
+        h.update(part.encode("utf-8", "surrogateescape") + b"\0")
+    return h.digest()
+
+
+def _fingerprint_texts(args):
+    """Worker: fingerprints of texts, or the InputError message of each that has none."""
+    texts, scheme, width = args
+    out = []
+    for t in texts:
+        try:
+            out.append(fingerprint(t, scheme=scheme, width=width))
+        except InputError as e:
+            out.append(str(e))
+    return out
+
+
+class _Judge:
+    """The greedy decision of batches of rows against an index and a reference."""
+
+    def __init__(self, idx: Index, ref: Optional[Index], k: int, token: bytes) -> None:
+        self.idx, self.ref, self.k, self.token = idx, ref, k, token
+
+    def batch(self, rows: list, ids: list, fps: list, positions: list) -> list:
+        """Decisions for one batch, its kept rows added to the index (atomically)."""
+        k, token = self.k, self.token
+        stored = self.idx.query_many(fps, k=k)
+        refs = self.ref.query_many(fps, k=k) if self.ref is not None else None
+        earlier: dict = {}
+        for a, b in (find_all(fps, k=k, width=self.idx.width) if len(fps) > 1 else []):
+            earlier.setdefault(b, []).append(a)
+        out: list = []
+        kept_here: dict = {}           # batch position -> True for kept rows
+        adds = []
+        for i, (row, id_, fp, pos) in enumerate(zip(rows, ids, fps, positions)):
+            best = None                # (distance, order, id, reference)
+            mine = False
+            for m in stored[i]:
+                meta = m.meta
+                if isinstance(meta, list) and len(meta) == 2 and meta[0] == token:
+                    if meta[1] == pos:
+                        mine = True    # kept by this run's earlier (killed) process
+                        continue
+                    if meta[1] > pos:
+                        continue       # kept later in this run's order: not before it
+                cand = (m.distance, 0, m.id, False)
+                if best is None or cand[:2] < best[:2]:
+                    best = cand
+            if refs is not None and refs[i]:
+                m = refs[i][0]
+                cand = (m.distance, -1, m.id, True)
+                if best is None or cand[:2] < best[:2]:
+                    best = cand
+            for j in earlier.get(i, ()):
+                if kept_here.get(j):
+                    d = _distance(fps[i], fps[j])
+                    cand = (d, 1 + j, ids[j], False)
+                    if best is None or cand[:2] < best[:2]:
+                        best = cand
+            if mine and best is None:
+                kept_here[i] = True
+                out.append(Decision(row, id_, "", fp, True))
+            elif best is None:
+                kept_here[i] = True
+                adds.append((id_, fp, [token, pos]))
+                out.append(Decision(row, id_, "", fp, True))
+            else:
+                out.append(Decision(row, id_, "", fp, False, best[2], best[0], best[3]))
+        if adds:
+            self._check_ids(adds)
+            self.idx.add_many(adds)
+        return out
+
+    def _check_ids(self, adds: list) -> None:
+        """Refuse a kept row whose id already names another record: adding it would replace
+        (and so lose) that record."""
+        seen: dict = {}
+        for id_, _fp, meta in adds:
+            if id_ in seen:
+                raise ParameterError(f"id {id_!r:.80} occurs twice among the kept rows "
+                                     f"(ids must be unique)")
+            seen[id_] = True
+            if id_ in self.idx:
+                raise ParameterError(f"id {id_!r:.80} already names a record of the index "
+                                     f"(kept by an earlier run); ids must be unique across "
+                                     f"runs")
+
+
+def _distance(a: int, b: int) -> int:
+    return bin(a ^ b).count("1")
+
+
+def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
+              id_field: Optional[str] = None, fingerprint_field: Optional[str] = None,
+              k: Optional[int] = None, scheme: Optional[str] = None,
+              width: Optional[int] = None, index: Optional[str] = None,
+              against: Optional[str] = None, mode: str = "greedy", fmt: Optional[str] = None,
+              jobs: int = 1, on_error: Union[str, Callable[[BadLine], None]] = "stop",
+              summary: Optional[Summary] = None) -> Iterator[Decision]:
+    """A Decision for every row of `inputs`, in input order (see `dedup`)."""
+    paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    paths = [os.fspath(p) for p in paths]
+    if mode not in MODES:
+        raise ParameterError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ParameterError(f"jobs must be an int >= 1, got {jobs!r}")
+    if on_error not in ("stop", "skip") and not callable(on_error):
+        raise ParameterError(f"on_error must be 'stop', 'skip' or a callable, got "
+                             f"{on_error!r}")
+    summary = summary if summary is not None else Summary()
+    pool = scratch = ref = idx = None
+    try:
+        if jobs > 1 and fingerprint_field is None:
+            pool = ProcessPoolExecutor(jobs)
+            pool.submit(int).result()    # its workers fork now, before an index is open
+        if index is None:
+            scratch = tempfile.mkdtemp(prefix="simindex-dedup-")
+            index = os.path.join(scratch, "index")
+        # a new index is made for k (default DEFAULT_K); an existing one is asked at k,
+        # which must not exceed its own
+        new = not os.path.exists(os.path.join(index, manifest.NAME))
+        idx = Index(index, k=(DEFAULT_K if k is None else k) if new else None, scheme=scheme,
+                    width=width)
+        if against is not None:
+            ref = Index(against, readonly=True)
+            if ref.width != idx.width:
+                raise ParameterError(f"the reference index {against} holds {ref.width}-bit "
+                                     f"fingerprints, this run {idx.width}-bit ones")
+            if ref.k < idx.k:
+                raise ParameterError(f"the reference index {against} finds up to k="
+                                     f"{ref.k}, this run needs k={idx.k}")
+        kk = idx.k if k is None else k
+        if kk > idx.k:
+            raise ParameterError(f"k ({kk}) is above the index's k ({idx.k})")
+        judge = _Judge(idx, ref, kk, run_token(paths, text_field, id_field,
+                                               fingerprint_field))
+        rows: list = []
+        for p, path in enumerate(paths):
+            for row in read_rows(path, fmt):
+                rows.append((p, row))
+                if len(rows) >= BATCH:
+                    yield from _judge_batch(judge, idx, rows, text_field, id_field,
+                                            fingerprint_field, pool, on_error, summary)
+                    rows = []
+        if rows:
+            yield from _judge_batch(judge, idx, rows, text_field, id_field,
+                                    fingerprint_field, pool, on_error, summary)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+        if ref is not None:
+            ref.close()
+        if idx is not None:
+            idx.close()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _judge_batch(judge: _Judge, idx: Index, rows: list, text_field: str,
+                 id_field: Optional[str], fingerprint_field: Optional[str], pool: Any,
+                 on_error: Any, summary: Summary) -> Iterator[Decision]:
+    """Fingerprint a batch of (file number, Row), drop its bad rows (on_error), judge it."""
+    width = idx.width
+    good: list = []
+    texts: list = []
+    for p, row in rows:
+        summary.rows += 1
+        try:
+            id_ = _row_id(row, id_field)
+            if fingerprint_field is not None:
+                fp = _row_fp(row, fingerprint_field, width)
+                good.append((p, row, id_, fp))
+            else:
+                text = row.data.get(text_field)
+                if not isinstance(text, str):
+                    raise BadLine(row.where, f'text field "{text_field}" is missing or not '
+                                             f'text (got {type(text).__name__})')
+                good.append((p, row, id_, None))
+                texts.append(text)
+        except BadLine as e:
+            _bad(e, on_error, summary)
+    if fingerprint_field is None and texts:
+        fps = _fingerprints(texts, idx.scheme or DEFAULT_SCHEME, width, pool)
+        kept = []
+        for (p, row, id_, _), fp in zip(good, fps):
+            if isinstance(fp, str):
+                _bad(BadLine(row.where, fp), on_error, summary)
+            else:
+                kept.append((p, row, id_, fp))
+        good = kept
+    if not good:
+        return
+    out = judge.batch([g[1].data for g in good], [g[2] for g in good], [g[3] for g in good],
+                      [[g[0], g[1].number] for g in good])
+    for g, d in zip(good, out):
+        d = d._replace(where=g[1].where)
+        if d.kept:
+            summary.kept += 1
+        else:
+            summary.removed += 1
+        yield d
+
+
+def _bad(e: BadLine, on_error, summary) -> None:
+    if on_error == "stop":
+        raise e
+    summary.skipped += 1
+    if callable(on_error):
+        on_error(e)
+
+
+def _row_id(row: Row, id_field: Optional[str]):
+    if id_field is None:
+        return row.where
+    v = row.data.get(id_field)
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise BadLine(row.where, f'id field "{id_field}" is missing or not a string or an '
+                                 f'integer (got {v!r:.40})')
+    if isinstance(v, int) and not 0 <= v < 1 << 64:
+        raise BadLine(row.where, f"id {v} is out of range: int ids must be in [0, 2**64)")
+    return v
+
+
+def _row_fp(row: Row, field: str, width: int) -> int:
+    v = row.data.get(field)
+    try:
+        if isinstance(v, str):
+            return parse_fp(v, "hex", width)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return check_fp(v) if width == 64 else check_wide_fp(v, width)
+    except (ValueError, Error) as e:
+        raise BadLine(row.where, str(e)) from None
+    raise BadLine(row.where, f'fingerprint field "{field}" is missing or not a hex string or '
+                             f'an integer (got {v!r:.40})')
+
+
+def _fingerprints(texts: list, scheme, width: int, pool) -> list:
+    if pool is None:
+        return _fingerprint_texts((texts, scheme, width))
+    step = max(64, len(texts) // (4 * pool._max_workers) + 1)
+    parts = [texts[i:i + step] for i in range(0, len(texts), step)]
+    out: list = []
+    for got in pool.map(_fingerprint_texts, [(p, scheme, width) for p in parts]):
+        out += got
+    return out
+
+
+def dedup(inputs: Union[str, Iterable[str]], **options: Any) -> Iterator[dict]:
+    """The rows of `inputs` (JSONL, CSV or Parquet files) that are not near-duplicates of a
+    row kept before them, in input order: the greedy rule of `add_unique`.
+
+    Options: `text_field` ("text"), `id_field` (default: "file:row"), `fingerprint_field`
+    (hex or int fingerprints instead of texts), `k` (3), `scheme`, `width` (64), `index`
+    (a directory: keep the index, so later runs remove what duplicates this one's rows),
+    `against` (a reference index: rows near any of its records are removed, nothing is
+    added to it), `fmt`, `jobs` (fingerprinting processes), `on_error` ("stop", "skip" or
+    a callable taking the BadLine).
+    """
+    for d in decisions(inputs, **options):
+        if d.kept:
+            yield d.row

@@ -1,0 +1,360 @@
+"""`simindex dedup` and simindex.dedup: the greedy rule against a plain-Python oracle, the
+formats, incremental and reference runs, kill -9 and re-run, and bad rows. Real files and
+real CLI processes."""
+
+import csv
+import gzip
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import simindex
+from simindex import datasets as dedup_module
+from trials import ENV
+
+
+def popcount(x):
+    return bin(x).count("1")
+
+
+def greedy(fps, k, stored=()):
+    """The oracle: per row, (True,) when kept, else (False, position of the kept row it
+    matched, distance); the nearest kept row before it, the earliest among equals. `stored`
+    are fingerprints kept before the run (positions -1, -2, ...)."""
+    kept = [(-1 - i, f) for i, f in enumerate(stored)]
+    out = []
+    for i, f in enumerate(fps):
+        near = [(popcount(f ^ g), n) for n, (j, g) in enumerate(kept) if popcount(f ^ g) <= k]
+        if near:
+            d, n = min(near)
+            out.append((False, kept[n][0], d))
+        else:
+            kept.append((i, f))
+            out.append((True,))
+    return out
+
+
+def run(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "simindex", *map(str, args)], env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write_jsonl(path, rows):
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "wt", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def read_jsonl(path):
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def planted(rng, n_bases, k, width=64):
+    """Fingerprints: bases and near-copies at every distance 0..k+2 (packed, spread, first
+    and last bit), shuffled, so kept rows, removed rows and chains all occur."""
+    fps = []
+    for _ in range(n_bases):
+        base = rng.getrandbits(width)
+        fps.append(base)
+        for d in range(k + 3):
+            for bits in (range(d), range(width - d, width), rng.sample(range(width), d)):
+                fps.append(base ^ sum(1 << b for b in bits))
+    rng.shuffle(fps)
+    return fps
+
+
+# ---------------------------------------------------------------- the rule
+@pytest.mark.parametrize("k,width", [(3, 64), (8, 64), (12, 128)])
+def test_greedy_equals_the_oracle_across_batches(tmp_path, monkeypatch, k, width):
+    monkeypatch.setattr(dedup_module, "BATCH", 7)      # many batch boundaries
+    rng = random.Random(k)
+    fps = planted(rng, 6, k, width)
+    path = tmp_path / "in.jsonl"
+    write_jsonl(path, [{"id": f"r{i}", "fp": f"{f:x}", "n": i} for i, f in enumerate(fps)])
+    got = list(simindex.decisions([str(path)], id_field="id", fingerprint_field="fp", k=k,
+                                  width=width))
+    want = greedy(fps, k)
+    assert [d.kept for d in got] == [w[0] for w in want]
+    for d, w in zip(got, want):
+        if not w[0]:
+            assert (d.match, d.distance, d.reference) == (f"r{w[1]}", w[2], False)
+    assert [r["n"] for r in simindex.dedup([str(path)], id_field="id", fingerprint_field="fp",
+                                           k=k, width=width)] == \
+        [i for i, w in enumerate(want) if w[0]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(fps=st.lists(st.builds(lambda b, bits: b ^ sum(1 << x for x in set(bits)),
+                              st.sampled_from([0, 2 ** 64 - 1, 0x0123456789ABCDEF]),
+                              st.lists(st.integers(0, 63), max_size=5)), max_size=40),
+       k=st.integers(0, 4), batch=st.integers(1, 9))
+def test_greedy_property(tmp_path_factory, fps, k, batch):
+    old, dedup_module.BATCH = dedup_module.BATCH, batch
+    try:
+        path = tmp_path_factory.mktemp("g") / "in.jsonl"
+        write_jsonl(path, [{"fp": f} for f in fps])
+        got = list(simindex.decisions([str(path)], fingerprint_field="fp", k=k))
+    finally:
+        dedup_module.BATCH = old
+    want = greedy(fps, k)
+    assert [(d.kept,) if d.kept else (d.kept, d.match, d.distance) for d in got] == \
+        [w if w[0] else (False, f"{path}:{w[1] + 1}", w[2]) for w in want]
+
+
+def test_nothing_chains(tmp_path):
+    """A kept, B 3 bits from A, C 3 bits from B and 6 from A: at k=3 B goes (it matches A)
+    and C stays (B was removed, A is too far), as README's example says."""
+    a = 0
+    b = a ^ 0b111
+    c = b ^ 0b111000
+    write_jsonl(tmp_path / "in.jsonl", [{"id": n, "fp": f} for n, f in zip("ABC", (a, b, c))])
+    got = list(simindex.decisions(str(tmp_path / "in.jsonl"), id_field="id",
+                                  fingerprint_field="fp", k=3))
+    assert [(d.id, d.kept, d.match, d.distance) for d in got] == \
+        [("A", True, None, None), ("B", False, "A", 3), ("C", True, None, None)]
+
+
+# ---------------------------------------------------------------- texts and formats
+def texts(rng, n, words=500):
+    vocab = [f"{a}{b}" for a in ("ka", "lo", "mi", "nu", "pe", "ro", "su", "ti", "va", "ze")
+             for b in ("bar", "con", "dit", "fen", "gul", "hom", "jis", "kel", "mor", "nat",
+                       "pul", "ras", "sen", "tor", "vim")]
+    return [" ".join(rng.choice(vocab) for _ in range(words)) for _ in range(n)]
+
+
+def near_copy(text):
+    w = text.split()
+    w[len(w) // 2] = "édité"                         # one word changed, non-ASCII
+    return " ".join(w) + " ✓"
+
+
+def test_the_text_fixture_is_unambiguous_at_k_8():
+    """Near copies lie within 8 bits of their originals and distinct texts farther, so the
+    tests below cannot pass by luck."""
+    docs = texts(random.Random(2), 30) + texts(random.Random(4), 30)
+    fps = [simindex.fingerprint(t) for t in docs]
+    assert max(popcount(f ^ simindex.fingerprint(near_copy(t))) for f, t in zip(fps, docs)) <= 8
+    assert min(popcount(a ^ b) for i, a in enumerate(fps) for b in fps[i + 1:]) > 8
+
+
+@pytest.mark.parametrize("name", ["in.jsonl", "in.jsonl.gz", "in.csv", "in.csv.gz"])
+def test_cli_keeps_columns_and_format(tmp_path, name):
+    rng = random.Random(2)
+    docs = texts(rng, 30)
+    rows = []
+    for i, t in enumerate(docs):
+        rows.append({"url": f"u{i}", "body": t, "lang": "xx"})
+        if i % 3 == 0:
+            rows.append({"url": f"u{i}c", "body": near_copy(t), "lang": "yy"})
+    path = tmp_path / name
+    if ".csv" in name:
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(path, "wt", encoding="utf-8", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["url", "body", "lang"])
+            w.writeheader()
+            w.writerows(rows)
+    else:
+        write_jsonl(path, rows)
+    out = tmp_path / ("out" + name[2:])
+    r = run("dedup", path, "-o", out, "--text-field", "body", "--id-field", "url", "--k", "8",
+            "--removed", tmp_path / "rm.jsonl", "-j", "2")
+    assert r.returncode == 0, r.stderr
+    assert "rows in 40, kept 30, removed 10, skipped 0" in r.stderr
+    if ".csv" in name:
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(out, "rt", encoding="utf-8", newline="") as f:
+            kept = list(csv.DictReader(f))
+    else:
+        kept = read_jsonl(out)
+    assert kept == [r for r in rows if not r["url"].endswith("c")]     # columns as they were
+    removed = read_jsonl(tmp_path / "rm.jsonl")
+    assert [(x["id"], x["match"], x["reference"]) for x in removed] == \
+        [(f"u{i}c", f"u{i}", False) for i in range(0, 30, 3)]
+    assert all(0 <= x["distance"] <= 8 for x in removed)
+
+
+def test_default_ids_name_file_and_row_and_output_format_converts(tmp_path):
+    rng = random.Random(3)
+    [t] = texts(rng, 1)
+    write_jsonl(tmp_path / "a.jsonl", [{"text": t}])
+    write_jsonl(tmp_path / "b.jsonl", [{"text": "other words entirely " * 20}, {"text": t}])
+    r = run("dedup", tmp_path / "a.jsonl", tmp_path / "b.jsonl", "-o", tmp_path / "o.csv",
+            "--removed", tmp_path / "rm.jsonl")
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "o.csv", newline="", encoding="utf-8") as f:
+        assert [row["text"][:5] for row in csv.DictReader(f)] == [t[:5], "other"]
+    [rm] = read_jsonl(tmp_path / "rm.jsonl")
+    assert rm["id"] == f"{tmp_path / 'b.jsonl'}:2" and rm["match"] == f"{tmp_path / 'a.jsonl'}:1"
+    assert rm["distance"] == 0
+
+
+# ---------------------------------------------------------------- runs over time
+def test_a_later_run_removes_duplicates_of_earlier_runs_and_a_rerun_repeats_its_output(
+        tmp_path):
+    rng = random.Random(4)
+    first, second = texts(rng, 20), texts(rng, 10)
+    write_jsonl(tmp_path / "a.jsonl", [{"id": f"a{i}", "text": t} for i, t in enumerate(first)])
+    write_jsonl(tmp_path / "b.jsonl",
+                [{"id": f"b{i}", "text": t} for i, t in enumerate(second)] +
+                [{"id": f"b{i}c", "text": near_copy(first[i])} for i in range(5)])
+    idx = tmp_path / "idx"
+    common = ["--id-field", "id", "--index", idx, "--k", "8"]
+    assert run("dedup", tmp_path / "a.jsonl", "-o", tmp_path / "oa.jsonl", *common).returncode == 0
+    r = run("dedup", tmp_path / "b.jsonl", "-o", tmp_path / "ob.jsonl", "--removed",
+            tmp_path / "rb.jsonl", *common)
+    assert r.returncode == 0, r.stderr
+    assert [x["id"] for x in read_jsonl(tmp_path / "ob.jsonl")] == [f"b{i}" for i in range(10)]
+    assert [(x["id"], x["match"]) for x in read_jsonl(tmp_path / "rb.jsonl")] == \
+        [(f"b{i}c", f"a{i}") for i in range(5)]
+    # the same command again: the same output (its rows are the records it kept)
+    r = run("dedup", tmp_path / "b.jsonl", "-o", tmp_path / "ob2.jsonl", *common)
+    assert r.returncode == 0, r.stderr
+    assert read_jsonl(tmp_path / "ob2.jsonl") == read_jsonl(tmp_path / "ob.jsonl")
+    with simindex.Index(idx, readonly=True) as ix:
+        assert len(ix) == 30
+    # another file reusing a kept id is refused, and nothing is written
+    write_jsonl(tmp_path / "c.jsonl", [{"id": "a3", "text": "a different text " * 30}])
+    r = run("dedup", tmp_path / "c.jsonl", "-o", tmp_path / "oc.jsonl", *common)
+    assert r.returncode == 1 and "id 'a3' already names a record" in r.stderr
+    assert not (tmp_path / "oc.jsonl").exists()
+
+
+def test_against_a_reference_removes_its_near_copies_and_leaves_it_alone(tmp_path):
+    rng = random.Random(5)
+    bench, train = texts(rng, 5), texts(rng, 20)
+    (tmp_path / "ref.jsonl").write_text("".join(json.dumps({"id": f"bench{i}", "text": t}) + "\n"
+                                                for i, t in enumerate(bench)))
+    assert run("build", tmp_path / "ref", tmp_path / "ref.jsonl", "--k", "8").returncode == 0
+    write_jsonl(tmp_path / "train.jsonl", [{"id": f"t{i}", "text": t} for i, t in enumerate(train)]
+                + [{"id": "leak", "text": near_copy(bench[2])}])
+    r = run("dedup", tmp_path / "train.jsonl", "-o", tmp_path / "o.jsonl", "--id-field", "id",
+            "--against", tmp_path / "ref", "--k", "8", "--removed", tmp_path / "rm.jsonl")
+    assert r.returncode == 0, r.stderr
+    assert [x["id"] for x in read_jsonl(tmp_path / "o.jsonl")] == [f"t{i}" for i in range(20)]
+    [rm] = read_jsonl(tmp_path / "rm.jsonl")
+    assert (rm["id"], rm["match"], rm["reference"]) == ("leak", "bench2", True)
+    with simindex.Index(tmp_path / "ref", readonly=True) as ref:
+        assert len(ref) == 5
+
+
+KILLED = 200_000
+
+
+def stored(path):
+    """Records in the index at `path` (0 before it exists)."""
+    try:
+        with simindex.Index(path, readonly=True) as ix:
+            return len(ix)
+    except simindex.Error:
+        return 0
+
+
+def test_a_run_killed_and_run_again_writes_what_an_uninterrupted_run_writes(tmp_path):
+    rng = random.Random(6)
+    fps = [rng.getrandbits(64) for _ in range(KILLED // 2)]
+    fps += [f ^ (1 << rng.randrange(64)) for f in fps]            # every row has a twin
+    rng.shuffle(fps)
+    path = tmp_path / "in.jsonl"
+    write_jsonl(path, [{"id": i, "fp": f"{f:x}"} for i, f in enumerate(fps)])
+    args = ["--id-field", "id", "--fingerprint-field", "fp", "--k", "2", "--removed"]
+    want = run("dedup", path, "-o", tmp_path / "want.jsonl", *args, tmp_path / "want-rm.jsonl",
+               "--index", tmp_path / "clean")
+    assert want.returncode == 0, want.stderr
+    cmd = [sys.executable, "-m", "simindex", "dedup", str(path), "-o", str(tmp_path / "o.jsonl"),
+           *map(str, args), str(tmp_path / "rm.jsonl"), "--index", str(tmp_path / "idx")]
+    counts = []
+    for delay in (0.0, 0.05, 0.15):
+        p = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        while p.poll() is None and stored(tmp_path / "idx") <= (counts[-1] if counts else 0):
+            time.sleep(0.01)                    # until this run has committed a batch
+        time.sleep(delay)
+        p.send_signal(signal.SIGKILL)
+        p.communicate()
+        assert p.returncode == -signal.SIGKILL, "the run ended before it was killed"
+        assert not (tmp_path / "o.jsonl").exists()          # never a partial output
+        counts.append(stored(tmp_path / "idx"))
+    assert 0 < counts[0] <= counts[-1] < KILLED // 2       # killed midway, progress kept
+    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert read_jsonl(tmp_path / "o.jsonl") == read_jsonl(tmp_path / "want.jsonl")
+    assert read_jsonl(tmp_path / "rm.jsonl") == read_jsonl(tmp_path / "want-rm.jsonl")
+
+
+# ---------------------------------------------------------------- bad input
+def test_a_bad_row_stops_with_its_place_and_writes_nothing(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", [{"text": "some words here " * 5}, {"txt": "oops"}])
+    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o.jsonl")
+    assert r.returncode == 1
+    assert f'{tmp_path / "in.jsonl"}:2: text field "text" is missing or not text' in r.stderr
+    assert "no output was written" in r.stderr and not (tmp_path / "o.jsonl").exists()
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o.jsonl", "--on-error", "skip")
+    assert r.returncode == 0, r.stderr
+    assert "skipped" in r.stderr and "rows in 2, kept 1, removed 0, skipped 1" in r.stderr
+    assert len(read_jsonl(tmp_path / "o.jsonl")) == 1
+
+
+@pytest.mark.parametrize("content,why", [
+    ("{not json}\n", "in.jsonl:1: not valid JSON"),
+    ('[1, 2]\n', "in.jsonl:1: a JSON line must be an object"),
+    ('{"text": ""}\n', "in.jsonl:1: text has no tokens"),
+    ('{"text": 5}\n', 'in.jsonl:1: text field "text" is missing or not text (got int)'),
+])
+def test_bad_rows_are_named(tmp_path, content, why):
+    (tmp_path / "in.jsonl").write_text(content)
+    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o.jsonl")
+    assert r.returncode == 1 and why in r.stderr, r.stderr
+
+
+def test_parquet_in_and_out(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rng = random.Random(7)
+    docs = texts(rng, 12)
+    rows = [{"id": i, "text": t, "score": i / 2} for i, t in enumerate(docs)]
+    rows.insert(5, {"id": 100, "text": near_copy(docs[1]), "score": -1.0})
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
+    r = run("dedup", tmp_path / "in.parquet", "-o", tmp_path / "out.parquet", "--id-field",
+            "id", "--k", "8", "--removed", tmp_path / "rm.jsonl")
+    assert r.returncode == 0, r.stderr
+    assert pq.read_table(tmp_path / "out.parquet").to_pylist() == \
+        [x for x in rows if x["id"] != 100]
+    assert [(x["id"], x["match"]) for x in read_jsonl(tmp_path / "rm.jsonl")] == [(100, 1)]
+
+
+def test_parquet_without_pyarrow_names_the_extra(tmp_path):
+    (tmp_path / "p.parquet").write_bytes(b"PAR1")
+    code = ("import sys; sys.modules['pyarrow'] = sys.modules['pyarrow.parquet'] = None; "
+            "from simindex.cli import main; sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", code, "dedup", str(tmp_path / "p.parquet"), "-o",
+                        str(tmp_path / "o.jsonl")], env=ENV, capture_output=True, text=True)
+    assert r.returncode == 1 and "Parquet needs pyarrow: pip install 'simindex[parquet]'" \
+        in r.stderr, r.stderr
+
+
+def test_empty_inputs_unknown_formats_and_damaged_parquet(tmp_path):
+    (tmp_path / "e.jsonl").write_text("")
+    r = run("dedup", tmp_path / "e.jsonl", "-o", tmp_path / "o.jsonl")
+    assert r.returncode == 0 and (tmp_path / "o.jsonl").read_text() == ""
+    assert "rows in 0, kept 0" in r.stderr
+    (tmp_path / "x.txt").write_text("hello\n")
+    r = run("dedup", tmp_path / "x.txt", "-o", tmp_path / "o.jsonl")
+    assert r.returncode == 1 and "cannot tell the format" in r.stderr
+    (tmp_path / "p.parquet").write_bytes(b"PAR1")
+    r = run("dedup", tmp_path / "p.parquet", "-o", tmp_path / "o.jsonl")
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        assert r.returncode == 1 and "pip install 'simindex[parquet]'" in r.stderr
+    else:
+        assert r.returncode == 1 and "p.parquet" in r.stderr
