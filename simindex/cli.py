@@ -459,6 +459,17 @@ def plan(size, k, width, top):
               "removed; nothing is added to it.")
 @click.option("--removed", help="Write each removed row's id, the id it matched and the "
               "distance here (JSON lines).")
+@click.option("--clusters", "clusters_out", help="Write every row of a group of two or more "
+              "(and the kept record it is known by) with its cluster id and size here (JSON "
+              "lines).")
+@click.option("--mode", type=click.Choice(["greedy", "components"]), help="greedy (default): "
+              "add_unique's rule, in input order; components: one row per connected "
+              "component of the near-duplicate graph (chains included).")
+@click.option("--keep", default="first", show_default=True, help="Which row of a component "
+              "stays: first, longest (text), or the name of a numeric column to maximise "
+              "(implies --mode components).")
+@click.option("--drop-all", is_flag=True, help="Remove every row of a group of two or more "
+              "(implies --mode components).")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet"]),
               help="Input format (default: from each file's extension).")
 @click.option("--output-format", type=click.Choice(["jsonl", "csv", "parquet"]))
@@ -468,7 +479,8 @@ def plan(size, k, width, top):
               show_default=True, help="A bad row: stop (writing no output) or skip it.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, width,
-          index_dir, against, removed, fmt, output_format, jobs, on_error, quiet):
+          index_dir, against, removed, clusters_out, mode, keep, drop_all, fmt, output_format,
+          jobs, on_error, quiet):
     """Write the rows of INPUTS (JSONL, CSV or Parquet, .gz too) that are not near-duplicates
     of a row kept before them to --output: in input order, a row is kept when no kept row
     is within k bits (the crawler's rule, add_unique); each removed row names the kept row
@@ -490,10 +502,16 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
         gone = RowWriter(removed, "jsonl") if removed else None
         if gone is not None:
             writers.append(gone)
+        groups = RowWriter(clusters_out, "jsonl") if clusters_out else None
+        if groups is not None:
+            writers.append(groups)
+        sizes: dict = {}          # cluster id -> rows of this run in it (and its head)
+        members: list = []        # (id, cluster id) of the removed rows
         for d in decisions(list(inputs), text_field=text_field, id_field=id_field,
                            fingerprint_field=fingerprint_field, k=k, scheme=scheme,
                            width=None if width is None else int(width), index=index_dir,
-                           against=against, fmt=fmt,
+                           against=against, fmt=fmt, mode=mode, keep=keep,
+                           drop_all=drop_all,
                            jobs=jobs or os.cpu_count() or 1,
                            on_error=_Skips(quiet) if on_error == "skip" else "stop",
                            summary=summary):
@@ -502,8 +520,25 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
             elif gone is not None:
                 gone.write({"id": d.id, "where": d.where, "match": d.match,
                             "distance": d.distance, "reference": d.reference})
+            if groups is not None and not d.kept:
+                members.append((d.id, d.cluster))
+                sizes[_key(d.cluster)] = sizes.get(_key(d.cluster), 0) + 1
             if bar is not None:
                 bar.update(1)
+        if groups is not None:
+            # a group is its removed rows and its head (a kept row or an earlier record,
+            # unless --drop-all removed the head too)
+            heads: dict = {}
+            removed_heads = {_key(i) for i, c in members if _key(i) == _key(c)}
+            for id_, cluster in members:
+                heads.setdefault(_key(cluster), cluster)
+            for key in heads:
+                sizes[key] += 0 if key in removed_heads else 1
+            for key, cluster in heads.items():
+                groups.write({"id": cluster, "cluster": cluster, "size": sizes[key]})
+            for id_, cluster in members:
+                if _key(id_) != _key(cluster):
+                    groups.write({"id": id_, "cluster": cluster, "size": sizes[_key(cluster)]})
         for w in writers:
             w.commit()
         writers = []
@@ -518,6 +553,11 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
         _fail(f"{error} ({summary}; no output was written)")
     if not quiet:
         click.echo(f"simindex dedup: {summary}", err=True)
+
+
+def _key(id_):
+    """An id as a dict key that keeps 1 and "1" apart."""
+    return (type(id_).__name__, id_)
 
 
 def _known_format(path):

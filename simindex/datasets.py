@@ -33,7 +33,7 @@ from .pairs import find_all
 from .rows import Row, read_rows
 
 BATCH = 4096              # rows judged together: one query_many, one add_many
-MODES = ("greedy",)
+MODES = ("greedy", "components")
 DEFAULT_K = 3
 
 
@@ -47,6 +47,8 @@ class Decision(NamedTuple):
     match: Any = None               # removed: the id of the kept record it matched
     distance: Optional[int] = None  # removed: the distance to that record
     reference: bool = False         # removed: the match is in the --against index
+    cluster: Any = None             # the id its group is known by: its kept row's (or,
+                                    # with drop_all, the row that would have been kept)
 
 
 class Summary:
@@ -135,15 +137,14 @@ class _Judge:
                     cand = (d, 1 + j, ids[j], False)
                     if best is None or cand[:2] < best[:2]:
                         best = cand
-            if mine and best is None:
+            if best is None:
                 kept_here[i] = True
-                out.append(Decision(row, id_, "", fp, True))
-            elif best is None:
-                kept_here[i] = True
-                adds.append((id_, fp, [token, pos]))
-                out.append(Decision(row, id_, "", fp, True))
+                if not mine:
+                    adds.append((id_, fp, [token, pos]))
+                out.append(Decision(row, id_, "", fp, True, cluster=id_))
             else:
-                out.append(Decision(row, id_, "", fp, False, best[2], best[0], best[3]))
+                out.append(Decision(row, id_, "", fp, False, best[2], best[0], best[3],
+                                    best[2]))
         if adds:
             self._check_ids(adds)
             self.idx.add_many(adds)
@@ -172,14 +173,22 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
               id_field: Optional[str] = None, fingerprint_field: Optional[str] = None,
               k: Optional[int] = None, scheme: Optional[str] = None,
               width: Optional[int] = None, index: Optional[str] = None,
-              against: Optional[str] = None, mode: str = "greedy", fmt: Optional[str] = None,
-              jobs: int = 1, on_error: Union[str, Callable[[BadLine], None]] = "stop",
+              against: Optional[str] = None, mode: Optional[str] = None, keep: str = "first",
+              drop_all: bool = False, fmt: Optional[str] = None, jobs: int = 1,
+              on_error: Union[str, Callable[[BadLine], None]] = "stop",
               summary: Optional[Summary] = None) -> Iterator[Decision]:
     """A Decision for every row of `inputs`, in input order (see `dedup`)."""
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     paths = [os.fspath(p) for p in paths]
+    if mode is None:
+        mode = "components" if drop_all or keep != "first" else "greedy"
     if mode not in MODES:
         raise ParameterError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    if mode == "greedy" and (keep != "first" or drop_all):
+        raise ParameterError("keep and drop_all choose among a component's rows: they need "
+                             "mode='components'")
+    if not isinstance(keep, str) or not keep:
+        raise ParameterError(f"keep must be 'first', 'longest' or a column name, got {keep!r}")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ParameterError(f"jobs must be an int >= 1, got {jobs!r}")
     if on_error not in ("stop", "skip") and not callable(on_error):
@@ -210,19 +219,15 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
         kk = idx.k if k is None else k
         if kk > idx.k:
             raise ParameterError(f"k ({kk}) is above the index's k ({idx.k})")
+        run = _Run(paths, fmt, text_field, id_field, fingerprint_field, keep, pool, on_error,
+                   summary, idx)
         judge = _Judge(idx, ref, kk, run_token(paths, text_field, id_field,
                                                fingerprint_field))
-        rows: list = []
-        for p, path in enumerate(paths):
-            for row in read_rows(path, fmt):
-                rows.append((p, row))
-                if len(rows) >= BATCH:
-                    yield from _judge_batch(judge, idx, rows, text_field, id_field,
-                                            fingerprint_field, pool, on_error, summary)
-                    rows = []
-        if rows:
-            yield from _judge_batch(judge, idx, rows, text_field, id_field,
-                                    fingerprint_field, pool, on_error, summary)
+        if mode == "greedy":
+            for batch in run.batches():
+                yield from run.judged(batch, judge)
+        else:
+            yield from _components(run, judge, drop_all)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -234,49 +239,225 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _judge_batch(judge: _Judge, idx: Index, rows: list, text_field: str,
-                 id_field: Optional[str], fingerprint_field: Optional[str], pool: Any,
-                 on_error: Any, summary: Summary) -> Iterator[Decision]:
-    """Fingerprint a batch of (file number, Row), drop its bad rows (on_error), judge it."""
-    width = idx.width
-    good: list = []
-    texts: list = []
-    for p, row in rows:
-        summary.rows += 1
-        try:
-            id_ = _row_id(row, id_field)
-            if fingerprint_field is not None:
-                fp = _row_fp(row, fingerprint_field, width)
-                good.append((p, row, id_, fp))
-            else:
-                text = row.data.get(text_field)
-                if not isinstance(text, str):
-                    raise BadLine(row.where, f'text field "{text_field}" is missing or not '
-                                             f'text (got {type(text).__name__})')
-                good.append((p, row, id_, None))
-                texts.append(text)
-        except BadLine as e:
-            _bad(e, on_error, summary)
-    if fingerprint_field is None and texts:
-        fps = _fingerprints(texts, idx.scheme or DEFAULT_SCHEME, width, pool)
-        kept = []
-        for (p, row, id_, _), fp in zip(good, fps):
-            if isinstance(fp, str):
-                _bad(BadLine(row.where, fp), on_error, summary)
-            else:
-                kept.append((p, row, id_, fp))
-        good = kept
-    if not good:
-        return
-    out = judge.batch([g[1].data for g in good], [g[2] for g in good], [g[3] for g in good],
-                      [[g[0], g[1].number] for g in good])
-    for g, d in zip(good, out):
-        d = d._replace(where=g[1].where)
+class _Good(NamedTuple):
+    """A row that passed its checks: file number, the Row, its id, fingerprint, and the
+    value the keep policy ranks it by."""
+    p: int
+    row: Row
+    id: Any
+    fp: Any          # None until the batch's texts are fingerprinted
+    rank: Any
+
+
+class _Run:
+    """The inputs of one run read in fingerprinted batches of good rows."""
+
+    def __init__(self, paths: list, fmt: Optional[str], text_field: str,
+                 id_field: Optional[str], fingerprint_field: Optional[str], keep: str,
+                 pool: Any, on_error: Any, summary: Summary, idx: Index) -> None:
+        self.paths, self.fmt = paths, fmt
+        self.text_field, self.id_field, self.fingerprint_field = \
+            text_field, id_field, fingerprint_field
+        self.keep, self.pool, self.on_error, self.summary = keep, pool, on_error, summary
+        self.width, self.scheme = idx.width, idx.scheme or DEFAULT_SCHEME
+
+    def rows(self, again: bool = False) -> Iterator[tuple]:
+        """(file number, Row) of every input row, in order; a row that breaks its file's
+        format goes to on_error (reading `again`, it is skipped silently)."""
+        def bad(e: BadLine) -> None:
+            if not again:
+                self.summary.rows += 1
+                _bad(e, self.on_error, self.summary)
+        for p, path in enumerate(self.paths):
+            for row in read_rows(path, self.fmt, None if self.on_error == "stop" else bad):
+                yield p, row
+
+    def batches(self) -> Iterator[list]:
+        """Lists of _Good rows, BATCH rows read at a time; bad rows go to on_error."""
+        rows: list = []
+        for pr in self.rows():
+            rows.append(pr)
+            if len(rows) >= BATCH:
+                yield self.prepare(rows)
+                rows = []
+        if rows:
+            yield self.prepare(rows)
+
+    def prepare(self, rows: list) -> list:
+        """The good rows of a batch of (file number, Row), fingerprinted."""
+        summary, width = self.summary, self.width
+        good: list = []
+        texts: list = []
+        for p, row in rows:
+            summary.rows += 1
+            try:
+                id_ = _row_id(row, self.id_field)
+                text = None
+                if self.fingerprint_field is not None:
+                    fp = _row_fp(row, self.fingerprint_field, width)
+                else:
+                    fp = None
+                    text = row.data.get(self.text_field)
+                    if not isinstance(text, str):
+                        raise BadLine(row.where, f'text field "{self.text_field}" is missing '
+                                                 f'or not text (got {type(text).__name__})')
+                    texts.append(text)
+                good.append(_Good(p, row, id_, fp, self.rank(row, text)))
+            except BadLine as e:
+                _bad(e, self.on_error, summary)
+        if self.fingerprint_field is None and texts:
+            fps = _fingerprints(texts, self.scheme, width, self.pool)
+            out = []
+            for g, fp in zip(good, fps):
+                if isinstance(fp, str):
+                    _bad(BadLine(g.row.where, fp), self.on_error, summary)
+                else:
+                    out.append(g._replace(fp=fp))
+            good = out
+        return good
+
+    def rank(self, row: Row, text: Optional[str]) -> Any:
+        """What the keep policy maximises for a row (None under "first")."""
+        if self.keep == "first":
+            return None
+        if self.keep == "longest":
+            if text is None:
+                text = row.data.get(self.text_field)
+            if not isinstance(text, str):
+                raise BadLine(row.where, f'keep="longest" needs the text field '
+                                         f'"{self.text_field}"')
+            return len(text)
+        v = row.data.get(self.keep)
+        if isinstance(v, str):
+            try:
+                v = float(v)               # CSV cells are text
+            except ValueError:
+                v = None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+            raise BadLine(row.where, f'keep column "{self.keep}" is missing or not a number '
+                                     f'(got {row.data.get(self.keep)!r:.40})')
+        return v
+
+    def judged(self, good: list, judge: _Judge) -> Iterator[Decision]:
+        """The greedy decisions of a batch of good rows."""
+        if not good:
+            return
+        out = judge.batch([g.row.data for g in good], [g.id for g in good],
+                          [g.fp for g in good], [[g.p, g.row.number] for g in good])
+        for g, d in zip(good, out):
+            d = d._replace(where=g.row.where)
+            self.count(d)
+            yield d
+
+    def count(self, d: Decision) -> None:
         if d.kept:
-            summary.kept += 1
+            self.summary.kept += 1
         else:
-            summary.removed += 1
+            self.summary.removed += 1
+
+
+def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
+    """Connected components of the near-duplicate graph of the run's rows (links within k,
+    chains included), each joined by any record of the index or the reference within k of
+    a member. A component with such a record keeps none of its rows; otherwise it keeps its
+    best row by the keep policy (all of them go with drop_all, when it has two or more).
+
+    Three passes: read and fingerprint every row (keeping its id, position, fingerprint and
+    rank in memory) and query the index and the reference; join the rows (find_all) and
+    group them; read the rows again and decide. Kept rows are then added to the index.
+    """
+    idx, ref, k, token = judge.idx, judge.ref, judge.k, judge.token
+    ids: list = []
+    fps: list = []
+    pos: list = []
+    ranks: list = []
+    earlier: dict = {}                     # row -> (distance, id, fingerprint, reference)
+    present: set = set()                   # rows this run's killed process already added
+    for good in run.batches():
+        if not good:
+            continue
+        base = len(ids)
+        q = [g.fp for g in good]
+        stored = idx.query_many(q, k=k)
+        refs = ref.query_many(q, k=k) if ref is not None else [[]] * len(q)
+        for i, g in enumerate(good):
+            ids.append(g.id)
+            fps.append(g.fp)
+            pos.append([g.p, g.row.number])
+            ranks.append(g.rank)
+            best = None
+            for m in stored[i]:
+                meta = m.meta
+                if isinstance(meta, list) and len(meta) == 2 and meta[0] == token:
+                    if meta[1] == pos[-1]:
+                        present.add(base + i)
+                    continue               # this run's own records: judged again here
+                if best is None or m.distance < best[0]:
+                    best = (m.distance, m.id, m.fingerprint, False)
+            for m in refs[i][:1]:
+                if best is None or m.distance <= best[0]:
+                    best = (m.distance, m.id, m.fingerprint, True)
+            if best is not None:
+                earlier[base + i] = best
+    n = len(ids)
+    parent = list(range(n))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+    for a, b in (find_all(fps, k=k, width=run.width) if n > 1 else []):
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    members: dict = {}
+    for i in range(n):
+        members.setdefault(find(i), []).append(i)
+    # per row: None (kept, alone) or (match id, distance, reference, cluster id)
+    verdict: list = [None] * n
+    for group in members.values():
+        outside = [earlier[i] for i in group if i in earlier]
+        if outside:
+            first = min(outside, key=lambda e: e[0])
+            for i in group:
+                d, mid, mfp, isref = earlier.get(i, first)
+                verdict[i] = (mid, _distance(fps[i], mfp), isref, mid)
+            continue
+        if len(group) == 1:
+            continue
+        best = group[0] if run.keep == "first" else \
+            max(group, key=lambda i: (ranks[i], -i))
+        for i in group:
+            if i != best:
+                verdict[i] = (ids[best], _distance(fps[i], fps[best]), False, ids[best])
+        if drop_all:
+            other = next(i for i in group if i != best)
+            verdict[best] = (ids[other], _distance(fps[best], fps[other]), False, ids[best])
+        else:
+            verdict[best] = ids[best]          # kept, the head of its group
+    adds: list = []
+    i = 0
+    for p, row in run.rows(again=True):
+        if i >= n or [p, row.number] != pos[i]:
+            continue                       # a bad row, skipped in the first pass
+        v = verdict[i]
+        if v is None or not isinstance(v, tuple):
+            d = Decision(row.data, ids[i], row.where, fps[i], True, cluster=ids[i])
+            if i not in present:
+                adds.append((ids[i], fps[i], [token, pos[i]]))
+                if len(adds) >= BATCH:
+                    judge._check_ids(adds)
+                    idx.add_many(adds)
+                    adds = []
+        else:
+            d = Decision(row.data, ids[i], row.where, fps[i], False, *v)
+        run.count(d)
         yield d
+        i += 1
+    if adds:
+        judge._check_ids(adds)
+        idx.add_many(adds)
 
 
 def _bad(e: BadLine, on_error, summary) -> None:
@@ -332,7 +513,10 @@ def dedup(inputs: Union[str, Iterable[str]], **options: Any) -> Iterator[dict]:
     (a directory: keep the index, so later runs remove what duplicates this one's rows),
     `against` (a reference index: rows near any of its records are removed, nothing is
     added to it), `fmt`, `jobs` (fingerprinting processes), `on_error` ("stop", "skip" or
-    a callable taking the BadLine).
+    a callable taking the BadLine). `mode="components"` keeps one row per connected
+    component of the near-duplicate graph instead, chosen by `keep` ("first", "longest"
+    text, or the row with the largest value of a column); `drop_all=True` keeps none of a
+    component's rows (either implies components).
     """
     for d in decisions(inputs, **options):
         if d.kept:

@@ -11,7 +11,7 @@ import json
 import os
 import tempfile
 import zlib
-from typing import Any, Iterator, NamedTuple, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from .errors import BadLine, ParameterError
 
@@ -61,17 +61,26 @@ def _open_text(path: str):
     return io.TextIOWrapper(stream, encoding="utf-8", newline="")
 
 
-def read_rows(path: str, fmt: Optional[str] = None) -> Iterator[Row]:
+def read_rows(path: str, fmt: Optional[str] = None,
+              on_error: Optional[Callable[[BadLine], None]] = None) -> Iterator[Row]:
     """The rows of one file, in order. A row that breaks the format raises BadLine naming
-    the file and row; an unreadable file raises BadLine naming the file."""
+    the file and row, or with `on_error` given is passed to it and skipped; an unreadable
+    file raises BadLine naming the file."""
     fmt = format_of(path, fmt)
     try:
         if fmt == "parquet":
-            yield from _parquet_rows(path)
+            rows = _parquet_rows(path)
         elif fmt == "jsonl":
-            yield from _jsonl_rows(path)
+            rows = _jsonl_rows(path)
         else:
-            yield from _csv_rows(path)
+            rows = _csv_rows(path)
+        for row in rows:
+            if isinstance(row, BadLine):
+                if on_error is None:
+                    raise row
+                on_error(row)
+            else:
+                yield row
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
         raise BadLine(path, f"cannot read: {getattr(e, 'strerror', None) or e}") from None
 
@@ -88,9 +97,11 @@ def _jsonl_rows(path):
             try:
                 obj = json.loads(line)
             except (ValueError, RecursionError) as e:
-                raise BadLine(where, f"not valid JSON: {e}") from None
+                yield BadLine(where, f"not valid JSON: {e}")
+                continue
             if not isinstance(obj, dict):
-                raise BadLine(where, "a JSON line must be an object")
+                yield BadLine(where, "a JSON line must be an object")
+                continue
             yield Row(obj, n, where)
 
 
@@ -115,12 +126,14 @@ def _csv_rows(path):
             except StopIteration:
                 return
             except csv.Error as e:
-                raise BadLine(f"{path}:{n}", f"not valid CSV: {e}") from None
+                yield BadLine(f"{path}:{n}", f"not valid CSV: {e}")
+                continue
             if not cells:
                 continue
             if len(cells) != len(header):
-                raise BadLine(f"{path}:{n}", f"{len(cells)} fields, the header has "
+                yield BadLine(f"{path}:{n}", f"{len(cells)} fields, the header has "
                                              f"{len(header)}")
+                continue
             yield Row(dict(zip(header, cells)), n, f"{path}:{n}")
 
 

@@ -358,3 +358,116 @@ def test_empty_inputs_unknown_formats_and_damaged_parquet(tmp_path):
         assert r.returncode == 1 and "pip install 'simindex[parquet]'" in r.stderr
     else:
         assert r.returncode == 1 and "p.parquet" in r.stderr
+
+
+# ---------------------------------------------------------------- components
+def components(fps, k, ranks=None, drop_all=False):
+    """The oracle of mode="components": per row None (kept) or the position of the row its
+    component keeps (drop_all: every row of a group of two or more goes)."""
+    n = len(fps)
+    parent = list(range(n))
+
+    def find(x):
+        while parent[x] != x:
+            x = parent[x]
+        return x
+    for i in range(n):
+        for j in range(i + 1, n):
+            if popcount(fps[i] ^ fps[j]) <= k:
+                parent[find(j)] = find(i)
+    groups = {}
+    for i in range(n):
+        groups.setdefault(find(i), []).append(i)
+    out = [None] * n
+    for g in groups.values():
+        if len(g) < 2:
+            continue
+        best = g[0] if ranks is None else max(g, key=lambda i: (ranks[i], -i))
+        for i in g:
+            if i != best or drop_all:
+                out[i] = best
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(fps=st.lists(st.builds(lambda b, bits: b ^ sum(1 << x for x in set(bits)),
+                              st.sampled_from([0, 2 ** 64 - 1, 0x0123456789ABCDEF]),
+                              st.lists(st.integers(0, 63), max_size=5)), max_size=40),
+       k=st.integers(0, 4), batch=st.integers(1, 9), by_score=st.booleans(),
+       drop_all=st.booleans())
+def test_components_property(tmp_path_factory, fps, k, batch, by_score, drop_all):
+    scores = [(i * 7919) % 13 for i in range(len(fps))]
+    old, dedup_module.BATCH = dedup_module.BATCH, batch
+    try:
+        path = tmp_path_factory.mktemp("c") / "in.jsonl"
+        write_jsonl(path, [{"id": i, "fp": f, "score": s} for i, (f, s) in
+                           enumerate(zip(fps, scores))])
+        got = list(simindex.decisions([str(path)], id_field="id", fingerprint_field="fp", k=k,
+                                      mode="components", keep="score" if by_score else "first",
+                                      drop_all=drop_all))
+    finally:
+        dedup_module.BATCH = old
+    want = components(fps, k, scores if by_score else None, drop_all)
+    assert [d.kept for d in got] == [w is None for w in want]
+    for i, (d, w) in enumerate(zip(got, want)):
+        if w is not None:
+            assert d.cluster == w and d.reference is False
+            if w != i:
+                assert (d.match, d.distance) == (w, popcount(fps[i] ^ fps[w]))
+
+
+def test_components_join_records_of_earlier_runs_and_report_clusters(tmp_path):
+    a, b, c = 0, 0b111, 0b111000 ^ 0b111        # A-B 3 bits, B-C 3 bits, A-C 6 bits
+    far = 2 ** 64 - 1
+    write_jsonl(tmp_path / "1.jsonl", [{"id": "A", "fp": a}])
+    write_jsonl(tmp_path / "2.jsonl", [{"id": "B", "fp": b}, {"id": "C", "fp": c},
+                                       {"id": "X", "fp": far}, {"id": "Y", "fp": far ^ 1}])
+    common = ["--id-field", "id", "--fingerprint-field", "fp", "--k", "3"]
+    r = run("dedup", tmp_path / "1.jsonl", "-o", tmp_path / "o1.jsonl", "--index",
+            tmp_path / "idx", *common)
+    assert r.returncode == 0, r.stderr
+    # B and C chain to A, kept by the first run: both go; X and Y: Y goes
+    r = run("dedup", tmp_path / "2.jsonl", "-o", tmp_path / "o2.jsonl", "--index",
+            tmp_path / "idx", "--mode", "components", "--removed", tmp_path / "rm.jsonl",
+            "--clusters", tmp_path / "cl.jsonl", *common)
+    assert r.returncode == 0, r.stderr
+    assert [x["id"] for x in read_jsonl(tmp_path / "o2.jsonl")] == ["X"]
+    assert [(x["id"], x["match"], x["distance"]) for x in read_jsonl(tmp_path / "rm.jsonl")] \
+        == [("B", "A", 3), ("C", "A", 6), ("Y", "X", 1)]
+    assert sorted((x["id"], x["cluster"], x["size"]) for x in read_jsonl(tmp_path / "cl.jsonl")) \
+        == [("A", "A", 3), ("B", "A", 3), ("C", "A", 3), ("X", "X", 2), ("Y", "X", 2)]
+    # greedy on the same rows: C is kept (only B, removed, is near it)
+    r = run("dedup", tmp_path / "1.jsonl", tmp_path / "2.jsonl", "-o", tmp_path / "o3.jsonl",
+            "--clusters", tmp_path / "cl3.jsonl", *common)
+    assert [x["id"] for x in read_jsonl(tmp_path / "o3.jsonl")] == ["A", "C", "X"]
+    assert sorted((x["id"], x["cluster"], x["size"]) for x in read_jsonl(tmp_path / "cl3.jsonl")) \
+        == [("A", "A", 2), ("B", "A", 2), ("X", "X", 2), ("Y", "X", 2)]
+    # --drop-all: no row of a group stays
+    r = run("dedup", tmp_path / "2.jsonl", "-o", tmp_path / "o4.jsonl", "--drop-all",
+            "--clusters", tmp_path / "cl4.jsonl", *common)
+    assert r.returncode == 0, r.stderr
+    assert read_jsonl(tmp_path / "o4.jsonl") == []
+    assert sorted((x["id"], x["cluster"], x["size"]) for x in read_jsonl(tmp_path / "cl4.jsonl")) \
+        == [("B", "B", 2), ("C", "B", 2), ("X", "X", 2), ("Y", "X", 2)]
+
+
+def test_keep_longest_and_a_column(tmp_path):
+    rng = random.Random(8)
+    [t] = texts(rng, 1)
+    rows = [{"id": "short", "text": t, "q": "0.5"}, {"id": "long", "text": t + " encore",
+                                                      "q": "0.1"}]
+    with open(tmp_path / "in.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=["id", "text", "q"])
+        w.writeheader()
+        w.writerows(rows)
+    for keep, want in (("longest", "long"), ("q", "short"), ("first", "short")):
+        r = run("dedup", tmp_path / "in.csv", "-o", tmp_path / "o.csv", "--id-field", "id",
+                "--k", "8", "--keep", keep, "--mode", "components")
+        assert r.returncode == 0, r.stderr
+        with open(tmp_path / "o.csv", newline="", encoding="utf-8") as f:
+            assert [x["id"] for x in csv.DictReader(f)] == [want]
+    r = run("dedup", tmp_path / "in.csv", "-o", tmp_path / "o.csv", "--keep", "nope")
+    assert r.returncode == 1 and 'keep column "nope" is missing or not a number' in r.stderr
+    r = run("dedup", tmp_path / "in.csv", "-o", tmp_path / "o.csv", "--mode", "greedy",
+            "--drop-all")
+    assert r.returncode == 1 and "need mode='components'" in r.stderr
