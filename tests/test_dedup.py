@@ -302,6 +302,18 @@ def test_a_bad_row_stops_with_its_place_and_writes_nothing(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "skipped" in r.stderr and "rows in 2, kept 1, removed 0, skipped 1" in r.stderr
     assert len(read_jsonl(tmp_path / "o.jsonl")) == 1
+    # a line that is not JSON, and a CSV row with a field too many, are skipped the same way
+    with open(tmp_path / "in.jsonl", "a") as f:
+        f.write("{oops\n" + json.dumps({"text": "more words here " * 5}) + "\n")
+    (tmp_path / "in.csv").write_text("text,n\nsome words here,1\nother words,2,3\nlast one,4\n")
+    for name, rows in (("in.jsonl", 4), ("in.csv", 3)):
+        for mode in ("greedy", "components"):
+            r = run("dedup", tmp_path / name, "-o", tmp_path / "o.jsonl", "--on-error", "skip",
+                    "--mode", mode)
+            assert r.returncode == 0, r.stderr
+            assert f"rows in {rows}, kept 2, removed 0, skipped {rows - 2}" in r.stderr, r.stderr
+            assert (f"{tmp_path / name}:3: not valid JSON" if name == "in.jsonl" else
+                    f"{tmp_path / name}:3: 3 fields, the header has 2") in r.stderr
 
 
 @pytest.mark.parametrize("content,why", [
