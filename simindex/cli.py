@@ -470,6 +470,9 @@ def plan(size, k, width, top):
               "(implies --mode components).")
 @click.option("--drop-all", is_flag=True, help="Remove every row of a group of two or more "
               "(implies --mode components).")
+@click.option("--min-similarity", type=click.FloatRange(0, 1, min_open=True), help="Count a "
+              "match only if the Jaccard similarity of the two texts' shingles is at least "
+              "this (exact within a batch, from stored sketches otherwise; see README).")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet"]),
               help="Input format (default: from each file's extension).")
 @click.option("--output-format", type=click.Choice(["jsonl", "csv", "parquet"]))
@@ -479,8 +482,8 @@ def plan(size, k, width, top):
               show_default=True, help="A bad row: stop (writing no output) or skip it.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, width,
-          index_dir, against, removed, clusters_out, mode, keep, drop_all, fmt, output_format,
-          jobs, on_error, quiet):
+          index_dir, against, removed, clusters_out, mode, keep, drop_all, min_similarity, fmt,
+          output_format, jobs, on_error, quiet):
     """Write the rows of INPUTS (JSONL, CSV or Parquet, .gz too) that are not near-duplicates
     of a row kept before them to --output: in input order, a row is kept when no kept row
     is within k bits (the crawler's rule, add_unique); each removed row names the kept row
@@ -505,13 +508,13 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
         groups = RowWriter(clusters_out, "jsonl") if clusters_out else None
         if groups is not None:
             writers.append(groups)
-        sizes: dict = {}          # cluster id -> rows of this run in it (and its head)
-        members: list = []        # (id, cluster id) of the removed rows
+        sizes = {}                # cluster id -> rows of this run in it (and its head)
+        members = []              # (id, cluster id) of the removed rows
         for d in decisions(list(inputs), text_field=text_field, id_field=id_field,
                            fingerprint_field=fingerprint_field, k=k, scheme=scheme,
                            width=None if width is None else int(width), index=index_dir,
                            against=against, fmt=fmt, mode=mode, keep=keep,
-                           drop_all=drop_all,
+                           drop_all=drop_all, min_similarity=min_similarity,
                            jobs=jobs or os.cpu_count() or 1,
                            on_error=_Skips(quiet) if on_error == "skip" else "stop",
                            summary=summary):
@@ -519,7 +522,8 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
                 kept_out.write(d.row)
             elif gone is not None:
                 gone.write({"id": d.id, "where": d.where, "match": d.match,
-                            "distance": d.distance, "reference": d.reference})
+                            "distance": d.distance, "reference": d.reference,
+                            "similarity": d.similarity})
             if groups is not None and not d.kept:
                 members.append((d.id, d.cluster))
                 sizes[_key(d.cluster)] = sizes.get(_key(d.cluster), 0) + 1
@@ -528,7 +532,7 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
         if groups is not None:
             # a group is its removed rows and its head (a kept row or an earlier record,
             # unless --drop-all removed the head too)
-            heads: dict = {}
+            heads = {}
             removed_heads = {_key(i) for i, c in members if _key(i) == _key(c)}
             for id_, cluster in members:
                 heads.setdefault(_key(cluster), cluster)

@@ -31,6 +31,7 @@ from .index import Index
 from .inputs import parse_fp
 from .pairs import find_all
 from .rows import Row, read_rows
+from .similarity import jaccard, shingle_set, sketch, sketch_jaccard
 
 BATCH = 4096              # rows judged together: one query_many, one add_many
 MODES = ("greedy", "components")
@@ -49,6 +50,8 @@ class Decision(NamedTuple):
     reference: bool = False         # removed: the match is in the --against index
     cluster: Any = None             # the id its group is known by: its kept row's (or,
                                     # with drop_all, the row that would have been kept)
+    similarity: Optional[float] = None  # removed, with min_similarity: the Jaccard of the
+                                        # match (exact, or a sketch estimate), if checked
 
 
 class Summary:
@@ -84,25 +87,65 @@ def run_token(inputs: list, text_field: str, id_field: Optional[str],
 
 
 def _fingerprint_texts(args):
-    """Worker: fingerprints of texts, or the InputError message of each that has none."""
-    texts, scheme, width = args
-    out = []
+    """Worker: fingerprints of texts (with their shingle sets when `shingled`), or the
+    InputError message of each that has none."""
+    texts, scheme, width, shingled = args
+    out: list = []
     for t in texts:
         try:
-            out.append(fingerprint(t, scheme=scheme, width=width))
+            fp = fingerprint(t, scheme=scheme, width=width)
+            out.append((fp, shingle_set(t, scheme)) if shingled else fp)
         except InputError as e:
             out.append(str(e))
     return out
 
 
+def _similar(a: Any, b: Any, t: float) -> tuple:
+    """(passes, similarity) of two rows' shingle sets (arrays: exact) or sketches (bytes:
+    estimated); a side without either cannot be checked and passes."""
+    if a is None or b is None:
+        return True, None
+    if isinstance(a, bytes) or isinstance(b, bytes):
+        sim = sketch_jaccard(a if isinstance(a, bytes) else sketch(a),
+                             b if isinstance(b, bytes) else sketch(b))
+    else:
+        sim = jaccard(a, b)
+    return sim >= t, round(sim, 4)
+
+
+def _sim(a: Optional[bytes], b: Optional[bytes]) -> Optional[float]:
+    """The sketch estimate of two rows' similarity for a report (None when unknown)."""
+    if a is None or b is None:
+        return None
+    return round(sketch_jaccard(a, b), 4)
+
+
+def _stored_sketch(meta: Any) -> Optional[bytes]:
+    """The sketch a dedup run stored in a record's meta, if any."""
+    if isinstance(meta, list) and len(meta) == 3 and isinstance(meta[2], bytes):
+        return meta[2]
+    return None
+
+
 class _Judge:
     """The greedy decision of batches of rows against an index and a reference."""
 
-    def __init__(self, idx: Index, ref: Optional[Index], k: int, token: bytes) -> None:
+    def __init__(self, idx: Index, ref: Optional[Index], k: int, token: bytes,
+                 min_similarity: Optional[float] = None) -> None:
         self.idx, self.ref, self.k, self.token = idx, ref, k, token
+        self.t = min_similarity
 
-    def batch(self, rows: list, ids: list, fps: list, positions: list) -> list:
-        """Decisions for one batch, its kept rows added to the index (atomically)."""
+    def meta(self, pos: list, sh: Any) -> list:
+        """The meta of a kept record: the run token, the row's position, and with
+        min_similarity the sketch of its shingles."""
+        return [self.token, pos] if self.t is None else [self.token, pos, sketch(sh)]
+
+    def batch(self, rows: list, ids: list, fps: list, positions: list,
+              sh: Optional[list] = None) -> list:
+        """Decisions for one batch, its kept rows added to the index (atomically). `sh`:
+        the rows' shingle sets (with min_similarity)."""
+        t = self.t
+        sh = sh if sh is not None else [None] * len(rows)
         k, token = self.k, self.token
         stored = self.idx.query_many(fps, k=k)
         refs = self.ref.query_many(fps, k=k) if self.ref is not None else None
@@ -113,38 +156,46 @@ class _Judge:
         kept_here: dict = {}           # batch position -> True for kept rows
         adds = []
         for i, (row, id_, fp, pos) in enumerate(zip(rows, ids, fps, positions)):
-            best = None                # (distance, order, id, reference)
+            best = None                # (distance, order, id, reference, similarity)
             mine = False
             for m in stored[i]:
                 meta = m.meta
-                if isinstance(meta, list) and len(meta) == 2 and meta[0] == token:
+                if isinstance(meta, list) and len(meta) in (2, 3) and meta[0] == token:
                     if meta[1] == pos:
                         mine = True    # kept by this run's earlier (killed) process
                         continue
                     if meta[1] > pos:
                         continue       # kept later in this run's order: not before it
-                cand = (m.distance, 0, m.id, False)
-                if best is None or cand[:2] < best[:2]:
-                    best = cand
-            if refs is not None and refs[i]:
-                m = refs[i][0]
-                cand = (m.distance, -1, m.id, True)
-                if best is None or cand[:2] < best[:2]:
-                    best = cand
+                if best is not None and (m.distance, 0) >= best[:2]:
+                    continue
+                ok, sim = (True, None) if t is None else \
+                    _similar(sh[i], _stored_sketch(meta), t)
+                if ok:
+                    best = (m.distance, 0, m.id, False, sim)
+            for m in refs[i] if refs is not None else ():
+                if best is not None and (m.distance, -1) >= best[:2]:
+                    break
+                ok, sim = (True, None) if t is None else \
+                    _similar(sh[i], _stored_sketch(m.meta), t)
+                if ok:
+                    best = (m.distance, -1, m.id, True, sim)
+                    break
             for j in earlier.get(i, ()):
                 if kept_here.get(j):
                     d = _distance(fps[i], fps[j])
-                    cand = (d, 1 + j, ids[j], False)
-                    if best is None or cand[:2] < best[:2]:
-                        best = cand
+                    if best is not None and (d, 1 + j) >= best[:2]:
+                        continue
+                    ok, sim = (True, None) if t is None else _similar(sh[i], sh[j], t)
+                    if ok:
+                        best = (d, 1 + j, ids[j], False, sim)
             if best is None:
                 kept_here[i] = True
                 if not mine:
-                    adds.append((id_, fp, [token, pos]))
+                    adds.append((id_, fp, self.meta(pos, sh[i])))
                 out.append(Decision(row, id_, "", fp, True, cluster=id_))
             else:
                 out.append(Decision(row, id_, "", fp, False, best[2], best[0], best[3],
-                                    best[2]))
+                                    best[2], best[4]))
         if adds:
             self._check_ids(adds)
             self.idx.add_many(adds)
@@ -174,7 +225,8 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
               k: Optional[int] = None, scheme: Optional[str] = None,
               width: Optional[int] = None, index: Optional[str] = None,
               against: Optional[str] = None, mode: Optional[str] = None, keep: str = "first",
-              drop_all: bool = False, fmt: Optional[str] = None, jobs: int = 1,
+              drop_all: bool = False, min_similarity: Optional[float] = None,
+              fmt: Optional[str] = None, jobs: int = 1,
               on_error: Union[str, Callable[[BadLine], None]] = "stop",
               summary: Optional[Summary] = None) -> Iterator[Decision]:
     """A Decision for every row of `inputs`, in input order (see `dedup`)."""
@@ -191,13 +243,17 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
         raise ParameterError(f"keep must be 'first', 'longest' or a column name, got {keep!r}")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ParameterError(f"jobs must be an int >= 1, got {jobs!r}")
+    if min_similarity is not None and (isinstance(min_similarity, bool) or not isinstance(
+            min_similarity, (int, float)) or not 0 < min_similarity <= 1):
+        raise ParameterError(f"min_similarity must be a Jaccard similarity in (0, 1], got "
+                             f"{min_similarity!r}")
     if on_error not in ("stop", "skip") and not callable(on_error):
         raise ParameterError(f"on_error must be 'stop', 'skip' or a callable, got "
                              f"{on_error!r}")
     summary = summary if summary is not None else Summary()
     pool = scratch = ref = idx = None
     try:
-        if jobs > 1 and fingerprint_field is None:
+        if jobs > 1 and (fingerprint_field is None or min_similarity is not None):
             pool = ProcessPoolExecutor(jobs)
             pool.submit(int).result()    # its workers fork now, before an index is open
         if index is None:
@@ -220,9 +276,9 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
         if kk > idx.k:
             raise ParameterError(f"k ({kk}) is above the index's k ({idx.k})")
         run = _Run(paths, fmt, text_field, id_field, fingerprint_field, keep, pool, on_error,
-                   summary, idx)
+                   summary, idx, min_similarity is not None)
         judge = _Judge(idx, ref, kk, run_token(paths, text_field, id_field,
-                                               fingerprint_field))
+                                               fingerprint_field), min_similarity)
         if mode == "greedy":
             for batch in run.batches():
                 yield from run.judged(batch, judge)
@@ -247,6 +303,7 @@ class _Good(NamedTuple):
     id: Any
     fp: Any          # None until the batch's texts are fingerprinted
     rank: Any
+    sh: Any = None   # the shingle set (with min_similarity)
 
 
 class _Run:
@@ -254,12 +311,14 @@ class _Run:
 
     def __init__(self, paths: list, fmt: Optional[str], text_field: str,
                  id_field: Optional[str], fingerprint_field: Optional[str], keep: str,
-                 pool: Any, on_error: Any, summary: Summary, idx: Index) -> None:
+                 pool: Any, on_error: Any, summary: Summary, idx: Index,
+                 shingled: bool = False) -> None:
         self.paths, self.fmt = paths, fmt
         self.text_field, self.id_field, self.fingerprint_field = \
             text_field, id_field, fingerprint_field
         self.keep, self.pool, self.on_error, self.summary = keep, pool, on_error, summary
         self.width, self.scheme = idx.width, idx.scheme or DEFAULT_SCHEME
+        self.shingled = shingled      # shingle sets too (min_similarity needs the texts)
 
     def rows(self, again: bool = False) -> Iterator[tuple]:
         """(file number, Row) of every input row, in order; a row that breaks its file's
@@ -293,10 +352,10 @@ class _Run:
             try:
                 id_ = _row_id(row, self.id_field)
                 text = None
+                fp = None
                 if self.fingerprint_field is not None:
                     fp = _row_fp(row, self.fingerprint_field, width)
-                else:
-                    fp = None
+                if fp is None or self.shingled:
                     text = row.data.get(self.text_field)
                     if not isinstance(text, str):
                         raise BadLine(row.where, f'text field "{self.text_field}" is missing '
@@ -305,12 +364,14 @@ class _Run:
                 good.append(_Good(p, row, id_, fp, self.rank(row, text)))
             except BadLine as e:
                 _bad(e, self.on_error, summary)
-        if self.fingerprint_field is None and texts:
-            fps = _fingerprints(texts, self.scheme, width, self.pool)
+        if texts:
+            fps = _fingerprints(texts, self.scheme, width, self.pool, self.shingled)
             out = []
             for g, fp in zip(good, fps):
                 if isinstance(fp, str):
                     _bad(BadLine(g.row.where, fp), self.on_error, summary)
+                elif self.shingled:
+                    out.append(g._replace(fp=fp[0] if g.fp is None else g.fp, sh=fp[1]))
                 else:
                     out.append(g._replace(fp=fp))
             good = out
@@ -343,7 +404,8 @@ class _Run:
         if not good:
             return
         out = judge.batch([g.row.data for g in good], [g.id for g in good],
-                          [g.fp for g in good], [[g.p, g.row.number] for g in good])
+                          [g.fp for g in good], [[g.p, g.row.number] for g in good],
+                          [g.sh for g in good])
         for g, d in zip(good, out):
             d = d._replace(where=g.row.where)
             self.count(d)
@@ -371,7 +433,10 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
     fps: list = []
     pos: list = []
     ranks: list = []
-    earlier: dict = {}                     # row -> (distance, id, fingerprint, reference)
+    sketches: list = []                    # with min_similarity: each row's sketch
+    t = judge.t
+    earlier: dict = {}                     # row -> (distance, id, fingerprint, reference,
+                                           #         similarity)
     present: set = set()                   # rows this run's killed process already added
     for good in run.batches():
         if not good:
@@ -385,18 +450,23 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
             fps.append(g.fp)
             pos.append([g.p, g.row.number])
             ranks.append(g.rank)
+            sk = sketch(g.sh) if t is not None else None
+            sketches.append(sk)
             best = None
-            for m in stored[i]:
+            for m, isref in [(m, False) for m in stored[i]] + [(m, True) for m in refs[i]]:
                 meta = m.meta
-                if isinstance(meta, list) and len(meta) == 2 and meta[0] == token:
+                if not isref and isinstance(meta, list) and len(meta) in (2, 3) and \
+                        meta[0] == token:
                     if meta[1] == pos[-1]:
                         present.add(base + i)
                     continue               # this run's own records: judged again here
-                if best is None or m.distance < best[0]:
-                    best = (m.distance, m.id, m.fingerprint, False)
-            for m in refs[i][:1]:
-                if best is None or m.distance <= best[0]:
-                    best = (m.distance, m.id, m.fingerprint, True)
+                if best is not None and (m.distance > best[0] or m.distance == best[0]
+                                         and not isref):
+                    continue
+                ok, sim = (True, None) if t is None else \
+                    _similar(sk, _stored_sketch(meta), t)
+                if ok:
+                    best = (m.distance, m.id, m.fingerprint, isref, sim)
             if best is not None:
                 earlier[base + i] = best
     n = len(ids)
@@ -408,6 +478,8 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
             x = parent[x]
         return x
     for a, b in (find_all(fps, k=k, width=run.width) if n > 1 else []):
+        if t is not None and not _similar(sketches[a], sketches[b], t)[0]:
+            continue                       # near in bits, not in shingles
         ra, rb = find(a), find(b)
         if ra != rb:
             parent[max(ra, rb)] = min(ra, rb)
@@ -421,8 +493,9 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
         if outside:
             first = min(outside, key=lambda e: e[0])
             for i in group:
-                d, mid, mfp, isref = earlier.get(i, first)
-                verdict[i] = (mid, _distance(fps[i], mfp), isref, mid)
+                d, mid, mfp, isref, sim = earlier.get(i, first)
+                verdict[i] = (mid, _distance(fps[i], mfp), isref, mid,
+                              sim if i in earlier else _sim(sketches[i], None))
             continue
         if len(group) == 1:
             continue
@@ -430,10 +503,12 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
             max(group, key=lambda i: (ranks[i], -i))
         for i in group:
             if i != best:
-                verdict[i] = (ids[best], _distance(fps[i], fps[best]), False, ids[best])
+                verdict[i] = (ids[best], _distance(fps[i], fps[best]), False, ids[best],
+                              _sim(sketches[i], sketches[best]))
         if drop_all:
             other = next(i for i in group if i != best)
-            verdict[best] = (ids[other], _distance(fps[best], fps[other]), False, ids[best])
+            verdict[best] = (ids[other], _distance(fps[best], fps[other]), False, ids[best],
+                             _sim(sketches[best], sketches[other]))
         else:
             verdict[best] = ids[best]          # kept, the head of its group
     adds: list = []
@@ -445,7 +520,8 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
         if v is None or not isinstance(v, tuple):
             d = Decision(row.data, ids[i], row.where, fps[i], True, cluster=ids[i])
             if i not in present:
-                adds.append((ids[i], fps[i], [token, pos[i]]))
+                adds.append((ids[i], fps[i], [token, pos[i]] if t is None else
+                             [token, pos[i], sketches[i]]))
                 if len(adds) >= BATCH:
                     judge._check_ids(adds)
                     idx.add_many(adds)
@@ -493,13 +569,13 @@ def _row_fp(row: Row, field: str, width: int) -> int:
                              f'an integer (got {v!r:.40})')
 
 
-def _fingerprints(texts: list, scheme, width: int, pool) -> list:
+def _fingerprints(texts: list, scheme, width: int, pool, shingled: bool = False) -> list:
     if pool is None:
-        return _fingerprint_texts((texts, scheme, width))
+        return _fingerprint_texts((texts, scheme, width, shingled))
     step = max(64, len(texts) // (4 * pool._max_workers) + 1)
     parts = [texts[i:i + step] for i in range(0, len(texts), step)]
     out: list = []
-    for got in pool.map(_fingerprint_texts, [(p, scheme, width) for p in parts]):
+    for got in pool.map(_fingerprint_texts, [(p, scheme, width, shingled) for p in parts]):
         out += got
     return out
 

@@ -483,3 +483,56 @@ def test_keep_longest_and_a_column(tmp_path):
     r = run("dedup", tmp_path / "in.csv", "-o", tmp_path / "o.csv", "--mode", "greedy",
             "--drop-all")
     assert r.returncode == 1 and "need mode='components'" in r.stderr
+
+
+# ---------------------------------------------------------------- min_similarity
+def test_min_similarity_drops_matches_whose_texts_differ(tmp_path):
+    """Rows forced to one fingerprint: only the one whose shingles overlap the kept row's is
+    removed, in the batch (exact Jaccard) and in a later run (the stored sketch)."""
+    rng = random.Random(9)
+    a, other = texts(rng, 2)
+    b = near_copy(a)
+    rows = [{"id": "A", "text": a, "fp": "1"}, {"id": "B", "text": b, "fp": "1"},
+            {"id": "C", "text": other, "fp": "1"}]
+    write_jsonl(tmp_path / "1.jsonl", rows[:1])
+    write_jsonl(tmp_path / "2.jsonl", rows[1:])
+    write_jsonl(tmp_path / "all.jsonl", rows)
+    common = ["--id-field", "id", "--fingerprint-field", "fp", "--min-similarity", "0.8"]
+    for mode in ("greedy", "components"):
+        r = run("dedup", tmp_path / "all.jsonl", "-o", tmp_path / "o.jsonl", "--removed",
+                tmp_path / "rm.jsonl", "--mode", mode, *common)
+        assert r.returncode == 0, r.stderr
+        assert [x["id"] for x in read_jsonl(tmp_path / "o.jsonl")] == ["A", "C"]
+        [rm] = read_jsonl(tmp_path / "rm.jsonl")
+        assert (rm["id"], rm["match"], rm["distance"]) == ("B", "A", 0)
+        assert 0.8 <= rm["similarity"] < 1
+    assert run("dedup", tmp_path / "1.jsonl", "-o", tmp_path / "o1.jsonl", "--index",
+               tmp_path / "idx", *common).returncode == 0
+    r = run("dedup", tmp_path / "2.jsonl", "-o", tmp_path / "o2.jsonl", "--index",
+            tmp_path / "idx", "--removed", tmp_path / "rm2.jsonl", *common)
+    assert r.returncode == 0, r.stderr
+    assert [x["id"] for x in read_jsonl(tmp_path / "o2.jsonl")] == ["C"]
+    [rm] = read_jsonl(tmp_path / "rm2.jsonl")
+    assert (rm["id"], rm["match"]) == ("B", "A") and 0.8 <= rm["similarity"] <= 1
+    # without the check, all three are one fingerprint: A alone stays
+    r = run("dedup", tmp_path / "all.jsonl", "-o", tmp_path / "o.jsonl", "--id-field", "id",
+            "--fingerprint-field", "fp")
+    assert [x["id"] for x in read_jsonl(tmp_path / "o.jsonl")] == ["A"]
+
+
+def test_sketches_are_exact_for_short_texts_and_close_for_long_ones():
+    from simindex.similarity import SKETCH, jaccard, shingle_set, sketch, sketch_jaccard
+    rng = random.Random(10)
+    short = texts(rng, 1, words=40)[0]
+    a, b = shingle_set(short, "simindex-v1"), shingle_set(near_copy(short), "simindex-v1")
+    assert len(sketch(a)) == 4 * len(a) < 4 * SKETCH
+    assert sketch_jaccard(sketch(a), sketch(b)) == pytest.approx(jaccard(a, b))
+    errors = []
+    for _ in range(20):
+        t = texts(rng, 1, words=3000)[0].split()
+        cut = rng.randrange(500, 2500)
+        u = " ".join(t[:cut] + texts(rng, 1, words=rng.randrange(100, 2000))[0].split())
+        x, y = shingle_set(" ".join(t), "simindex-v1"), shingle_set(u, "simindex-v1")
+        assert len(sketch(x)) == 4 * SKETCH
+        errors.append(abs(sketch_jaccard(sketch(x), sketch(y)) - jaccard(x, y)))
+    assert max(errors) < 0.15 and sum(errors) / len(errors) < 0.06
