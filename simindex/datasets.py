@@ -86,7 +86,7 @@ def run_token(inputs: list, text_field: str, id_field: Optional[str],
     return h.digest()
 
 
-def _fingerprint_texts(args):
+def _fingerprint_texts(args: tuple) -> list:
     """Worker: fingerprints of texts (with their shingle sets when `shingled`), or the
     InputError message of each that has none."""
     texts, scheme, width, shingled = args

@@ -2,7 +2,7 @@
 `simindex dedup --min-similarity` applies to candidates the bit distance finds.
 
 A text's shingles are its scheme's tokens in windows of the scheme's shingle width, each
-hashed with xxh3 (64 bits). The sketch of a text is the SKETCH smallest distinct high
+window's tokens joined by single spaces and hashed with xxh3 (64 bits). The sketch of a text is the SKETCH smallest distinct high
 32-bit halves of those hashes, as big-endian u32 (at most 4 * SKETCH bytes, the whole set
 for a short text); the Jaccard estimate of two sketches is the bottom-k estimator: of the
 SKETCH smallest values of their union, the share found in both. Its standard error is about
@@ -11,21 +11,26 @@ sqrt(J (1 - J) / SKETCH): 0.04 at J = 0.5 with SKETCH = 128.
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Union
 
 import numpy as np
 
 from . import _fingerprint
-from .fingerprints import HASHES, Scheme, _scheme, shingles, tokenize
+from .fingerprints import HASHES, Scheme, _scheme, _text, shingles, tokenize
 
 SKETCH = 128                # values kept per sketch: 512 bytes at most
 _XXH3 = HASHES["xxh3"][0]  # the compiled hash kind of xxh3-64
 
 
 def shingle_set(text: str, scheme: Union[str, Scheme]) -> np.ndarray:
-    """The sorted distinct 64-bit hashes of a text's shingles under a scheme."""
+    """The sorted distinct 64-bit hashes of a text's shingles under a scheme: xxh3 of each
+    shingle's tokens joined by single spaces (no scheme's tokens hold a space)."""
     s = _scheme(scheme)
-    items = ["\x1f".join(sh).encode("utf-8", "surrogatepass")
+    if s.name == "simindex-v1":           # compiled: the tokens word_vote votes over
+        return np.unique(_fingerprint.word_shingle_hashes(
+            unicodedata.normalize("NFKC", _text(text)).casefold(), s.shingle_width))
+    items = [" ".join(sh).encode("utf-8", "surrogatepass")
              for sh in shingles(tokenize(text, scheme=s), s.shingle_width)]
     if not items:
         return np.empty(0, dtype=np.uint64)

@@ -536,3 +536,17 @@ def test_sketches_are_exact_for_short_texts_and_close_for_long_ones():
         assert len(sketch(x)) == 4 * SKETCH
         errors.append(abs(sketch_jaccard(sketch(x), sketch(y)) - jaccard(x, y)))
     assert max(errors) < 0.15 and sum(errors) / len(errors) < 0.06
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from(list("ab _.\n-é日本ｆß") + ["Ǆ", "\u0301"]),
+                    max_size=40))
+def test_compiled_shingle_sets_equal_the_schemes_tokens(text):
+    """simindex-v1's compiled shingle hashes are xxh3 of the same windows `tokenize` and
+    `shingles` give, joined by spaces."""
+    from simindex import _fingerprint
+    from simindex.similarity import shingle_set
+    items = [" ".join(sh).encode("utf-8", "surrogatepass")
+             for sh in simindex.shingles(simindex.tokenize(text, scheme="simindex-v1"), 3)]
+    want = sorted(set(_fingerprint.hash_many(items, 0, 1).reshape(-1).tolist())) if items else []
+    assert shingle_set(text, "simindex-v1").tolist() == want

@@ -407,45 +407,54 @@ cdef inline Py_ssize_t _utf8(uint32_t c, char *o) noexcept nogil:
     return 4
 
 
-def word_vote(str text not None, int width, int hash_kind=0, int words=1):
-    """simindex-v1's tokenize + shingle + hash + vote in one pass over normalized text.
+cdef Py_ssize_t _v1_join(str text, char *buf):
+    """simindex-v1's tokens of (normalized) `text` as UTF-8 joined by single spaces, into
+    `buf` (at least 5 * len(text) + 1 bytes); returns the length.
 
-    Tokens are runs of word characters (what regex \\w matches: str.isalnum() or "_"),
-    and each character of the Han/Kana ranges a token of its own, word character or not;
-    they are written as UTF-8 joined by single spaces and voted on as in shingle_vote()
-    with hash `hash_kind`. Returns (fingerprint, windows).
+    Tokens are runs of word characters (what regex \\w matches: str.isalnum() or "_"), and
+    each character of the Han/Kana ranges a token of its own, word character or not.
     """
     cdef Py_ssize_t n = len(text), i, o = 0
     cdef int kind = PyUnicode_KIND(text)
     cdef const void *data = PyUnicode_DATA(text)
-    cdef char *buf
     cdef uint32_t c
     cdef bint in_word = False, word
+    for i in range(n):
+        c = PyUnicode_READ(kind, data, i)
+        word = Py_UNICODE_ISALNUM(c) or c == 0x5F
+        if _is_cjk(c):                       # every character of these ranges
+            if o:
+                buf[o] = b' '
+                o += 1
+            o += _utf8(c, buf + o)
+            in_word = False
+        elif word:
+            if not in_word and o:
+                buf[o] = b' '
+                o += 1
+            o += _utf8(c, buf + o)
+            in_word = True
+        else:
+            in_word = False
+    return o
+
+
+def word_vote(str text not None, int width, int hash_kind=0, int words=1):
+    """simindex-v1's tokenize + shingle + hash + vote in one pass over normalized text:
+    the tokens of _v1_join, voted on as in shingle_vote() with hash `hash_kind`. Returns
+    (fingerprint, windows).
+    """
+    cdef Py_ssize_t o
+    cdef char *buf
     cdef uint64_t r[MAXW]
     cdef Py_ssize_t windows = 0
     cdef int rc
     _kind_words(hash_kind, words)
-    buf = <char *>malloc(4 * n + n + 1)
+    buf = <char *>malloc(5 * len(text) + 1)
     if buf == NULL:
         raise MemoryError()
     try:
-        for i in range(n):
-            c = PyUnicode_READ(kind, data, i)
-            word = Py_UNICODE_ISALNUM(c) or c == 0x5F
-            if _is_cjk(c):                       # every character of these ranges
-                if o:
-                    buf[o] = b' '
-                    o += 1
-                o += _utf8(c, buf + o)
-                in_word = False
-            elif word:
-                if not in_word and o:
-                    buf[o] = b' '
-                    o += 1
-                o += _utf8(c, buf + o)
-                in_word = True
-            else:
-                in_word = False
+        o = _v1_join(text, buf)
         with nogil:
             rc = _shingle_vote_buf(buf, o, width, r, &windows, hash_kind, words)
         if rc:
@@ -453,3 +462,53 @@ def word_vote(str text not None, int width, int hash_kind=0, int words=1):
         return _to_int(r, words), windows
     finally:
         free(buf)
+
+
+def word_shingle_hashes(str text not None, int width):
+    """The xxh3-64 hash of every `width`-token window of simindex-v1's tokens of
+    (normalized) `text`, each window its tokens joined by single spaces (fewer tokens than
+    `width` make one window of them all), as a uint64 array in window order."""
+    cdef Py_ssize_t o, i, t, ntok = 0, nw
+    cdef char *buf
+    cdef Py_ssize_t *start = NULL
+    cdef Py_ssize_t *end = NULL
+    cdef uint64_t h[MAXW]
+    cdef uint64_t[::1] view
+    if width < 1:
+        raise ValueError(f"width must be >= 1, got {width}")
+    buf = <char *>malloc(5 * len(text) + 1)
+    if buf == NULL:
+        raise MemoryError()
+    try:
+        o = _v1_join(text, buf)
+        start = <Py_ssize_t *>malloc((o // 2 + 2) * sizeof(Py_ssize_t))
+        end = <Py_ssize_t *>malloc((o // 2 + 2) * sizeof(Py_ssize_t))
+        if start == NULL or end == NULL:
+            raise MemoryError()
+        i = 0
+        while i < o:
+            while i < o and buf[i] == b' ':
+                i += 1
+            if i >= o:
+                break
+            start[ntok] = i
+            while i < o and buf[i] != b' ':
+                i += 1
+            end[ntok] = i
+            ntok += 1
+        nw = 0 if ntok == 0 else (1 if ntok < width else ntok - width + 1)
+        out = np.empty(nw, dtype=np.uint64)
+        view = out
+        with nogil:
+            if 0 < ntok < width:
+                si_hash(0, buf + start[0], end[ntok - 1] - start[0], h, 1)
+                view[0] = h[0]
+            else:
+                for t in range(nw):
+                    si_hash(0, buf + start[t], end[t + width - 1] - start[t], h, 1)
+                    view[t] = h[0]
+        return out
+    finally:
+        free(buf)
+        free(start)
+        free(end)
