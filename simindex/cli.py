@@ -470,6 +470,9 @@ def plan(size, k, width, top):
               "(implies --mode components).")
 @click.option("--drop-all", is_flag=True, help="Remove every row of a group of two or more "
               "(implies --mode components).")
+@click.option("--annotate", is_flag=True, help="Write every row to --output, with the columns "
+              "simindex_duplicate_of, simindex_distance, simindex_cluster and "
+              "simindex_cluster_size appended.")
 @click.option("--min-similarity", type=click.FloatRange(0, 1, min_open=True), help="Count a "
               "match only if the Jaccard similarity of the two texts' shingles is at least "
               "this (exact within a batch, from stored sketches otherwise; see README).")
@@ -482,34 +485,26 @@ def plan(size, k, width, top):
               show_default=True, help="A bad row: stop (writing no output) or skip it.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, width,
-          index_dir, against, removed, clusters_out, mode, keep, drop_all, min_similarity, fmt,
-          output_format, jobs, on_error, quiet):
+          index_dir, against, removed, clusters_out, mode, keep, drop_all, annotate,
+          min_similarity, fmt, output_format, jobs, on_error, quiet):
     """Write the rows of INPUTS (JSONL, CSV or Parquet, .gz too) that are not near-duplicates
     of a row kept before them to --output: in input order, a row is kept when no kept row
     is within k bits (the crawler's rule, add_unique); each removed row names the kept row
     it matched. With --index the kept rows stay indexed for later runs."""
     from .datasets import Summary, decisions
-    from .rows import RowWriter, format_of
+    from .reports import DedupOutputs
+    from .rows import format_of
 
     try:
         out_fmt = output_format or _known_format(output) or format_of(inputs[0], fmt)
     except Error as e:
         _fail(str(e))
     summary = Summary()
-    writers = []
+    outputs = None
     bar = _progress(quiet, unit="row")
     error = None
     try:
-        kept_out = RowWriter(output, out_fmt)
-        writers.append(kept_out)
-        gone = RowWriter(removed, "jsonl") if removed else None
-        if gone is not None:
-            writers.append(gone)
-        groups = RowWriter(clusters_out, "jsonl") if clusters_out else None
-        if groups is not None:
-            writers.append(groups)
-        sizes = {}                # cluster id -> rows of this run in it (and its head)
-        members = []              # (id, cluster id) of the removed rows
+        outputs = DedupOutputs(output, out_fmt, removed, clusters_out, annotate)
         for d in decisions(list(inputs), text_field=text_field, id_field=id_field,
                            fingerprint_field=fingerprint_field, k=k, scheme=scheme,
                            width=None if width is None else int(width), index=index_dir,
@@ -518,50 +513,22 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
                            jobs=jobs or os.cpu_count() or 1,
                            on_error=_Skips(quiet) if on_error == "skip" else "stop",
                            summary=summary):
-            if d.kept:
-                kept_out.write(d.row)
-            elif gone is not None:
-                gone.write({"id": d.id, "where": d.where, "match": d.match,
-                            "distance": d.distance, "reference": d.reference,
-                            "similarity": d.similarity})
-            if groups is not None and not d.kept:
-                members.append((d.id, d.cluster))
-                sizes[_key(d.cluster)] = sizes.get(_key(d.cluster), 0) + 1
+            outputs.add(d)
             if bar is not None:
                 bar.update(1)
-        if groups is not None:
-            # a group is its removed rows and its head (a kept row or an earlier record,
-            # unless --drop-all removed the head too)
-            heads = {}
-            removed_heads = {_key(i) for i, c in members if _key(i) == _key(c)}
-            for id_, cluster in members:
-                heads.setdefault(_key(cluster), cluster)
-            for key in heads:
-                sizes[key] += 0 if key in removed_heads else 1
-            for key, cluster in heads.items():
-                groups.write({"id": cluster, "cluster": cluster, "size": sizes[key]})
-            for id_, cluster in members:
-                if _key(id_) != _key(cluster):
-                    groups.write({"id": id_, "cluster": cluster, "size": sizes[_key(cluster)]})
-        for w in writers:
-            w.commit()
-        writers = []
+        outputs.commit()
+        outputs = None
     except (Error, OSError, ValueError) as e:
         error = str(e)
     finally:
-        for w in writers:
-            w.abort()
+        if outputs is not None:
+            outputs.abort()
         if bar is not None:
             bar.close()
     if error:
         _fail(f"{error} ({summary}; no output was written)")
     if not quiet:
         click.echo(f"simindex dedup: {summary}", err=True)
-
-
-def _key(id_):
-    """An id as a dict key that keeps 1 and "1" apart."""
-    return (type(id_).__name__, id_)
 
 
 def _known_format(path):

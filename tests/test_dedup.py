@@ -550,3 +550,34 @@ def test_compiled_shingle_sets_equal_the_schemes_tokens(text):
              for sh in simindex.shingles(simindex.tokenize(text, scheme="simindex-v1"), 3)]
     want = sorted(set(_fingerprint.hash_many(items, 0, 1).reshape(-1).tolist())) if items else []
     assert shingle_set(text, "simindex-v1").tolist() == want
+
+
+def test_annotate_keeps_every_row_with_its_group(tmp_path):
+    a, b, c = 0, 0b111, 0b111000 ^ 0b111
+    far = 2 ** 64 - 1
+    rows = [{"id": n, "fp": f, "x": i} for i, (n, f) in
+            enumerate(zip("ABCXY", (a, b, c, far, far ^ 1)))]
+    write_jsonl(tmp_path / "in.jsonl", rows)
+    common = ["--id-field", "id", "--fingerprint-field", "fp", "--k", "3", "--annotate"]
+    cols = ("simindex_duplicate_of", "simindex_distance", "simindex_cluster",
+            "simindex_cluster_size")
+    for extra, want in (
+            ([], [(None, None, "A", 2), ("A", 3, "A", 2), (None, None, "C", 1),
+                  (None, None, "X", 2), ("X", 1, "X", 2)]),
+            (["--mode", "components"], [(None, None, "A", 3), ("A", 3, "A", 3),
+                                        ("A", 6, "A", 3), (None, None, "X", 2),
+                                        ("X", 1, "X", 2)]),
+            (["--drop-all"], [("B", 3, "A", 3), ("A", 3, "A", 3), ("A", 6, "A", 3),
+                              ("Y", 1, "X", 2), ("X", 1, "X", 2)])):
+        r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o.csv", *common, *extra)
+        assert r.returncode == 0, r.stderr
+        with open(tmp_path / "o.csv", newline="", encoding="utf-8") as f:
+            got = list(csv.DictReader(f))
+        assert [g["id"] for g in got] == list("ABCXY")                 # every row, in order
+        assert [tuple(g[c] for c in cols) for g in got] == \
+            [tuple("" if v is None else str(v) for v in w) for w in want], extra
+    write_jsonl(tmp_path / "bad.jsonl", [{"id": "A", "fp": 1, "simindex_cluster": 1}])
+    r = run("dedup", tmp_path / "bad.jsonl", "-o", tmp_path / "o2.jsonl", *common)
+    assert r.returncode == 1 and "already has the column 'simindex_cluster'" in r.stderr
+    assert not (tmp_path / "o2.jsonl").exists()
+    assert not [n for n in os.listdir(tmp_path) if n.endswith((".tmp", ".annotate"))]
