@@ -197,23 +197,17 @@ class _Judge:
                 out.append(Decision(row, id_, "", fp, False, best[2], best[0], best[3],
                                     best[2], best[4]))
         if adds:
-            self._check_ids(adds)
-            self.idx.add_many(adds)
+            self.add(adds)
         return out
 
-    def _check_ids(self, adds: list) -> None:
-        """Refuse a kept row whose id already names another record: adding it would replace
-        (and so lose) that record."""
-        seen: dict = {}
-        for id_, _fp, meta in adds:
-            if id_ in seen:
-                raise ParameterError(f"id {id_!r:.80} occurs twice among the kept rows "
-                                     f"(ids must be unique)")
-            seen[id_] = True
-            if id_ in self.idx:
-                raise ParameterError(f"id {id_!r:.80} already names a record of the index "
-                                     f"(kept by an earlier run); ids must be unique across "
-                                     f"runs")
+    def add(self, adds: list) -> None:
+        """Add kept rows' records, refusing an id that already names a record: adding it
+        would replace (and so lose) that record."""
+        try:
+            self.idx.add_many(adds, replace=False)
+        except InputError as e:
+            raise ParameterError(f"a kept row's {e}: ids must be unique, across runs "
+                                 f"too") from None
 
 
 def _distance(a: int, b: int) -> int:
@@ -262,8 +256,10 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
         # a new index is made for k (default DEFAULT_K); an existing one is asked at k,
         # which must not exceed its own
         new = not os.path.exists(os.path.join(index, manifest.NAME))
+        # batches commit without fsync; the flush at the end makes them durable before
+        # the caller renames its outputs into place (a killed process loses nothing)
         idx = Index(index, k=(DEFAULT_K if k is None else k) if new else None, scheme=scheme,
-                    width=width)
+                    width=width, sync=False)
         if against is not None:
             ref = Index(against, readonly=True)
             if ref.width != idx.width:
@@ -284,6 +280,7 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
                 yield from run.judged(batch, judge)
         else:
             yield from _components(run, judge, drop_all)
+        idx.flush()
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -523,8 +520,7 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
                 adds.append((ids[i], fps[i], [token, pos[i]] if t is None else
                              [token, pos[i], sketches[i]]))
                 if len(adds) >= BATCH:
-                    judge._check_ids(adds)
-                    idx.add_many(adds)
+                    judge.add(adds)
                     adds = []
         else:
             d = Decision(row.data, ids[i], row.where, fps[i], False, *v)
@@ -532,8 +528,7 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
         yield d
         i += 1
     if adds:
-        judge._check_ids(adds)
-        idx.add_many(adds)
+        judge.add(adds)
 
 
 def _bad(e: BadLine, on_error, summary) -> None:

@@ -213,13 +213,14 @@ class Index:
             st.add([idk], words_array([fp], st.plan.width), [mb])
 
     def add_many(self, items: Iterable[Any], fingerprints: Optional[Fingerprints] = None, *,
-                 jobs: int = 1) -> None:
+                 jobs: int = 1, replace: bool = True) -> None:
         """Store many records: `add_many([(id, fp), (id, fp, meta), ...])` or, columnar,
         `add_many(ids, fingerprints)` (fingerprints may be a numpy uint64 array).
 
         Everything is checked before anything is written. Records commit in atomic chunks
         of 262,144; a call that returns is durable (with sync=True). `jobs` shards are
-        written at once (threads).
+        written at once (threads). With replace=False an id already stored, or given twice,
+        raises InputError naming it instead of replacing, and its chunk writes nothing.
         """
         st = self._writable_store()
         idks, fps, metas = encode_records(items, fingerprints, st.plan.width)
@@ -227,7 +228,7 @@ class Index:
             raise ParameterError(f"jobs must be an int >= 1, got {jobs!r}")
         st.fold()
         if idks:
-            st.add(idks, fps, metas, jobs=jobs)
+            st.add(idks, fps, metas, jobs=jobs, replace=bool(replace))
 
     def remove(self, id: Id) -> bool:
         """Remove the record of `id`; returns whether there was one."""

@@ -3,6 +3,7 @@ by line so a bad line is reported as `file:line: reason` and nothing of it is wr
 
 import gzip
 import json
+import re
 import sys
 import zlib
 from typing import Any, NamedTuple, Optional
@@ -13,6 +14,7 @@ from .errors import BadLine, InputError
 MAX_LINE = 16 << 20
 FORMATS = ("tsv", "jsonl")
 FP_FORMATS = ("hex", "dec", "int64")
+_HEX = re.compile(r"[0-9a-fA-F]+")
 
 
 class Item(NamedTuple):
@@ -30,8 +32,7 @@ def parse_fp(s, fp_format="hex", width=64):
     if fp_format == "hex":
         body = s[2:] if s[:2] in ("0x", "0X") else s
         digits = width // 4
-        if not 1 <= len(body) <= digits or any(c not in "0123456789abcdefABCDEF"
-                                               for c in body):
+        if not 1 <= len(body) <= digits or not _HEX.fullmatch(body):
             raise ValueError(f"fingerprint {s!r:.40} is not 1-{digits} hex digits ({width} "
                              f"bits at most)")
         return int(body, 16)

@@ -36,14 +36,17 @@ SHARD_WRITE_FAILED = ("the records are committed and queries find them, and reop
 
 
 def commit(txns: Transactions, records_env: Env, idkeys: list, fps: np.ndarray,
-           metas: list) -> list:
+           metas: list, replace: bool = True) -> list:
     """Commit records to records/ in chunks of RECORD_CHUNK, each atomic (and durable with
-    sync); returns [(seq0, count)] of the chunks: their records got seqs seq0, seq0 + 1..."""
+    sync); returns [(seq0, count)] of the chunks: their records got seqs seq0, seq0 + 1...
+    With replace=False a chunk holding an id already stored (or twice) raises InputError
+    and writes nothing."""
     out = []
     for i in range(0, len(idkeys), RECORD_CHUNK):
         j = i + RECORD_CHUNK
         seq0 = txns.write(records_env,
-                          lambda txn: records.put(txn, idkeys[i:j], fps[i:j], metas[i:j]))
+                          lambda txn: records.put(txn, idkeys[i:j], fps[i:j], metas[i:j],
+                                                  replace))
         out.append((seq0, len(idkeys[i:j])))
     return out
 

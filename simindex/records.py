@@ -15,7 +15,8 @@ import numpy as np
 from ._layout import DB_IDS, DB_INFO, DB_SEQS, INFO_NEXT_SEQ, INFO_REQUEST, INFO_STALE
 from ._lmdb import Txn
 from ._records import read_tail, records_lookup, records_put
-from .errors import CorruptError
+from .codec import decode_id
+from .errors import CorruptError, InputError
 
 
 def _be(n: int) -> bytes:
@@ -50,10 +51,19 @@ def add_stale(txn: Txn, by: int) -> None:
     txn.put(DB_INFO, INFO_STALE, _be(max(0, stale(txn) + by)))
 
 
-def put(txn: Txn, idkeys: list, fps: np.ndarray, metas: list) -> int:
+def put(txn: Txn, idkeys: list, fps: np.ndarray, metas: list, replace: bool = True) -> int:
     """Write records (id keys, uint64 fingerprints, packed metas) in a records/ write
     transaction; returns the first seq given out: record i gets seq0 + i. An id stored
-    before loses its older record."""
+    before loses its older record, or with replace=False raises InputError (the
+    transaction then writes nothing), as does an id given twice."""
+    if not replace:
+        seen = set()
+        for idk in idkeys:
+            if idk in seen or txn.get(DB_IDS, idk) is not None:
+                raise InputError(f"id {decode_id(idk)!r:.80} is "
+                                 f"{'given twice' if idk in seen else 'already stored'} "
+                                 f"(replace=False)")
+            seen.add(idk)
     seq0 = next_seq(txn)
     seq, replaced = records_put(txn, DB_IDS, DB_SEQS, idkeys, fps, metas, seq0)
     txn.put(DB_INFO, INFO_NEXT_SEQ, _be(seq))

@@ -199,12 +199,13 @@ class Store:
         return self.read(lambda ctx: ctx.query_one(perm, fp, k))
 
     # ------------------------------------------------------------ writes
-    def add(self, idkeys: list, fps: np.ndarray, metas: list, jobs: int = 1) -> None:
+    def add(self, idkeys: list, fps: np.ndarray, metas: list, jobs: int = 1,
+            replace: bool = True) -> None:
         """Commit records in chunks (each atomic and durable), then apply them to the shards
-        (`jobs` shards at once)."""
+        (`jobs` shards at once). replace=False: see protocol.commit."""
         self.check_writable()
         with self.write_lock:
-            protocol.commit(self.txns, self.records, idkeys, fps, metas)
+            protocol.commit(self.txns, self.records, idkeys, fps, metas, replace)
             self.catch_up(force=False, jobs=jobs)
 
     def add_unique(self, idkey: bytes, fp: int, meta: bytes, k: int) -> list:

@@ -372,3 +372,15 @@ def test_expected_size_picks_the_fewest_shards_of_16_8M_fingerprints_or_less(tmp
         assert idx.stats()["shards"] == 16
     with pytest.raises(simindex.ParameterError, match="expected"):
         Index(tmp_path / "bad", expected=-1, blocks=4)
+
+
+def test_add_many_without_replace_refuses_stored_and_repeated_ids_writing_nothing(tmp_path):
+    with Index(tmp_path / "i") as idx:
+        idx.add_many([("a", 1), ("b", 2)])
+        with pytest.raises(simindex.InputError, match="id 'b' is already stored"):
+            idx.add_many([("c", 3), ("b", 9)], replace=False)
+        with pytest.raises(simindex.InputError, match="id 'd' is given twice"):
+            idx.add_many([("d", 4), ("d", 5)], replace=False)
+        assert len(idx) == 2 and "c" not in idx and idx.get("b").fingerprint == 2
+        idx.add_many([("c", 3)], replace=False)
+        assert idx.get("c").fingerprint == 3 and idx.verify() == []
