@@ -142,6 +142,20 @@ def test_blocks_with_unevenly_spread_keys_answer_exactly(tmp_path, width):
             {int(j): int(d[j]) for j in np.nonzero(d <= k)[0]}, i
 
 
+@pytest.mark.parametrize("width", [64, 128])
+def test_equal_keys_spanning_blocks_at_the_top_of_a_range_are_all_found(tmp_path, width):
+    """40,000 copies of the all-ones fingerprint: their key is the top of its prefix range in
+    every table and fills several blocks, so a scan that stopped at a block whose last key
+    equals the range's top would miss the copies in the next one."""
+    n = 40_000
+    words = width // 64
+    with simindex.Index(tmp_path / "i", width=width, k=3, blocks=4, shards=1) as idx:
+        idx.add_many(range(n), np.full((n, words) if words > 1 else n, 2 ** 64 - 1, np.uint64))
+        idx.add_many(range(n, n + 100), [i for i in range(100)])
+        assert len(idx.query(2 ** width - 1, k=0)) == n
+        assert [len(ms) for ms in idx.query_many([2 ** width - 1, 2 ** width - 2])] == [n, n]
+
+
 def test_ties_sort_by_insertion_order(tmp_path):
     with simindex.Index(tmp_path / "i") as idx:
         idx.add("b", 0b1000)

@@ -14,8 +14,8 @@ from libc.stdlib cimport malloc, calloc, realloc, free, qsort
 from libc.string cimport memset
 
 from simindex.clmdb cimport (
-    MDB_env, MDB_txn, MDB_cursor, MDB_dbi, MDB_val, MDB_RDONLY, MDB_SET_RANGE, MDB_NEXT,
-    MDB_LAST, MDB_NOTFOUND, mdb_txn_begin, mdb_txn_renew, mdb_txn_reset, mdb_txn_abort,
+    MDB_env, MDB_txn, MDB_cursor, MDB_cursor_op, MDB_dbi, MDB_val, MDB_RDONLY, MDB_SET_RANGE,
+    MDB_NEXT, MDB_LAST, MDB_NOTFOUND, mdb_txn_begin, mdb_txn_renew, mdb_txn_reset, mdb_txn_abort,
     mdb_txn_id, mdb_cursor_open, mdb_cursor_renew, mdb_cursor_close, mdb_cursor_get, mdb_get,
 )
 from posix.unistd cimport getpid
@@ -113,57 +113,83 @@ cdef inline size_t _lower_bound(const Block *blk, uint64_t lo, uint64_t last,
     return a
 
 
+cdef inline int _block_at(MDB_cursor *cur, MDB_cursor_op op, uint64_t run_id, uint64_t lo,
+                         MDB_val *key, MDB_val *val, bint *found) noexcept nogil:
+    """Move `cur` to run `run_id`'s first block whose last key reaches lo (MDB_SET_RANGE)
+    or to the next block (MDB_NEXT); `found` says whether it is a block of that run. 0, or
+    an error."""
+    cdef uint8_t kbuf[layout.BLOCK_KEY]
+    cdef int rc
+    if op == MDB_SET_RANGE:
+        bits.store_be64(kbuf, run_id)
+        bits.store_be64(kbuf + 8, lo)
+        bits.store_be32(kbuf + 16, 0)
+        key.mv_size = layout.BLOCK_KEY
+        key.mv_data = kbuf
+    found[0] = False
+    rc = mdb_cursor_get(cur, key, val, op)
+    if rc == MDB_NOTFOUND:
+        return 0
+    if rc:
+        return rc
+    if key.mv_size != layout.BLOCK_KEY:
+        return CORRUPT_KEY
+    found[0] = bits.load_be64(key.mv_data) == run_id
+    return 0
+
+
+cdef inline int _scan_block(const Block *blk, size_t i, uint64_t hi, uint64_t pk, int k,
+                            HitBuf *hits, const uint64_t *pkt, size_t tw,
+                            bint *past) noexcept nogil:
+    """Push (seq, distance) of the block's entries from i on with key <= hi within k of pk
+    (and of the `tw` tail words `pkt`); `past` says whether a key above hi ended it."""
+    cdef size_t w
+    cdef uint64_t x
+    cdef int d, rc
+    past[0] = False
+    while i < blk.c:
+        x = key_at(blk, i)
+        if x > hi:
+            past[0] = True
+            return 0
+        d = bits.popcount(x ^ pk)
+        if d <= k:
+            for w in range(tw):
+                d += bits.popcount(tail_at(blk, i, w) ^ pkt[w])
+            if d <= k:
+                rc = _hit_push(hits, seq_at(blk, i), d)
+                if rc:
+                    return rc
+        i += 1
+    return 0
+
+
 cdef int _scan_run(MDB_cursor *cur, uint64_t run_id, uint64_t lo, uint64_t hi,
                    uint64_t pk, int k, HitBuf *hits, const uint64_t *pkt=NULL,
                    size_t tw=0) noexcept nogil:
     """Push (seq, distance) of every entry of run `run_id` with key in [lo, hi] within k of pk
     (and, for wide fingerprints, of its `tw` tail words `pkt`: every block must hold tw)."""
-    cdef uint8_t kbuf[layout.BLOCK_KEY]
     cdef MDB_val key, val
-    cdef int rc
-    cdef bint first = True
-    cdef size_t a, b, mid, i, w
+    cdef bint found, past, first = True
     cdef Block blk
-    cdef uint64_t x
-    cdef int d
-    bits.store_be64(kbuf, run_id)
-    bits.store_be64(kbuf + 8, lo)
-    bits.store_be32(kbuf + 16, 0)
-    key.mv_size = layout.BLOCK_KEY
-    key.mv_data = kbuf
-    rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE)
-    while rc == 0:
-        if key.mv_size != layout.BLOCK_KEY:
-            return CORRUPT_KEY
-        if bits.load_be64(key.mv_data) != run_id:
-            return 0
+    cdef uint64_t last
+    cdef size_t i
+    cdef int rc = _block_at(cur, MDB_SET_RANGE, run_id, lo, &key, &val, &found)
+    while rc == 0 and found:
         rc = open_block(&key, &val, &blk)
         if rc:
             return rc
         if blk.tw != tw:
             return CORRUPT_BLOCK
+        i = 0
         if first:
-            x = bits.load_be64(<const uint8_t *>key.mv_data + 8)
-            i = _lower_bound(&blk, lo, x, _guess(&blk, lo, x))
+            last = bits.load_be64(<const uint8_t *>key.mv_data + 8)
+            i = _lower_bound(&blk, lo, last, _guess(&blk, lo, last))
             first = False
-        else:
-            i = 0
-        while i < blk.c:
-            x = key_at(&blk, i)
-            if x > hi:
-                return 0
-            d = bits.popcount(x ^ pk)
-            if d <= k:
-                for w in range(tw):
-                    d += bits.popcount(tail_at(&blk, i, w) ^ pkt[w])
-                if d <= k:
-                    rc = _hit_push(hits, seq_at(&blk, i), d)
-                    if rc:
-                        return rc
-            i += 1
-        rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)
-    if rc == MDB_NOTFOUND:
-        return 0
+        rc = _scan_block(&blk, i, hi, pk, k, hits, pkt, tw, &past)
+        if rc or past:
+            return rc
+        rc = _block_at(cur, MDB_NEXT, run_id, lo, &key, &val, &found)
     return rc
 
 
@@ -176,26 +202,14 @@ cdef int _probe_push(ProbeBuf *b, MDB_cursor *cur, uint64_t run_id, uint64_t lo,
                      uint64_t pk, const uint64_t *pkt) noexcept nogil:
     """Pass 1: find run `run_id`'s first block whose keys reach lo, queue it with the range
     and prefetch its header; 0 (queued, or nothing in the run at or above lo), or an error."""
-    cdef uint8_t kbuf[layout.BLOCK_KEY]
     cdef MDB_val key, val
     cdef size_t cap
     cdef void *t
     cdef Probe *pr
-    cdef int rc
-    bits.store_be64(kbuf, run_id)
-    bits.store_be64(kbuf + 8, lo)
-    bits.store_be32(kbuf + 16, 0)
-    key.mv_size = layout.BLOCK_KEY
-    key.mv_data = kbuf
-    rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE)
-    if rc == MDB_NOTFOUND:
-        return 0
-    if rc:
+    cdef bint found
+    cdef int rc = _block_at(cur, MDB_SET_RANGE, run_id, lo, &key, &val, &found)
+    if rc or not found:
         return rc
-    if key.mv_size != layout.BLOCK_KEY:
-        return CORRUPT_KEY
-    if bits.load_be64(key.mv_data) != run_id:
-        return 0
     bits.prefetch(val.mv_data)
     if b.n == b.cap:
         cap = b.cap * 2 if b.cap else 64
@@ -256,29 +270,16 @@ cdef inline void _prefetch_span(const uint8_t *p, size_t n) noexcept nogil:
 
 cdef int _probe_scan(Probe *pr, int k, HitBuf *hits, size_t tw) noexcept nogil:
     """Pass 3: push (seq, distance) of the block's entries in the probe's range within k;
-    a range that runs past the block is scanned again whole, the run way (_scan_run), its
-    repeated hits dropped with the query's other duplicates."""
-    cdef const Block *blk = &pr.blk
-    cdef size_t i, w
-    cdef uint64_t x
-    cdef int d, rc
-    i = _lower_bound(blk, pr.lo, bits.load_be64(<const uint8_t *>pr.key.mv_data + 8),
-                     pr.guess)
-    while i < blk.c:
-        x = key_at(blk, i)
-        if x > pr.hi:
-            return 0
-        d = bits.popcount(x ^ pr.pk)
-        if d <= k:
-            for w in range(tw):
-                d += bits.popcount(tail_at(blk, i, w) ^ pr.pkt[w])
-            if d <= k:
-                rc = _hit_push(hits, seq_at(blk, i), d)
-                if rc:
-                    return rc
-        i += 1
-    if bits.load_be64(<const uint8_t *>pr.key.mv_data + 8) >= pr.hi:
-        return 0                  # the block's last key closes the range
+    a range that reaches the block's end (the next block may hold more of it, equal keys
+    included) is scanned again whole, the run way (_scan_run), its repeated hits dropped
+    with the query's other duplicates."""
+    cdef bint past
+    cdef size_t i = _lower_bound(&pr.blk, pr.lo,
+                                 bits.load_be64(<const uint8_t *>pr.key.mv_data + 8),
+                                 pr.guess)
+    cdef int rc = _scan_block(&pr.blk, i, pr.hi, pr.pk, k, hits, pr.pkt, tw, &past)
+    if rc or past:
+        return rc
     return _scan_run(pr.cur, pr.run, pr.lo, pr.hi, pr.pk, k, hits, pr.pkt, tw)
 
 
@@ -690,7 +691,7 @@ cdef class ReadContext(Handle):
         cdef const uint64_t *qp
         cdef uint64_t pkw[4]
         cdef uint64_t *pkws = NULL     # each table's key words, 4 per table
-        cdef const uint64_t *pkt
+        cdef uint64_t *pkt              # a table's key words in pkws
         cdef ProbeBuf probes
         cdef Py_ssize_t qi
         cdef int T = tb.ntables, t, s, s0, s1, rc = 0
