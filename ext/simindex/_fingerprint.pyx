@@ -274,20 +274,11 @@ def hyperplanes(Py_ssize_t dim, int width, uint64_t seed, bint normal):
     return out
 
 
-cdef int _shingle_vote_buf(const char *p, Py_ssize_t n, int width, uint64_t *out,
-                           Py_ssize_t *windows, int kind, int words) noexcept nogil:
-    """The vote over the hash of every `width`-token window of space-separated tokens."""
-    cdef Py_ssize_t i, t, ntok = 0
-    cdef Py_ssize_t *start = <Py_ssize_t *>malloc((n // 2 + 2) * sizeof(Py_ssize_t))
-    cdef Py_ssize_t *end = <Py_ssize_t *>malloc((n // 2 + 2) * sizeof(Py_ssize_t))
-    cdef int64_t v[MAXBITS]
-    cdef uint64_t h[MAXW]
-    if start == NULL or end == NULL:
-        free(start)
-        free(end)
-        return -1
-    _zero(v, words)
-    i = 0
+cdef Py_ssize_t _split(const char *p, Py_ssize_t n, Py_ssize_t *start,
+                       Py_ssize_t *end) noexcept nogil:
+    """The tokens of space-separated `p`: their [start, end) offsets (room for n // 2 + 1
+    each); returns how many."""
+    cdef Py_ssize_t i = 0, ntok = 0
     while i < n:
         while i < n and p[i] == b' ':
             i += 1
@@ -298,6 +289,23 @@ cdef int _shingle_vote_buf(const char *p, Py_ssize_t n, int width, uint64_t *out
             i += 1
         end[ntok] = i
         ntok += 1
+    return ntok
+
+
+cdef int _shingle_vote_buf(const char *p, Py_ssize_t n, int width, uint64_t *out,
+                           Py_ssize_t *windows, int kind, int words) noexcept nogil:
+    """The vote over the hash of every `width`-token window of space-separated tokens."""
+    cdef Py_ssize_t t, ntok
+    cdef Py_ssize_t *start = <Py_ssize_t *>malloc((n // 2 + 2) * sizeof(Py_ssize_t))
+    cdef Py_ssize_t *end = <Py_ssize_t *>malloc((n // 2 + 2) * sizeof(Py_ssize_t))
+    cdef int64_t v[MAXBITS]
+    cdef uint64_t h[MAXW]
+    if start == NULL or end == NULL:
+        free(start)
+        free(end)
+        return -1
+    _zero(v, words)
+    ntok = _split(p, n, start, end)
     windows[0] = 0
     if ntok > 0 and ntok < width:
         si_hash(kind, p + start[0], end[ntok - 1] - start[0], h, words)
@@ -468,7 +476,7 @@ def word_shingle_hashes(str text not None, int width):
     """The xxh3-64 hash of every `width`-token window of simindex-v1's tokens of
     (normalized) `text`, each window its tokens joined by single spaces (fewer tokens than
     `width` make one window of them all), as a uint64 array in window order."""
-    cdef Py_ssize_t o, i, t, ntok = 0, nw
+    cdef Py_ssize_t o, t, ntok, nw
     cdef char *buf
     cdef Py_ssize_t *start = NULL
     cdef Py_ssize_t *end = NULL
@@ -485,17 +493,7 @@ def word_shingle_hashes(str text not None, int width):
         end = <Py_ssize_t *>malloc((o // 2 + 2) * sizeof(Py_ssize_t))
         if start == NULL or end == NULL:
             raise MemoryError()
-        i = 0
-        while i < o:
-            while i < o and buf[i] == b' ':
-                i += 1
-            if i >= o:
-                break
-            start[ntok] = i
-            while i < o and buf[i] != b' ':
-                i += 1
-            end[ntok] = i
-            ntok += 1
+        ntok = _split(buf, o, start, end)
         nw = 0 if ntok == 0 else (1 if ntok < width else ntok - width + 1)
         out = np.empty(nw, dtype=np.uint64)
         view = out
