@@ -193,12 +193,28 @@ def spread(fp):
     return ((fp >> 32) << 96) | ((fp & 0xFFFFFFFF) << 32)
 
 
-class Spread:
-    """An Index of 128 bits seen through `spread`: what the state machine adds and asks
-    is spread over both words, and fingerprints come back as the machine gave them."""
+def gather(fp):
+    """spread's inverse."""
+    return ((fp >> 96) << 32) | ((fp >> 32) & 0xFFFFFFFF)
 
-    def __init__(self, idx):
-        self.idx = idx
+
+def spread4(fp):
+    """A 64-bit value's bit j at bit 4j+1 of 256: each of the four words gets 16 bits."""
+    return sum(1 << (4 * j + 1) for j in range(64) if fp >> j & 1)
+
+
+def gather4(fp):
+    """spread4's inverse."""
+    return sum(1 << j for j in range(64) if fp >> (4 * j + 1) & 1)
+
+
+class Through:
+    """A wide index seen through an injection of bit positions (`to`, undone by `back`):
+    a state machine's 64-bit fingerprints go in spread over every word, and the
+    fingerprints it gets back are its own."""
+
+    def __init__(self, idx, to, back):
+        self.idx, self.to, self.back = idx, to, back
 
     def __getattr__(self, name):
         return getattr(self.idx, name)
@@ -206,20 +222,27 @@ class Spread:
     def __len__(self):
         return len(self.idx)
 
-    def add(self, id_, fp):
-        self.idx.add(id_, spread(fp))
+    def _back(self, ms):
+        return [m._replace(fingerprint=self.back(m.fingerprint)) for m in ms]
+
+    def add(self, id_, fp, meta=None):
+        self.idx.add(id_, self.to(fp), meta=meta)
 
     def add_many(self, items):
-        self.idx.add_many([(i, spread(f)) for i, f in items])
+        self.idx.add_many([(i, self.to(f)) for i, f in items])
 
     def add_unique(self, id_, fp):
-        return self.idx.add_unique(id_, spread(fp))
+        return self._back(self.idx.add_unique(id_, self.to(fp)))
+
+    def get(self, id_):
+        r = self.idx.get(id_)
+        return None if r is None else r._replace(fingerprint=self.back(r.fingerprint))
 
     def query(self, fp, k=None):
-        return self.idx.query(spread(fp), k=k)
+        return self._back(self.idx.query(self.to(fp), k=k))
 
     def query_many(self, fps):
-        return self.idx.query_many([spread(f) for f in fps])
+        return [self._back(ms) for ms in self.idx.query_many([self.to(f) for f in fps])]
 
 
 class WideIndexMachine(IndexMachine):
@@ -231,13 +254,14 @@ class WideIndexMachine(IndexMachine):
     def open(self, k, plan, shards):
         self.k = k
         blocks, prefix_blocks = plan
-        self.idx = Spread(simindex.Index(f"{self.dir}/i", width=128, k=k, blocks=blocks,
-                                         prefix_blocks=prefix_blocks, shards=shards))
+        self.idx = Through(simindex.Index(f"{self.dir}/i", width=128, k=k, blocks=blocks,
+                                          prefix_blocks=prefix_blocks, shards=shards),
+                           spread, gather)
 
     @rule()
     def reopen(self):
         self.idx.close()
-        self.idx = Spread(simindex.Index(f"{self.dir}/i"))
+        self.idx = Through(simindex.Index(f"{self.dir}/i"), spread, gather)
 
 
 # ---------------------------------------------------------------- the write buffer
@@ -305,47 +329,6 @@ def test_a_torn_wide_log_applies_the_whole_entries_before_it(tmp_path):
         assert all(idx.get(f"r{i}").fingerprint == fp_of(i, 256) for i in range(39))
 
 
-def spread4(fp):
-    """A 64-bit value's bit j at bit 4j+1 of 256: each of the four words gets 16 bits."""
-    return sum(1 << (4 * j + 1) for j in range(64) if fp >> j & 1)
-
-
-def gather4(fp):
-    return sum(1 << j for j in range(64) if fp >> (4 * j + 1) & 1)
-
-
-class Spread4:
-    """A 256-bit index seen through spread4 both ways (the buffer machine's fingerprints and
-    the ones it gets back)."""
-
-    def __init__(self, idx):
-        self.idx = idx
-
-    def __getattr__(self, name):
-        return getattr(self.idx, name)
-
-    def __len__(self):
-        return len(self.idx)
-
-    def add(self, id_, fp, meta=None):
-        self.idx.add(id_, spread4(fp), meta=meta)
-
-    def add_many(self, items):
-        self.idx.add_many([(i, spread4(f)) for i, f in items])
-
-    def get(self, id_):
-        r = self.idx.get(id_)
-        return None if r is None else r._replace(fingerprint=gather4(r.fingerprint))
-
-    def query(self, fp, k=None):
-        return [m._replace(fingerprint=gather4(m.fingerprint))
-                for m in self.idx.query(spread4(fp), k=k)]
-
-    def query_many(self, fps):
-        return [[m._replace(fingerprint=gather4(m.fingerprint)) for m in ms]
-                for ms in self.idx.query_many([spread4(f) for f in fps])]
-
-
 class WideBufferMachine(BufferMachine):
     """test_buffer.py's machine (buffered adds mixed with every other call, folds of every
     size) on a 256-bit index, its fingerprints spread over the four words."""
@@ -353,13 +336,13 @@ class WideBufferMachine(BufferMachine):
     @initialize(fold=st.sampled_from([1, 3, 8, 4096]), shards=st.sampled_from([1, 4]))
     def open(self, fold, shards):
         self.saved = _testing.tune(fold=fold, fold_age=3600.0)
-        self.idx = Spread4(simindex.Index(f"{self.dir}/i", width=256, k=3, shards=shards,
-                                          sync=False))
+        self.idx = Through(simindex.Index(f"{self.dir}/i", width=256, k=3, shards=shards,
+                                          sync=False), spread4, gather4)
 
     @rule()
     def reopen(self):
         self.idx.close()
-        self.idx = Spread4(simindex.Index(f"{self.dir}/i", sync=False))
+        self.idx = Through(simindex.Index(f"{self.dir}/i", sync=False), spread4, gather4)
 
 
 TestWideBufferMachine = WideBufferMachine.TestCase
