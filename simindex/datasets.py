@@ -565,9 +565,11 @@ def _row_fp(row: Row, field: str, width: int) -> int:
 
 
 def _fingerprints(texts: list, scheme, width: int, pool, shingled: bool = False) -> list:
+    """_fingerprint_texts of a batch, in `pool`'s processes when given (in 16 parts, so
+    workers stay busy while one takes a long text)."""
     if pool is None:
         return _fingerprint_texts((texts, scheme, width, shingled))
-    step = max(64, len(texts) // (4 * pool._max_workers) + 1)
+    step = max(64, -(-len(texts) // 16))
     parts = [texts[i:i + step] for i in range(0, len(texts), step)]
     out: list = []
     for got in pool.map(_fingerprint_texts, [(p, scheme, width, shingled) for p in parts]):
