@@ -531,6 +531,44 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
         click.echo(f"simindex dedup: {summary}", err=True)
 
 
+@cli.command()
+@click.argument("index")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. "
+              "One that other machines reach needs a token (or --insecure).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--workers", "-w", type=click.IntRange(1, 256), default=os.cpu_count() or 1,
+              show_default="all cores", help="Worker processes; each opens the index once.")
+@click.option("--token-file", type=click.Path(dir_okay=False), help="A file whose first line is "
+              "the bearer token every request but /, /health and /openapi.json must carry "
+              "(or set SIMINDEX_TOKEN; never on the command line).")
+@click.option("--readonly", is_flag=True, help="Serve queries only; writes answer 403.")
+@click.option("--max-body", type=click.IntRange(1), default=8 << 20, show_default=True,
+              help="Largest request body, in bytes (413 beyond).")
+@click.option("--max-batch", type=click.IntRange(1), default=10_000, show_default=True,
+              help="Most fingerprints or records in one batch request (413 beyond).")
+@click.option("--insecure", is_flag=True, help="Allow a non-loopback --host without a token.")
+@click.option("--access-log", is_flag=True, help="Log every request (costs throughput).")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info",
+                                                "debug"]), default="info", show_default=True)
+def serve(index, host, port, workers, token_file, readonly, max_body, max_batch, insecure,
+          access_log, log_level):
+    """Serve INDEX over HTTP (JSON) until SIGTERM or Ctrl-C: queries by fingerprint or text,
+    adds, the atomic add-if-novel, removes, stats, a web page at / and go-simstore's
+    GET /search?sig=. Needs the 'server' extra. See README "Serve over HTTP"."""
+    from .server.app import Settings, read_token
+    from .server.run import serve as run
+    try:
+        token = read_token(token_file) if token_file else os.environ.get("SIMINDEX_TOKEN") or None
+        settings = Settings(path=os.path.abspath(index), token=token, readonly=readonly,
+                            max_body=max_body, max_batch=max_batch, workers=workers)
+        run(settings, host=host, port=port, token_file=token_file, insecure=insecure,
+            access_log=access_log, log_level=log_level)
+    except ParameterError as e:
+        raise click.UsageError(str(e)) from None
+    except Error as e:
+        _fail(str(e))
+
+
 def _known_format(path):
     """The format a path's extension names, or None."""
     from .rows import format_of

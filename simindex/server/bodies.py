@@ -1,0 +1,151 @@
+"""Request bodies of the HTTP API: JSON in, checked values out, every error naming its field.
+
+A handler calls `parse(body, Schema)`; a BadRequest carries the status (400 or 413), the
+field (`fingerprints[3]`, `records[0].id`) and the rule it broke, for a JSON error answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Optional
+
+from ..codec import encode_id, pack_meta
+from ..errors import InputError
+
+_HEX = re.compile(r"(?:0[xX])?([0-9a-fA-F]+)")
+
+
+class BadRequest(Exception):
+    """A request the API refuses: `status` (4xx), `field` (or None) and `message`."""
+
+    def __init__(self, message: str, field: Optional[str] = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.status = status
+
+    def answer(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"error": self.message}
+        if self.field is not None:
+            out["field"] = self.field
+        return out
+
+
+def json_body(raw: bytes) -> Any:
+    """The JSON value of a request body (an object is required by every endpoint)."""
+    if not raw.strip():
+        raise BadRequest("the request has no body; send a JSON object")
+    try:
+        value = json.loads(raw)
+    except UnicodeDecodeError:
+        raise BadRequest("the body is not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise BadRequest(f"the body is not JSON: {e.msg} at line {e.lineno} column "
+                         f"{e.colno}") from None
+    except RecursionError:
+        raise BadRequest("the body is nested too deeply") from None
+    if not isinstance(value, dict):
+        raise BadRequest(f"the body must be a JSON object, got {_kind(value)}")
+    return value
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string",
+            list: "an array", dict: "an object"}.get(type(v), type(v).__name__)
+
+
+def fields(obj: Any, where: str, required: tuple[str, ...],
+           optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`obj` as a dict after checking it is an object with exactly these fields."""
+    if not isinstance(obj, dict):
+        raise BadRequest(f"must be a JSON object, got {_kind(obj)}", where or None)
+    for name in obj:
+        if name not in required and name not in optional:
+            allowed = ", ".join(required + optional)
+            raise BadRequest(f"unknown field {name!r} (this endpoint takes {allowed})",
+                             _join(where, name))
+    for name in required:
+        if name not in obj:
+            raise BadRequest("is required", _join(where, name))
+    return obj
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def fingerprint(v: Any, width: int, field: str) -> int:
+    """A fingerprint from a hex string (1 to width/4 digits, an optional 0x) or a JSON
+    integer in [0, 2**width)."""
+    if isinstance(v, str):
+        m = _HEX.fullmatch(v.strip())
+        if m is None or len(m.group(1)) > width // 4:
+            raise BadRequest(f"{v[:70]!r} is not a fingerprint: write 1-{width // 4} hex "
+                             f"digits ({width} bits)", field)
+        return int(m.group(1), 16)
+    if isinstance(v, int) and not isinstance(v, bool):
+        if not 0 <= v < 1 << width:
+            raise BadRequest(f"{v} is out of range: a fingerprint of this index is in "
+                             f"[0, 2**{width})", field)
+        return v
+    raise BadRequest(f"must be a hex string or an integer, got {_kind(v)}", field)
+
+
+def record_id(v: Any, field: str) -> Any:
+    """A record id: a non-empty string or an integer in [0, 2**64)."""
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise BadRequest(f"must be a string or an integer, got {_kind(v)}", field)
+    if isinstance(v, str) and not v:
+        raise BadRequest("is empty", field)
+    try:
+        encode_id(v)
+    except InputError as e:
+        raise BadRequest(str(e), field) from None
+    return v
+
+
+def meta(v: Any, field: str) -> Any:
+    """A meta value, checked to pack (size limit) before anything is written."""
+    try:
+        pack_meta(v)
+    except InputError as e:
+        raise BadRequest(str(e), field) from None
+    return v
+
+
+def radius(v: Any, k_max: int, field: str = "k") -> Optional[int]:
+    """An optional query radius: an integer between 0 and the index's k."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise BadRequest(f"must be an integer, got {_kind(v)}", field)
+    if not 0 <= v <= k_max:
+        raise BadRequest(f"{v} is outside 0..{k_max}: the index finds matches up to its k "
+                         f"({k_max}) bits", field)
+    return v
+
+
+def text(v: Any, field: str) -> str:
+    if not isinstance(v, str):
+        raise BadRequest(f"must be a string, got {_kind(v)}", field)
+    return v
+
+
+def array(v: Any, field: str, limit: int) -> list:
+    """A JSON array of at most `limit` items (413 beyond it)."""
+    if not isinstance(v, list):
+        raise BadRequest(f"must be an array, got {_kind(v)}", field)
+    if len(v) > limit:
+        raise BadRequest(f"has {len(v)} items; this server takes at most {limit} per request "
+                         f"(split the batch, or start it with a larger --max-batch)", field,
+                         status=413)
+    return v
+
+
+def flag(v: Any, field: str) -> bool:
+    if not isinstance(v, bool):
+        raise BadRequest(f"must be true or false, got {_kind(v)}", field)
+    return v

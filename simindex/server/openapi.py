@@ -1,0 +1,122 @@
+"""The OpenAPI 3.1 description of the HTTP API, served at /openapi.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._version import __version__
+
+
+def _obj(required: list[str], props: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"type": "object", "required": required, "properties": props,
+            "additionalProperties": False, **extra}
+
+
+def _json(schema: dict[str, Any], description: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {"content": {"application/json": {"schema": schema}}}
+    if description:
+        out["description"] = description
+    return out
+
+
+def _op(summary: str, ok: dict[str, Any], body: Any = None, *, errors: tuple[int, ...] = (400,),
+        params: Any = None, auth: bool = True) -> dict[str, Any]:
+    responses: dict[str, Any] = {"200": _json(ok, "OK")}
+    text = {400: "Bad input; `field` names the value", 401: "Missing or wrong bearer token",
+            403: "The server is read-only", 404: "No such record", 409: "An id exists",
+            413: "Body or batch over the server's limit",
+            503: "The index is unavailable (starting or stopping)",
+            507: "The index's disk is full"}
+    for code in errors + ((401,) if auth else ()):
+        responses[str(code)] = _json({"$ref": "#/components/schemas/Error"}, text[code])
+    op: dict[str, Any] = {"summary": summary, "responses": responses}
+    if body is not None:
+        op["requestBody"] = {"required": True, **_json(body)}
+    if params:
+        op["parameters"] = params
+    if not auth:
+        op["security"] = []
+    return op
+
+
+def document(width: int) -> dict[str, Any]:
+    """The API of a server whose index holds `width`-bit fingerprints."""
+    digits = width // 4
+    fp = {"oneOf": [
+        {"type": "string", "pattern": f"^(0[xX])?[0-9a-fA-F]{{1,{digits}}}$",
+         "description": f"1-{digits} hex digits"},
+        {"type": "integer", "minimum": 0, "maximum": (1 << width) - 1}]}
+    rid = {"oneOf": [{"type": "string", "minLength": 1},
+                     {"type": "integer", "minimum": 0, "maximum": (1 << 64) - 1}]}
+    k = {"type": "integer", "minimum": 0, "description": "at most the index's k (its default)"}
+    ref = {n: {"$ref": f"#/components/schemas/{n}"} for n in ("Match", "Fingerprint", "Id")}
+    matches = {"type": "array", "items": ref["Match"]}
+    source = {"fingerprint": ref["Fingerprint"], "text": {"type": "string"}}
+    one_source = [{"required": ["fingerprint"]}, {"required": ["text"]}]
+    id_param = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}},
+                {"name": "type", "in": "query", "required": False,
+                 "schema": {"enum": ["str", "int"], "default": "str"},
+                 "description": "int: the id is an integer id"}]
+    record = {"type": "object", "properties": {"id": ref["Id"], "fingerprint": ref["Fingerprint"],
+                                               "meta": {}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "simindex", "version": __version__,
+                 "description": "An exact near-duplicate index of simhash fingerprints: every "
+                                "stored fingerprint within k bits of a query, nothing else."},
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Fingerprint": fp, "Id": rid,
+                "Match": _obj(["id", "fingerprint", "distance"], {
+                    "id": ref["Id"], "fingerprint": {"type": "string"},
+                    "distance": {"type": "integer"}, "meta": {}}),
+                "Error": {"type": "object", "required": ["error"], "properties": {
+                    "error": {"type": "string"}, "field": {"type": "string"}}},
+            },
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/health": {"get": _op("Liveness", {"type": "object"}, errors=(), auth=False)},
+            "/stats": {"get": _op("The index's counts, parameters and bytes on disk",
+                                  {"type": "object"}, errors=())},
+            "/query": {"post": _op(
+                "Stored fingerprints within k bits of one fingerprint or text",
+                _obj(["fingerprint", "matches"], {"fingerprint": {"type": "string"},
+                                                  "matches": matches}),
+                _obj([], {**source, "k": k}, oneOf=one_source))},
+            "/query/batch": {"post": _op(
+                "query for each fingerprint of a batch",
+                _obj(["results"], {"results": {"type": "array", "items": matches}}),
+                _obj(["fingerprints"], {"fingerprints": {"type": "array", "items": fp},
+                                        "k": k}), errors=(400, 413))},
+            "/search": {"get": _op(
+                "go-simstore simd compatibility: the ids within the index's k",
+                {"type": "array", "items": ref["Id"]}, params=[
+                    {"name": "sig", "in": "query", "required": True,
+                     "schema": {"type": "string"}}])},
+            "/records/{id}": {
+                "get": _op("The stored record of an id", record, params=id_param,
+                           errors=(400, 404)),
+                "delete": _op("Remove the record of an id", {"type": "object"},
+                              params=id_param, errors=(400, 403, 404, 507))},
+            "/add": {"post": _op(
+                "Store a fingerprint (or a text's) under an id, replacing any earlier record",
+                {"type": "object"}, _obj(["id"], {"id": ref["Id"], **source, "meta": {}},
+                                         oneOf=one_source), errors=(400, 403, 507))},
+            "/add/batch": {"post": _op(
+                "Store many records in one atomic commit",
+                {"type": "object"}, _obj(["records"], {
+                    "records": {"type": "array", "items": _obj(
+                        ["id"], {"id": ref["Id"], **source, "meta": {}}, oneOf=one_source)},
+                    "replace": {"type": "boolean", "default": True}}),
+                errors=(400, 403, 409, 413, 507))},
+            "/add-unique": {"post": _op(
+                "Store it only when nothing is within k bits; answers what is (atomic)",
+                _obj(["added", "id", "fingerprint", "matches"], {
+                    "added": {"type": "boolean"}, "id": ref["Id"],
+                    "fingerprint": {"type": "string"}, "matches": matches}),
+                _obj(["id"], {"id": ref["Id"], **source, "meta": {}, "k": k},
+                     oneOf=one_source), errors=(400, 403, 507))},
+        },
+    }
