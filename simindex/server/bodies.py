@@ -37,7 +37,7 @@ def json_body(raw: bytes) -> Any:
     if not raw.strip():
         raise BadRequest("the request has no body; send a JSON object")
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_constant=_constant)
     except UnicodeDecodeError:
         raise BadRequest("the body is not UTF-8 text") from None
     except json.JSONDecodeError as e:
@@ -48,6 +48,10 @@ def json_body(raw: bytes) -> Any:
     if not isinstance(value, dict):
         raise BadRequest(f"the body must be a JSON object, got {_kind(value)}")
     return value
+
+
+def _constant(name: str) -> Any:
+    raise BadRequest(f"the body is not JSON: {name} is not a JSON value")
 
 
 def _kind(v: Any) -> str:
