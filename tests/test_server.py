@@ -372,8 +372,7 @@ def test_openapi_describes_every_route(tmp_path, serve):
     assert doc["openapi"].startswith("3.1")
     described = {(p, m.upper()) for p, ops in doc["paths"].items() for m in ops}
     from simindex.server.app import Settings, create_app
-    routes = {(r.path.replace("{id:path}", "{id}"), m) for r in
-              create_app(Settings(path=str(path))).routes for m in r.methods - {"HEAD"}}
+    routes = create_app(Settings(path=str(path))).routes.described()
     assert described == routes - {("/", "GET"), ("/openapi.json", "GET")}
     fp = doc["components"]["schemas"]["Fingerprint"]["oneOf"][0]["pattern"]
     assert "{1,32}" in fp                                    # this index's width

@@ -37,7 +37,7 @@ def json_body(raw: bytes) -> Any:
     if not raw.strip():
         raise BadRequest("the request has no body; send a JSON object")
     try:
-        value = json.loads(raw, parse_constant=_constant)
+        value = _DECODER.decode(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise BadRequest("the body is not UTF-8 text") from None
     except json.JSONDecodeError as e:
@@ -52,6 +52,9 @@ def json_body(raw: bytes) -> Any:
 
 def _constant(name: str) -> Any:
     raise BadRequest(f"the body is not JSON: {name} is not a JSON value")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_constant)    # NaN and Infinity are not JSON
 
 
 def _kind(v: Any) -> str:

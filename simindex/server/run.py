@@ -37,7 +37,6 @@ def serve(settings: Settings, *, host: str = "127.0.0.1", port: int = 8080,
           access_log: bool = False, log_level: str = "info") -> None:
     """Serve `settings.path` until SIGTERM or SIGINT (blocks)."""
     try:
-        import starlette  # noqa: F401
         import uvicorn
     except ImportError as e:
         raise ParameterError(f"simindex serve needs the 'server' extra: pip install "
