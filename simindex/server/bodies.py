@@ -7,13 +7,11 @@ field (`fingerprints[3]`, `records[0].id`) and the rule it broke, for a JSON err
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Optional
 
 from ..codec import encode_id, pack_meta
 from ..errors import InputError
 
-_HEX = re.compile(r"(?:0[xX])?([0-9a-fA-F]+)")
 
 
 class BadRequest(Exception):
@@ -87,12 +85,16 @@ def _join(where: str, name: str) -> str:
 def fingerprint(v: Any, width: int, field: str) -> int:
     """A fingerprint from a hex string (1 to width/4 digits, an optional 0x) or a JSON
     integer in [0, 2**width)."""
-    if isinstance(v, str):
-        m = _HEX.fullmatch(v.strip())
-        if m is None or len(m.group(1)) > width // 4:
-            raise BadRequest(f"{v[:70]!r} is not a fingerprint: write 1-{width // 4} hex "
-                             f"digits ({width} bits)", field)
-        return int(m.group(1), 16)
+    if type(v) is str:
+        digits = v[2:] if v[:2] in ("0x", "0X") else v
+        # int() alone would also take "_", spaces and signs: only [0-9a-fA-F] pass here
+        if 0 < len(digits) <= width // 4 and digits.isascii() and digits.isalnum():
+            try:
+                return int(digits, 16)
+            except ValueError:
+                pass
+        raise BadRequest(f"{v[:70]!r} is not a fingerprint: write 1-{width // 4} hex "
+                         f"digits ({width} bits)", field)
     if isinstance(v, int) and not isinstance(v, bool):
         if not 0 <= v < 1 << width:
             raise BadRequest(f"{v} is out of range: a fingerprint of this index is in "
