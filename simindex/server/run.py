@@ -57,4 +57,4 @@ def serve(settings: Settings, *, host: str = "127.0.0.1", port: int = 8080,
     uvicorn.run("simindex.server.app:from_environment", factory=True, host=host, port=port,
                 workers=settings.workers if settings.workers > 1 else None,
                 access_log=access_log, log_level=log_level, timeout_graceful_shutdown=GRACE,
-                server_header=False)
+                server_header=False, proxy_headers=False)   # no endpoint reads the client address
