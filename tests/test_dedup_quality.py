@@ -82,14 +82,17 @@ def forty(prefix, swap_from=40, other="z"):
 DOCS = [forty("w"), forty("w"), forty("w", 39), forty("v"), forty("v", 20, "u"),
         forty("v", 30, "t"), forty("y"), forty("y", 36, "s")]
 CONFIGS = (("simindex-v1", 64, range(0, 8)), ("simindex-v1", 128, range(0, 16, 4)))
+VERIFIED = (("simindex-v1", 64, range(0, 40, 8)),)
 
 
 def test_end_to_end_on_a_tiny_corpus(tmp_path):
     docs = [(f"d{i}", t) for i, t in enumerate(DOCS)]
-    r = q.evaluate(docs, (0.5, 0.7, 0.9), rounds=1, workdir=str(tmp_path), configs=CONFIGS)
+    r = q.evaluate(docs, (0.5, 0.7, 0.9), rounds=1, workdir=str(tmp_path), configs=CONFIGS,
+                   verified=VERIFIED)
     assert r["documents"] == 8 and r["words"] == 320
     assert r["truth_pairs"] == {0.5: 5, 0.7: 4, 0.9: 3}
-    ours = [row for row in r["rows"] if row["system"].startswith("simindex")]
+    ours = [row for row in r["rows"] if row["system"].startswith("simindex")
+            and not row.get("verified")]
     assert len(ours) == 2 * 3
     truth = {0.5: {(0, 1), (0, 2), (1, 2), (3, 5), (6, 7)}, 0.7: {(0, 1), (0, 2), (1, 2), (6, 7)},
              0.9: {(0, 1), (0, 2), (1, 2)}}
@@ -107,6 +110,18 @@ def test_end_to_end_on_a_tiny_corpus(tmp_path):
         assert row["seconds"] > 0
     assert any("decisions" in name for name in r["seconds"])
     assert "| 0.9 | simindex simindex-v1 w64 |" in q.table(r)
+    # with the exact Jaccard check: the pairs within k whose Jaccard reaches t, by hand
+    checked = [row for row in r["rows"] if row.get("verified")]
+    assert [row["threshold"] for row in checked] == [0.5, 0.7, 0.9]
+    fps = [simindex.fingerprint(t) for t in DOCS]
+    for row in checked:
+        for k, f1 in row["f1_by_k"].items():
+            pred = {(a, b) for a in range(8) for b in range(a + 1, 8)
+                    if bin(fps[a] ^ fps[b]).count("1") <= k} & truth[row["threshold"]]
+            rec = len(pred) / len(truth[row["threshold"]])
+            assert f1 == pytest.approx(2 * rec / (1 + rec) if pred else 0.0, abs=1e-4)
+        assert row["precision"] == 1.0 and row["seconds"] > 0
+    assert any("min_similarity=0.5" in name for name in r["seconds"])
 
 
 def test_minhash_on_a_tiny_corpus(tmp_path):

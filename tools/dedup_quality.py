@@ -46,6 +46,10 @@ THRESHOLDS = (0.5, 0.7, 0.9)
 CONFIGS = (("simindex-v1", 64, range(13)), ("simindex-v1", 128, range(0, 29, 2)),
            ("seomoz", 64, range(13)), ("1e0ng", 64, range(13)),
            ("1e0ng", 128, range(0, 29, 2)), ("memosstilvi", 128, range(0, 29, 2)))
+# candidates within k bits kept when the exact Jaccard of the scheme's shingles reaches the
+# threshold: what `simindex dedup --min-similarity` checks (k swept wider: the check keeps
+# precision, so a larger k buys recall)
+VERIFIED = (("simindex-v1", 64, range(0, 25, 2)),)
 
 
 # --- the truth: word shingles and exact Jaccard --------------------------------------------
@@ -248,11 +252,37 @@ def run_simindex(path: str, scheme: str, width: int, k: int) -> set:
     return simindex_pairs(simindex_fps(texts, scheme, width), k, width)
 
 
-def run_decisions(path: str, scheme: str, width: int, k: int) -> int:
+def run_decisions(path: str, scheme: str, width: int, k: int,
+                  min_similarity: float = None) -> int:
     """End to end, a real greedy dedup of the file (`simindex.decisions`, one process):
     the number of rows removed."""
     return sum(not d.kept for d in simindex.decisions(path, id_field="id", k=k, scheme=scheme,
-                                                        width=width, jobs=1))
+                                                        width=width, jobs=1,
+                                                        min_similarity=min_similarity))
+
+
+def verified_pairs(cands: set, sets: dict, t: float, cache: dict = None) -> set:
+    """The candidate pairs whose exact Jaccard (`simindex.similarity.jaccard` of the
+    scheme's shingle sets, `sets` by position) is at least t."""
+    from simindex.similarity import jaccard
+    cache = {} if cache is None else cache
+    out = set()
+    for i, j in cands:
+        if (i, j) not in cache:
+            cache[i, j] = jaccard(sets[i], sets[j])
+        if cache[i, j] >= t:
+            out.add((i, j))
+    return out
+
+
+def run_verified(path: str, scheme: str, width: int, k: int, t: float) -> set:
+    """End to end: read, fingerprint, every pair within k, then the exact Jaccard of the
+    scheme's shingles of the documents in a candidate pair."""
+    from simindex.similarity import shingle_set as scheme_shingles
+    _, texts = read_jsonl(path)
+    cands = simindex_pairs(simindex_fps(texts, scheme, width), k, width)
+    sets = {i: scheme_shingles(texts[i], scheme) for i in {x for p in cands for x in p}}
+    return verified_pairs(cands, sets, t)
 
 
 def minhashes(sets: list, num_perm: int = NUM_PERM) -> list:
@@ -341,6 +371,26 @@ def sweep(texts: list, truth: dict, configs=CONFIGS) -> list:
     return rows
 
 
+def sweep_verified(texts: list, truth: dict, configs=VERIFIED) -> list:
+    """Scores of simindex's candidates checked by exact Jaccard, one row per (scheme,
+    width, threshold) at its best k."""
+    from simindex.similarity import shingle_set as scheme_shingles
+    rows = []
+    for scheme, width, ks in configs:
+        fps = simindex_fps(texts, scheme, width)
+        sets = [scheme_shingles(x, scheme) for x in texts]
+        per_k = {k: simindex_pairs(fps, k, width) for k in ks}
+        cache: dict = {}
+        for t, tr in truth.items():
+            by_k = {k: scores(verified_pairs(p, sets, t, cache), tr) for k, p in per_k.items()}
+            best = max(by_k, key=lambda k: (by_k[k]["f1"], -k))
+            rows.append({"system": f"simindex {scheme} w{width} + Jaccard", "scheme": scheme,
+                         "width": width, "threshold": t, "k": best, "verified": True,
+                         "candidates": len(per_k[best]), **by_k[best],
+                         "f1_by_k": {k: round(s["f1"], 4) for k, s in by_k.items()}})
+    return rows
+
+
 def minhash_rows(texts: list, truth: dict) -> list:
     """Scores of MinHashLSH, raw and verified, at each threshold (empty without
     datasketch)."""
@@ -368,7 +418,8 @@ def timings(path: str, jobs: list, rounds: int) -> dict:
 
 
 def evaluate(docs: list, thresholds=THRESHOLDS, rounds: int = 3, workdir: str = None,
-             configs=CONFIGS, text_dedup_python: str = None, time_it: bool = True) -> dict:
+             configs=CONFIGS, text_dedup_python: str = None, time_it: bool = True,
+             verified=VERIFIED) -> dict:
     """The whole benchmark on [(id, text)]: corpus facts, truth counts, quality rows and
     end-to-end times."""
     workdir = workdir or tempfile.mkdtemp(prefix="dedup-quality-")
@@ -380,7 +431,8 @@ def evaluate(docs: list, thresholds=THRESHOLDS, rounds: int = 3, workdir: str = 
     pairs = jaccard_pairs(shingle_matrix(sets), floor=min(thresholds))
     truth_seconds = time.perf_counter() - t0
     truth = {t: truth_at(pairs, t) for t in thresholds}
-    rows = sweep(texts, truth, configs) + minhash_rows(texts, truth)
+    rows = sweep(texts, truth, configs) + sweep_verified(texts, truth, verified) + \
+        minhash_rows(texts, truth)
     if text_dedup_python:
         rows += text_dedup_rows(text_dedup_python, path, truth, workdir)
     result = {"documents": len(texts), "words": sum(len(words(x)) for x in texts),
@@ -409,6 +461,8 @@ def text_dedup_rows(python: str, path: str, truth: dict, workdir: str) -> list:
 
 def time_key(row: dict) -> str:
     """The name of the timed run a quality row corresponds to."""
+    if row.get("verified"):
+        return f"{row['system']} k={row['k']} t={row['threshold']}"
     if row["system"].startswith("simindex"):
         return f"{row['system']} k={row['k']}"
     return f"{row['system']} t={row['threshold']}"
@@ -423,7 +477,13 @@ def timing_jobs(path: str, rows: list, thresholds, text_dedup_python, workdir) -
         name = time_key(row)
         if name in jobs:
             continue
-        if row["system"].startswith("simindex"):
+        if row.get("verified"):
+            s, w, k, t = row["scheme"], row["width"], row["k"], row["threshold"]
+            jobs[name] = (lambda s=s, w=w, k=k, t=t: run_verified(path, s, w, k, t))
+            if s == "simindex-v1" and w == 64:
+                jobs[f"simindex decisions (greedy dedup, min_similarity={t}) w64 k={k}"] = \
+                    (lambda k=k, t=t: run_decisions(path, "simindex-v1", 64, k, t))
+        elif row["system"].startswith("simindex"):
             s, w, k = row["scheme"], row["width"], row["k"]
             jobs[name] = (lambda s=s, w=w, k=k: run_simindex(path, s, w, k))
             if s == "simindex-v1" and w == 64:
