@@ -137,3 +137,8 @@ def test_minhash_on_a_tiny_corpus(tmp_path):
     # identical documents have identical MinHashes: always a candidate, estimate 1
     assert mh[("MinHashLSH verified", 0.9)]["tp"] >= 1
     assert any(line.startswith("- t=0.9: best simindex") for line in q.goals(r))
+    for row in (x for x in r["rows"] if x["system"].endswith("(smallest k)")):
+        best = max(x["f1"] for x in r["rows"] if x["threshold"] == row["threshold"]
+                   and x["system"].startswith("MinHashLSH"))
+        assert row["f1"] >= best and all(
+            f < best for k, f in row["f1_by_k"].items() if k < row["k"])
