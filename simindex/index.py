@@ -10,6 +10,7 @@ import numpy as np
 from . import registry, verify as _verify
 from ._join import hamming as _hamming
 from ._layout import DB_IDS, MANIFEST
+from ._query import ReadContext
 from .codec import (
     MAX_FP, check_fp, check_wide_fp, encode_id, encode_records, fp_array, pack_meta,
     words_array,
@@ -24,6 +25,7 @@ from .shard import load_state
 from .store import Store
 
 Fingerprints = Union[Iterable[int], np.ndarray]
+_query_one = ReadContext.query_one
 
 
 def hamming(a: int, b: int) -> int:
@@ -287,8 +289,8 @@ class Index:
                 return verified(self._query_buffered(st, fp, k), verify)
         if plan.width != 64:
             return verified(st.query_one(fp, k), verify)
-        perm = plan.permuter        # the hot path of a single query: no call in between
-        out = st.read(lambda ctx: ctx.query_one(perm, fp, k))
+        # the hot path of a single query: the core's method and its arguments, no closure
+        out = st.read(_query_one, plan.permuter, fp, k)
         return out if verify is None else verified(out, verify)
 
     @staticmethod

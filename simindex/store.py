@@ -33,7 +33,7 @@ class Store:
     """The records and shard environments of one index in this process, and its writes."""
 
     txns: Transactions                  # the runners, made once the environments are open
-    read: Callable[[Callable[[Any], Any]], Any]   # txns.read, bound once
+    read: Callable[..., Any]                  # txns.read(fn, *args), bound once
 
     def __init__(self, path: str, *, k: Optional[int], blocks: Optional[int],
                  shards: Optional[int], create: bool, readonly: bool, sync: bool,

@@ -16,7 +16,7 @@ import os
 import resource
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional, TypeVar
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 from ._lmdb import Env, Gate, Txn, current_pid
 from ._query import ReadContext
@@ -141,9 +141,10 @@ class Transactions:
             except MapResizedError:
                 self._resized(env)
 
-    def read(self, fn: Callable[[ReadContext], T]) -> T:
-        """fn(ctx) with a pooled ReadContext over every environment (one per thread at a
-        time), adopting a map another process grew."""
+    def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(ctx, *args) with a pooled ReadContext over every environment (one per thread
+        at a time), adopting a map another process grew. (`args` spare the hot single
+        query a closure per call.)"""
         gate, pool = self.gate, self._pool
         while True:
             try:
@@ -158,7 +159,7 @@ class Transactions:
                     else:
                         ctx = self._context()
                     try:
-                        return fn(ctx)
+                        return fn(ctx, *args)
                     finally:
                         pool.append(ctx)
                 finally:
