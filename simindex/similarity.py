@@ -2,11 +2,12 @@
 `simindex dedup --min-similarity` applies to candidates the bit distance finds.
 
 A text's shingles are its scheme's tokens in windows of the scheme's shingle width, each
-window's tokens joined by single spaces and hashed with xxh3 (64 bits). The sketch of a text is the SKETCH smallest distinct high
-32-bit halves of those hashes, as big-endian u32 (at most 4 * SKETCH bytes, the whole set
-for a short text); the Jaccard estimate of two sketches is the bottom-k estimator: of the
-SKETCH smallest values of their union, the share found in both. Its standard error is about
-sqrt(J (1 - J) / SKETCH): 0.04 at J = 0.5 with SKETCH = 128.
+window's tokens joined by single spaces and hashed with xxh3 (64 bits). The sketch of a
+text is the SKETCH smallest distinct high 32-bit halves of those hashes, as big-endian
+u32 (at most 4 * SKETCH bytes, the whole set for a short text); the Jaccard estimate of
+two sketches is the bottom-k estimator: of the SKETCH smallest values of their union, the
+share found in both. Its standard error is about sqrt(J (1 - J) / SKETCH): 0.04 at
+J = 0.5 with SKETCH = 128.
 """
 
 from __future__ import annotations
