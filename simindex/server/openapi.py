@@ -77,6 +77,13 @@ def document(width: int) -> dict[str, Any]:
         },
         "security": [{"bearer": []}],
         "paths": {
+            "/": {"get": {"summary": "The web page: the index's figures and a search box "
+                                     "(?q=TEXT-OR-HEX&as=auto|text|fingerprint&k=K runs a "
+                                     "search on load)", "security": [],
+                          "responses": {"200": {"description": "HTML", "content": {
+                              "text/html": {"schema": {"type": "string"}}}}}}},
+            "/openapi.json": {"get": _op("This description", {"type": "object"}, errors=(),
+                                         auth=False)},
             "/health": {"get": _op("Liveness", {"type": "object"}, errors=(), auth=False)},
             "/stats": {"get": _op("The index's counts, parameters and bytes on disk",
                                   {"type": "object"}, errors=())},

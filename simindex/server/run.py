@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import socket
-from typing import Optional
+from typing import Any, Optional
 
-from ..errors import ParameterError
+from ..errors import MissingIndexError, ParameterError
 from ..index import Index
 from .app import Settings
 
@@ -47,14 +48,29 @@ def serve(settings: Settings, *, host: str = "127.0.0.1", port: int = 8080,
             f"the SIMINDEX_TOKEN environment variable), or --insecure to serve without one")
     # Open the index once here: a clear error before any worker starts, and a writable open
     # replays the logs of dead writers before the workers share it.
-    with Index(settings.path, create=False, readonly=settings.readonly):
-        pass
+    try:
+        with Index(settings.path, create=False, readonly=settings.readonly):
+            pass
+    except MissingIndexError:
+        raise MissingIndexError(f"no simindex index at {settings.path}: make one first "
+                                f"(simindex build, or simindex.Index in Python)") from None
     os.environ["SIMINDEX_SERVE"] = settings.to_env()
     if token_file is not None:
         os.environ["SIMINDEX_TOKEN_FILE"] = os.path.abspath(token_file)
     else:
         os.environ.pop("SIMINDEX_TOKEN_FILE", None)
-    uvicorn.run("simindex.server.app:from_environment", factory=True, host=host, port=port,
-                workers=settings.workers if settings.workers > 1 else None,
-                access_log=access_log, log_level=log_level, timeout_graceful_shutdown=GRACE,
-                server_header=False, proxy_headers=False)   # no endpoint reads the client address
+    # With one worker uvicorn serves in this process and, after its clean stop, raises the
+    # SIGTERM again; this handler turns that into exit status 0, as with several workers.
+    previous = signal.signal(signal.SIGTERM, _stopped)
+    try:
+        uvicorn.run("simindex.server.app:from_environment", factory=True, host=host,
+                    port=port, workers=settings.workers if settings.workers > 1 else None,
+                    access_log=access_log, log_level=log_level,
+                    timeout_graceful_shutdown=GRACE, server_header=False,
+                    proxy_headers=False)   # no endpoint reads the client's address
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stopped(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
