@@ -17,6 +17,7 @@ import msgpack
 from . import FORMAT_VERSION, BadLine, Error, Index, ParameterError, __version__, schemes
 from ._lmdb import lmdb_version
 from .inputs import FORMATS, FP_FORMATS, MAX_LINE, open_input, read_items
+from .results import json_id
 from .plan import (
     DEFAULT_K, Plan, candidate_plans, default_plan, default_shards, index_bytes,
     physical_memory, query_cost,
@@ -252,7 +253,7 @@ def query(index, inputs, k, output, ray_address, fmt, fp_format, max_line, on_er
                     out.write(f"{qid}\t{m.id}\t{m.distance}\n")
             else:
                 out.write(json.dumps({"id": qid, "matches": [
-                    {"id": _jsonable(m.id), "fingerprint": _hex(m.fingerprint, width),
+                    {"id": json_id(m.id), "fingerprint": _hex(m.fingerprint, width),
                      "distance": m.distance} for m in ms]}) + "\n")
         n += len(batch)
         batch.clear()
@@ -274,10 +275,6 @@ def query(index, inputs, k, output, ray_address, fmt, fp_format, max_line, on_er
     if error:
         _fail(f"{error} (answered {n} queries before it)")
     _say(f"simindex: answered {n} queries, skipped {skips.n} lines", quiet)
-
-
-def _jsonable(id_):
-    return id_.decode("utf-8", "backslashreplace") if isinstance(id_, bytes) else id_
 
 
 @cli.command()

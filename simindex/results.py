@@ -34,6 +34,12 @@ class Match(NamedTuple):
 set_match_type(Match, unpack)      # queries get their Match objects from the core
 
 
+def json_id(id_: Id) -> Union[str, int]:
+    """An id as JSON holds it: bytes ids as UTF-8 text, undecodable bytes as backslash
+    escapes (the CLI's output and the HTTP API's answers)."""
+    return id_.decode("utf-8", "backslashreplace") if isinstance(id_, bytes) else id_
+
+
 def match_of(hit: tuple) -> Match:
     """A Match from the core's (distance, fingerprint, seq, id, meta bytes or None)."""
     dist, fp, _seq, id_, meta = hit

@@ -23,7 +23,7 @@ from ..errors import (
     ClosedError, CorruptError, DiskFullError, Error, InputError, ParameterError, StorageError,
 )
 from ..index import Index
-from ..results import Match
+from ..results import Match, json_id
 from . import bodies
 from .asgi import (
     Answer, Call, Disconnected, Receive, Route, Routes, Scope, Send, error, send_answer,
@@ -57,11 +57,6 @@ class Settings:
         return json.dumps({"path": self.path, "readonly": self.readonly,
                            "max_body": self.max_body, "max_batch": self.max_batch,
                            "workers": self.workers})
-
-
-def _id(v: Any) -> Any:
-    """An id as JSON: bytes ids (only the Python API stores them) as UTF-8 text, like the CLI."""
-    return v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else v
 
 
 def _unauthorized(given: Optional[bytes]) -> Answer:
@@ -192,7 +187,7 @@ class Api:
 
     def matches(self, ms: list[Match]) -> list[dict[str, Any]]:
         hexes = self.hexes
-        return [{"id": _id(m.id), "fingerprint": format(m.fingerprint, hexes),
+        return [{"id": json_id(m.id), "fingerprint": format(m.fingerprint, hexes),
                  "distance": m.distance, "meta": m.meta} for m in ms]
 
     def fingerprint_of(self, obj: dict[str, Any], where: str = "") -> int:
@@ -259,14 +254,14 @@ class Api:
         sig = call.param("sig")
         if sig is None:
             raise BadRequest("is required (GET /search?sig=<hex fingerprint>)", "sig")
-        return [_id(m.id) for m in self.idx.query(bodies.fingerprint(sig, self.width, "sig"))]
+        return [json_id(m.id) for m in self.idx.query(bodies.fingerprint(sig, self.width, "sig"))]
 
     async def get_record(self, call: Call) -> Any:
         rid = self.path_id(call)
         rec = self.idx.get(rid)
         if rec is None:
             return error(404, f"no record has id {rid!r}", "id")
-        return {"id": _id(rec.id), "fingerprint": format(rec.fingerprint, self.hexes),
+        return {"id": json_id(rec.id), "fingerprint": format(rec.fingerprint, self.hexes),
                 "meta": rec.meta}
 
     async def stats(self, call: Call) -> Any:

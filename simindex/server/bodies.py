@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from ..codec import encode_id, pack_meta
 from ..errors import InputError
+from ..inputs import hex_fp
 
 
 
@@ -86,13 +87,9 @@ def fingerprint(v: Any, width: int, field: str) -> int:
     """A fingerprint from a hex string (1 to width/4 digits, an optional 0x) or a JSON
     integer in [0, 2**width)."""
     if type(v) is str:
-        digits = v[2:] if v[:2] in ("0x", "0X") else v
-        # int() alone would also take "_", spaces and signs: only [0-9a-fA-F] pass here
-        if 0 < len(digits) <= width // 4 and digits.isascii() and digits.isalnum():
-            try:
-                return int(digits, 16)
-            except ValueError:
-                pass
+        fp = hex_fp(v, width)              # surrounding spaces are refused, as simd does
+        if fp is not None:
+            return fp
         raise BadRequest(f"{v[:70]!r} is not a fingerprint: write 1-{width // 4} hex "
                          f"digits ({width} bits)", field)
     if isinstance(v, int) and not isinstance(v, bool):
