@@ -277,6 +277,11 @@ class Index:
         `verify(match) -> bool`, when given, drops the matches it rejects (for example a
         Jaccard check of stored shingles against the query document's).
         """
+        st = self._store
+        if st is not None and st.single is not None and (st.buffer is None or not st.buffer.n):
+            out = st.single.query(fingerprint, k)     # compiled; None: not its case
+            if out is not None:
+                return out if verify is None else verified(out, verify)
         st = self._open_store()
         plan = st.plan
         k = plan.k if k is None else self._k(k, st)
@@ -289,7 +294,6 @@ class Index:
                 return verified(self._query_buffered(st, fp, k), verify)
         if plan.width != 64:
             return verified(st.query_one(fp, k), verify)
-        # the hot path of a single query: the core's method and its arguments, no closure
         out = st.read(_query_one, plan.permuter, fp, k)
         return out if verify is None else verified(out, verify)
 

@@ -18,6 +18,8 @@ import numpy as np
 from . import environments, manifest, protocol, records, writebuffer
 from ._layout import MANIFEST
 from ._lmdb import current_pid
+from ._permute import Permuter
+from ._query import SingleQuery
 from .codec import words_array
 from .errors import (
     CorruptError, Error, MissingIndexError, NotAnIndexError, ParameterError, ReadOnlyError,
@@ -84,6 +86,10 @@ class Store:
         self.records, self.shard_envs = envs[0], envs[1:]
         self.txns = Transactions(path, envs, what=f"index {path}", contexts=True)
         self.read = self.txns.read           # the runner itself: no extra call per query
+        # Index.query's compiled hot path (64-bit plans; None answers: take the Python path)
+        perm = self.plan.permuter
+        self.single = SingleQuery(self.txns, perm, self.plan.k) \
+            if isinstance(perm, Permuter) else None
         try:
             if not readonly:
                 self.manifest = manifest.upgrade(path, self.manifest)

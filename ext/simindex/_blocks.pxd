@@ -35,17 +35,22 @@ cdef inline uint64_t seq_at(const Block *b, size_t i) noexcept nogil:
 cdef inline int open_block(const MDB_val *k, const MDB_val *v, Block *b) noexcept nogil:
     """Decode a block's header (v1 or v2) after checking it against the key and value sizes;
     0, or an error code for damage."""
-    cdef const uint8_t *p = <const uint8_t *>v.mv_data
-    cdef uint32_t magic
     if k.mv_size != layout.BLOCK_KEY:
         return CORRUPT_KEY
-    if v.mv_size < layout.V1_HEADER + 16:
+    return open_value(<const uint8_t *>v.mv_data, v.mv_size, b)
+
+
+cdef inline int open_value(const uint8_t *p, size_t size, Block *b) noexcept nogil:
+    """Decode a block's header (v1 or v2) from its value, checked against its size; 0, or
+    CORRUPT_BLOCK."""
+    cdef uint32_t magic
+    if size < layout.V1_HEADER + 16:
         return CORRUPT_BLOCK
     magic = bits.load32(p)
     b.c = bits.load32(p + 4)
     b.crc = bits.load32(p + 8)
     if magic == layout.V2_MAGIC:
-        if v.mv_size < layout.V2_HEADER + layout.V2_PAD or b.c == 0 or \
+        if size < layout.V2_HEADER + layout.V2_PAD or b.c == 0 or \
                 b.c > layout.V2_MAX_ENTRIES:
             return CORRUPT_BLOCK
         b.kw = p[12]
@@ -53,16 +58,16 @@ cdef inline int open_block(const MDB_val *k, const MDB_val *v, Block *b) noexcep
         b.tw = p[14]
         if b.kw > 8 or b.sw > 8 or b.tw > layout.MAX_TAIL_WORDS or \
                 (b.kw + b.sw == 0 and b.c > 1) or \
-                layout.V2_HEADER + b.c * (b.kw + b.sw + 8 * b.tw) + layout.V2_PAD != v.mv_size:
+                layout.V2_HEADER + b.c * (b.kw + b.sw + 8 * b.tw) + layout.V2_PAD != size:
             return CORRUPT_BLOCK
         b.kbase = bits.load64(p + 16)
         b.sbase = bits.load64(p + 24)
         b.keys = p + layout.V2_HEADER
         b.checked = p + 12
-        b.checked_size = v.mv_size - 12 - layout.V2_PAD
+        b.checked_size = size - 12 - layout.V2_PAD
     elif magic == layout.V1_MAGIC:
         if b.c == 0 or b.c > layout.V1_MAX_ENTRIES or \
-                layout.V1_HEADER + 16 * b.c != v.mv_size:
+                layout.V1_HEADER + 16 * b.c != size:
             return CORRUPT_BLOCK
         b.kw = b.sw = 8
         b.tw = 0

@@ -50,6 +50,7 @@ cdef class Env:
     cdef set deps
     cdef dict dbis
     cdef readonly size_t psize
+    cdef size_t mapgen        # bumped by every set_mapsize: the map may have moved
     cdef int check(self) except -1
     cdef MDB_dbi dbi(self, name) except? 0
 
@@ -64,3 +65,5 @@ cdef class Txn(Handle):
 cdef class Gate:
     cdef int inside
     cdef bint resizing
+    cpdef void enter(self) except *
+    cpdef void exit(self)

@@ -147,7 +147,7 @@ cdef class Gate:
         self.inside = 0
         self.resizing = False
 
-    def enter(self):
+    cpdef void enter(self) except *:
         """Enter as one of many; waits while a resize runs (unless already inside)."""
         if not si_gate_held(<void *>self):
             while self.resizing:
@@ -157,7 +157,7 @@ cdef class Gate:
             raise RuntimeError("calls nested too deep inside one thread")
         self.inside += 1
 
-    def exit(self):
+    cpdef void exit(self):
         self.inside -= 1
         si_gate_pop()
 
@@ -346,6 +346,7 @@ cdef class Env:
         cdef int rc
         self.check()
         rc = mdb_env_set_mapsize(self.env, size)
+        self.mapgen += 1         # pointers into the old map are void (even after a failure)
         if rc:
             raise error(rc, f"{self.path}: cannot set the map size")
 

@@ -14,12 +14,32 @@ cdef enum ViewState:
     VIEW_ACTIVE = 2     # renewed for this call, its state parsed
 
 
+cdef struct RunDir:
+    # A run's block directory: each block's last key and value, so a query finds its block
+    # with a binary search here instead of an LMDB descent. Runs are never changed once
+    # written (a merge writes a new run id and deletes the old run), so while a run is listed
+    # in the shard's state its blocks stay where they are: a directory whose blocks are all
+    # in overflow pages is kept across snapshots; one holding a value inside a leaf page
+    # (which a later write may copy elsewhere) only for the snapshot it was built in.
+    uint32_t table
+    uint64_t run
+    size_t n               # blocks (once built: at the first probe of the run)
+    bint built
+    uint64_t *last         # each block's last permuted key (non-decreasing)
+    const uint8_t **data   # each block's value in the map
+    uint32_t *size         # its size
+    bint kept              # every value is in overflow pages
+
+
 cdef struct ShardView:
     MDB_txn *txn
     MDB_cursor *cur
     ViewState state
     size_t parsed          # id of the snapshot whose state `runs` holds (0: none)
     RunList runs           # the shard's applied seq and its runs per table
+    RunDir *dirs           # one per run of `runs` (same order)
+    size_t ndirs
+    size_t mapgen          # the env's map generation the directories point into
 
 
 cdef struct Hit:
@@ -31,10 +51,10 @@ cdef struct Hit:
 
 
 cdef struct Probe:
-    # one run's part of one probe of a query: the block a seek found and the range to scan
-    MDB_cursor *cur        # the shard's cursor (for a range that runs past the block)
-    MDB_val key, val       # the block (valid while the shard's read txn lives)
-    uint64_t run, lo, hi, pk
+    # one run's part of one probe of a query: the block the directory found, and the range
+    RunDir *dir            # the run's directory (for a range that runs past the block)
+    size_t bi              # the block's number in the run
+    uint64_t lo, hi, pk
     const uint64_t *pkt    # the table key's further words (wide)
     Block blk              # its decoded header (pass 2)
     size_t guess           # where its range is guessed to start (pass 2)
@@ -58,6 +78,7 @@ cdef class ReadContext(Handle):
     cdef int nshards
     cdef MDB_env *rec_env
     cdef MDB_env **shard_envs
+    cdef size_t **mapgens      # each shard Env's map generation (the Envs live in envs)
     cdef ShardView *views
     cdef MDB_dbi *blocks_dbi
     cdef MDB_dbi *state_dbi

@@ -1,0 +1,151 @@
+"""Run directories (a query finds its block in an in-memory array of each run's block keys,
+kept across snapshots while the run is listed) and the compiled single-query path: answers
+stay exact while this process or another one writes, merges, compacts and grows the map."""
+
+import random
+
+import numpy as np
+import pytest
+
+import simindex
+from simindex import _testing as hook
+from conftest import brute, fp_of, planted_family, run_py
+from test_wide_index import brute as wide_brute
+
+# Batch sizes that make runs of one tiny block (its value inside a leaf page, which a later
+# write may copy elsewhere), of one or several full blocks (overflow pages), and merges.
+BATCHES = [1, 3, 2500, 1, 40, 7000, 2, 300, 1, 1, 12000, 5]
+
+
+def check_all(idx, stored, queries, k, width=64):
+    want = [(brute if width == 64 else wide_brute)(stored, q, k) for q in queries]
+    got_one = [{m.id: m.distance for m in idx.query(q)} for q in queries]
+    got_many = [{m.id: m.distance for m in ms} for ms in idx.query_many(queries)]
+    assert got_one == want
+    assert got_many == want
+
+
+def planted_queries(rng, stored, k, n=30, width=64):
+    """Stored fingerprints and copies of them at every distance 0..k+1 (some bits flipped)."""
+    out = []
+    for fp in rng.sample(list(stored.values()), min(n, len(stored))):
+        for d in range(k + 2):
+            q = fp
+            for b in rng.sample(range(width), d):
+                q ^= 1 << b
+            out.append(q)
+    return out
+
+
+@pytest.mark.parametrize("width,k", [(64, 3), (128, 8)])
+def test_queries_stay_exact_while_this_process_adds_merges_removes_and_compacts(tmp_path, width,
+                                                                                k):
+    rng = random.Random(width)
+    stored = {}
+    n = 0
+    with simindex.Index(tmp_path / "i", k=k, width=width, shards=2) as idx:
+        for step, size in enumerate(BATCHES):
+            ids = [f"b{n + i}" for i in range(size)]
+            fps = [rng.getrandbits(width) for _ in range(size)]
+            base = fps[0]
+            fams = planted_family(rng, base, k, width)
+            ids += [f"f{n}.{j}" for j in range(len(fams))]
+            fps += fams
+            idx.add_many(ids, fps)
+            stored.update(zip(ids, fps))
+            n += size
+            if step % 4 == 3:                           # drop some, then merge them away
+                for gone in rng.sample(sorted(stored), 5):
+                    idx.remove(gone)
+                    del stored[gone]
+            if step == 8:
+                idx.compact()
+            n_q = 30 if width == 64 else 10                 # a wide brute force is slow
+            check_all(idx, stored, planted_queries(rng, stored, k, n_q, width), k, width)
+        assert idx.verify() == []
+
+
+WRITER = r"""
+import sys, numpy as np, simindex
+path, seed, sizes = sys.argv[1], int(sys.argv[2]), [int(x) for x in sys.argv[3].split(",")]
+rng = np.random.default_rng(seed)
+with simindex.Index(path) as idx:
+    for j, n in enumerate(sizes):
+        fps = rng.integers(0, 2**64, n, dtype=np.uint64)
+        if n <= 20:         # one commit each: tiny runs, leaf pages copied and freed
+            for i in range(n):
+                idx.add(f"w{seed}.{j}.{i}", int(fps[i]))
+        else:
+            idx.add_many([f"w{seed}.{j}.{i}" for i in range(n)], fps)
+    if seed % 2 and len(sizes) < 10:
+        idx.compact()
+"""
+
+
+def writer_fps(seed, sizes):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for j, n in enumerate(sizes):
+        for i, fp in enumerate(rng.integers(0, 2**64, n, dtype=np.uint64).tolist()):
+            out[f"w{seed}.{j}.{i}"] = fp
+    return out
+
+
+def test_a_reader_stays_exact_while_another_process_writes_merges_and_reuses_pages(tmp_path):
+    path = str(tmp_path / "i")
+    rng = random.Random(5)
+    stored = {}
+    with simindex.Index(path, k=3, shards=4) as idx:
+        seed_fps = [rng.getrandbits(64) for _ in range(3000)]
+        idx.add_many([f"s{i}" for i in range(3000)], seed_fps)
+        stored.update((f"s{i}", fp) for i, fp in enumerate(seed_fps))
+        for j in range(6):                               # tiny runs: values in leaf pages
+            stored[f"t{j}"] = rng.getrandbits(64)
+            idx.add(f"t{j}", stored[f"t{j}"])
+    with simindex.Index(path, readonly=True) as ro:
+        for seed in range(1, 7):
+            check_all(ro, stored, planted_queries(rng, stored, 3), 3)   # directories built
+            sizes = [20, 4000, 20, 3] if seed % 3 else [9000, 20]
+            run_py(WRITER, path, seed, ",".join(map(str, sizes)))
+            stored.update(writer_fps(seed, sizes))
+        check_all(ro, stored, planted_queries(rng, stored, 3), 3)
+
+
+def test_a_reader_stays_exact_after_another_process_grows_the_map(tmp_path, monkeypatch):
+    monkeypatch.setattr(*hook.KNOBS["initial_map"], 1 << 20)
+    path = str(tmp_path / "i")
+    rng = random.Random(9)
+    stored = {f"s{i}": rng.getrandbits(64) for i in range(20000)}
+    with simindex.Index(path, shards=1) as idx:
+        idx.add_many(list(stored), list(stored.values()))
+    with simindex.Index(path, readonly=True) as ro:
+        check_all(ro, stored, planted_queries(rng, stored, 3), 3)       # directories built
+        before = hook.mapsizes(ro)[0]
+        # small batches: the big run stays listed (its directory kept) while the map grows
+        sizes = [500] * 24
+        run_py(WRITER, path, 2, ",".join(map(str, sizes)))
+        stored.update(writer_fps(2, sizes))
+        check_all(ro, stored, planted_queries(rng, stored, 3), 3)
+        assert hook.mapsizes(ro)[0] > before           # the reader adopted the grown map
+
+
+def test_single_query_takes_every_input_the_python_path_takes(tmp_path):
+    with simindex.Index(tmp_path / "i", k=3) as idx:
+        fps = [fp_of(i) for i in range(200)]
+        idx.add_many(range(200), fps)
+        q = fps[7] ^ 0b101
+        want = idx.query(q)
+        assert [m.id for m in want] == [7] and want[0].distance == 2
+        assert idx.query(np.uint64(q)) == want                  # numpy ints: the Python path
+        assert idx.query(q, k=2) == want and idx.query(q, k=1) == []
+        assert idx.query(q, verify=lambda m: False) == []
+        for bad, err in [(-1, simindex.InputError), (2**64, simindex.InputError),
+                         ("7", simindex.InputTypeError), (1.0, simindex.InputTypeError),
+                         (True, simindex.InputTypeError)]:
+            with pytest.raises(err):
+                idx.query(bad)
+        for bad_k in [4, -1, True, 2.0, 2**70, np.int64(2)]:
+            with pytest.raises(simindex.ParameterError):
+                idx.query(q, k=bad_k)
+    with pytest.raises(simindex.ClosedError):
+        idx.query(q)
