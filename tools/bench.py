@@ -24,7 +24,11 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
+# numpy's OpenBLAS threads spin for a while after a BLAS call, taking the other core from
+# whatever is timed next (8% of a query loop's samples): one thread for every system alike
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
 
 import simindex
 
@@ -72,19 +76,24 @@ QUERY_PROCESS = r"""
 import sys, time, numpy as np, simindex
 path, qfile, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
 q = np.load(qfile)
+def read_bytes():   # bytes this process made the kernel read from disk (mmap faults too)
+    return int([l for l in open("/proc/self/io") if l.startswith("read_bytes")][0].split()[1])
+r0 = read_bytes()
 with simindex.Index(path, readonly=True) as idx:
     t = time.perf_counter()
     idx.query_many(q, k=k)
     dt = time.perf_counter() - t
+    r1 = read_bytes()
 status = dict(l.split(":", 1) for l in open("/proc/self/status") if ":" in l)
 kb = lambda f: int(status[f].split()[0])
-print(len(q) / dt, kb("RssAnon"), kb("RssFile"), kb("RssShmem"))
+print(len(q) / dt, kb("RssAnon"), kb("RssFile"), kb("RssShmem"), r1 - r0)
 """
 
 
 def query_process(path, queries, k, root, cold):
-    """(q/s, private RSS MB, file-backed RSS MB) of a fresh process querying the index;
-    with `cold`, after dropping the page cache (root only; None otherwise)."""
+    """(q/s, private RSS MB, file-backed RSS MB, bytes read from disk by the open and the
+    queries) of a fresh process querying the index; with `cold`, after dropping the page
+    cache (root only; None otherwise)."""
     import subprocess
     qfile = os.path.join(root, "queries.npy")
     np.save(qfile, queries)
@@ -98,7 +107,7 @@ def query_process(path, queries, k, root, cold):
     out = subprocess.run([sys.executable, "-c", QUERY_PROCESS, path, qfile, str(k)],
                          capture_output=True, text=True, check=True).stdout.split()
     rate, anon, file_, shmem = float(out[0]), int(out[1]), int(out[2]), int(out[3])
-    return rate, (anon + shmem) / 1024, file_ / 1024
+    return rate, (anon + shmem) / 1024, file_ / 1024, int(out[4])
 
 
 def du(path):
@@ -171,7 +180,8 @@ def bench_simindex(fps, queries, k, sample, truth, rows, root, incremental):
     else:
         rows.append(Row("simindex", "query_many, cold page cache", cold[0], "q/s",
                         note=f"  fresh process after drop_caches (warm process: "
-                             f"{warm[0]:,.0f} q/s)"))
+                             f"{warm[0]:,.0f} q/s); read {cold[3] / len(queries) / 1024:.1f} "
+                             f"KiB per query ({cold[3] / 2**20:.0f} MiB in all)"))
     single = simindex.Index(os.path.join(root, "single"), k=k, sync=False)
     m = min(n, 100_000)
     # timed up to the close, which folds the write buffer's last records into the tables
@@ -283,6 +293,46 @@ def targets(rows, n):
          r and r <= 0.25)
 
 
+def targets_round3(rows, n):
+    """Issue 17's goals (performance round 3) at this size: each figure, its goal, met or not.
+    Every ratio is taken within this run; read several runs' medians, not one."""
+    def get(system, figure, pick=max):
+        vals = [r.value for r in rows if r.ok and r.system.startswith(system) and
+                r.figure.startswith(figure) and r.value == r.value]
+        return pick(vals) if vals else None
+
+    def line(name, value, goal, met):
+        state = "no figure" if value is None else "met" if met else \
+            "NOT met" if met is not None else "not a goal at this size"
+        print(f"| {name} | {value or '-'} | {goal} | {state} |")
+
+    print(f"\n| round-3 goal (n={n:,}) | measured | goal | |\n|---|---|---|---|")
+    q, fq = get("simindex", "query_many, 1"), get("faiss MultiHash", "range_search")
+    r = q / fq if q and fq else None
+    want = 1.5 if n >= 100_000_000 else 2.5
+    line("query_many vs the best faiss multi-hash", r and f"{r:.2f}x", f">= {want}x",
+         r and r >= want)
+    s, fs = get("simindex", "query single"), get("faiss", "single query", min)
+    line("single query, median", s and f"{s:.2f} us", "<= 4 us at 1M",
+         (s <= 4) if s and n == 1_000_000 else None)
+    r = s / fs if s and fs else None
+    line("single query vs faiss's best", r and f"{r:.2f}x", "<= 0.3x", r and r <= 0.3)
+    b, fb = get("simindex", "build"), get("faiss MultiHash 4x16", "build")
+    r = b / fb if b and fb else None
+    line("bulk build, durable, vs faiss 4x16 add", r and f"{r:.2f}x", "<= 1.0x", r and r <= 1.0)
+    d = get("simindex", "disk, tables only")
+    line("disk per fingerprint per table, after compact()", d and f"{d:.1f} B", "<= 11 B",
+         d and d <= 11)
+    inc = get("simindex", "add_many batches")
+    want = 100_000 if n >= 100_000_000 else 150_000
+    line("batches of 1,000 with sync", inc and f"{inc:,.0f} rec/s",
+         f">= {want:,} rec/s at 10M and 100M", (inc >= want) if inc and n >= 10_000_000 else None)
+    c = get("simindex", "query_many, cold")
+    r = c / fq if c and fq else None
+    line("cold page cache vs warm faiss", r and f"{r:.2f}x", ">= 0.5x at 1M",
+         (r >= 0.5) if r and n == 1_000_000 else None)
+
+
 def load_simhash_py(site):
     """seomoz simhash-py's compiled module from another environment's site-packages (its
     module name clashes with PyPI simhash), loaded here under another name."""
@@ -359,6 +409,7 @@ def main(argv=None):
         print(f"{r.system:<32} {r.figure:<32} {r.value:>12,.1f} {r.unit:<6} {ratio}{status}"
               f"{r.note}")
     targets(rows, a.n)
+    targets_round3(rows, a.n)
     if a.json:
         with open(a.json, "w") as f:
             json.dump([r.__dict__ for r in rows], f, indent=1)
