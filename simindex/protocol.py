@@ -22,7 +22,7 @@ import numpy as np
 from . import records
 from ._lmdb import Env, Txn
 from .plan import Plan
-from .shard import ShardWriter, entry_order
+from .shard import ShardWriter, sorted_entries
 from .transactions import Transactions
 
 RECORD_CHUNK = 1 << 18     # records per records/ transaction of a large add
@@ -70,9 +70,7 @@ class Entries:
                 mine = plan.shard_of_keys(keys) == np.uint64(shard)
                 keys, sq = keys[mine], sq[mine]
                 tails = None if tails is None else tails[mine]
-            order = entry_order(keys, sq)
-            keys, sq = keys[order], sq[order]
-            tails = None if tails is None else np.ascontiguousarray(tails[order])
+            keys, sq, tails = sorted_entries(keys, sq, tails)
             # keys are sorted, and a shard is a range of leading bits: split by search
             cuts = np.searchsorted(plan.shard_of_keys(keys), bounds) if plan.shard_bits \
                 else np.array([0, len(keys)])

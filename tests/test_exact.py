@@ -217,3 +217,19 @@ def test_query_property(tmp_path_factory, fps, q, k, extra, shards):
         idx.add_many(list(stored.items()))
         got = idx.query_many(q)
         assert [{m.id: m.distance for m in ms} for ms in got] == [brute(stored, x, k) for x in q]
+
+
+entries = st.lists(st.tuples(
+    st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 5, 2**63, 2**64 - 1]),
+              st.integers(0, 2**10 - 1)),          # crowded: one leading-bits bucket
+    st.integers(0, 2**64 - 1)), max_size=200)
+
+
+@given(es=entries, copies=st.integers(1, 40))
+def test_run_entries_sort_by_key_then_seq(es, copies):
+    from simindex._blocks import sort_entries
+    es = es * copies                                # equal pairs and crowded buckets
+    keys = np.array([k for k, _ in es], dtype=np.uint64)
+    seqs = np.array([q for _, q in es], dtype=np.uint64)
+    got_k, got_s = sort_entries(keys, seqs)
+    assert list(zip(got_k.tolist(), got_s.tolist())) == sorted(es)

@@ -10,7 +10,7 @@ splits) and never changed: a merge writes a new run and deletes the old ones
 import numpy as np
 
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, realloc, free
+from libc.stdlib cimport calloc, malloc, realloc, free, qsort
 from libc.string cimport memcpy, memset, strlen
 
 from simindex.clmdb cimport (
@@ -80,6 +80,100 @@ cdef size_t _block_count(const uint64_t *keys, const uint64_t *seqs, size_t rem,
             break
         c = nc
     return c
+
+
+# ---------------------------------------------------------------- sorting a run's entries
+cdef struct Entry:
+    uint64_t key
+    uint64_t seq
+
+
+cdef int _cmp_entry(const void *a, const void *b) noexcept nogil:
+    cdef const Entry *x = <const Entry *>a
+    cdef const Entry *y = <const Entry *>b
+    if x.key != y.key:
+        return -1 if x.key < y.key else 1
+    return (x.seq > y.seq) - (x.seq < y.seq)
+
+
+cdef int _sort_bucket(uint64_t *k, uint64_t *q, size_t m) noexcept nogil:
+    """Sort a bucket of parallel (key, seq) arrays by (key, seq): insertion sort when small
+    (the usual case), qsort otherwise; 0 or NO_MEMORY."""
+    cdef size_t i, j
+    cdef uint64_t xk, xq
+    cdef Entry *e
+    if m > 32:
+        e = <Entry *>malloc(m * sizeof(Entry))
+        if e == NULL:
+            return NO_MEMORY
+        for i in range(m):
+            e[i].key = k[i]
+            e[i].seq = q[i]
+        qsort(e, m, sizeof(Entry), _cmp_entry)
+        for i in range(m):
+            k[i] = e[i].key
+            q[i] = e[i].seq
+        free(e)
+        return 0
+    for i in range(1, m):
+        xk = k[i]
+        xq = q[i]
+        j = i
+        while j > 0 and (xk < k[j - 1] or (xk == k[j - 1] and xq < q[j - 1])):
+            k[j] = k[j - 1]
+            q[j] = q[j - 1]
+            j -= 1
+        k[j] = xk
+        q[j] = xq
+    return 0
+
+
+def sort_entries(const uint64_t[::1] keys not None, const uint64_t[::1] seqs not None):
+    """(keys, seqs) of a table's entries sorted by (key, seq), as runs store them.
+
+    A bucket sort by the keys' leading bits (about 8 entries per bucket: permuted simhash
+    keys spread evenly), then a sort within each bucket, in C without the GIL; crowded
+    buckets (skewed keys) fall back to qsort, so it is never worse than O(n log n)."""
+    cdef size_t n = keys.shape[0], i, c, start, end, nb
+    cdef int b = 1, shift, rc = 0
+    cdef size_t *counts = NULL
+    if seqs.shape[0] != <Py_ssize_t>n:
+        raise ValueError("keys and seqs differ in length")
+    out_k = np.empty(n, dtype=np.uint64)
+    out_s = np.empty(n, dtype=np.uint64)
+    if n == 0:
+        return out_k, out_s
+    cdef uint64_t[::1] ok = out_k
+    cdef uint64_t[::1] oq = out_s
+    while b < 24 and (<size_t>1 << (b + 1)) * 8 <= n:
+        b += 1
+    shift = 64 - b
+    nb = <size_t>1 << b
+    counts = <size_t *>calloc(nb + 1, sizeof(size_t))
+    if counts == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            for i in range(n):
+                counts[(keys[i] >> shift) + 1] += 1
+            for c in range(nb):
+                counts[c + 1] += counts[c]
+            for i in range(n):                 # stable scatter: counts[c] ends bucket c
+                c = keys[i] >> shift
+                ok[counts[c]] = keys[i]
+                oq[counts[c]] = seqs[i]
+                counts[c] += 1
+            start = 0
+            for c in range(nb):
+                end = counts[c]
+                if end - start > 1 and rc == 0:
+                    rc = _sort_bucket(&ok[start], &oq[start], end - start)
+                start = end
+        if rc:
+            raise MemoryError()
+    finally:
+        free(counts)
+    return out_k, out_s
 
 
 def write_run(Txn txn, str db, uint64_t run_id, const uint64_t[::1] keys,

@@ -23,7 +23,7 @@ cdef extern from "zlib.h" nogil:
 from simindex.clmdb cimport (
     MDB_cursor, MDB_dbi, MDB_val, MDB_APPEND, MDB_RESERVE, MDB_SET_RANGE, MDB_SET_KEY,
     MDB_NEXT, MDB_LAST, MDB_NOTFOUND, MDB_KEYEXIST, mdb_put, mdb_get, mdb_del,
-    mdb_cursor_open, mdb_cursor_close, mdb_cursor_get,
+    mdb_cursor_open, mdb_cursor_close, mdb_cursor_get, mdb_cursor_put,
 )
 cimport simindex.bits as bits
 cimport simindex.layout as layout
@@ -114,6 +114,12 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
     if refs == NULL:
         raise MemoryError()
     try:
+        # one cursor for all the appends: a put through mdb_put descends from the root
+        # each time, a cursor's append stays on the last page
+        rc = mdb_cursor_open(txn.txn, sq, &cur)
+        if rc:
+            cur = NULL
+            raise error(rc, f"{txn.env.path}: writing a record failed")
         for i in range(n):
             idk = idkeys[i]
             mb = metas[i]
@@ -127,7 +133,7 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
             sk.mv_data = seqbuf
             v.mv_size = hdr + idlen + mlen
             v.mv_data = NULL
-            rc = mdb_put(txn.txn, sq, &sk, &v, MDB_APPEND | MDB_RESERVE)
+            rc = mdb_cursor_put(cur, &sk, &v, MDB_APPEND | MDB_RESERVE)
             if rc == MDB_KEYEXIST:
                 raise CorruptError(f"{txn.env.path}: record sequence {next_seq + i} already used")
             if rc:
@@ -140,6 +146,8 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
                 bits.store64(p + layout.RECORD_HEADER + 8 * (w - 1), fw[i, w])
             memcpy(p + hdr, refs[i].p, idlen)
             memcpy(p + hdr + idlen, PyBytes_AS_STRING(mb), mlen)
+        mdb_cursor_close(cur)
+        cur = NULL
         qsort(refs, n, sizeof(IdRef), _cmp_idref)
         # every key new and above the stored ones: append without looking anything up
         append = True
@@ -150,9 +158,9 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
         if append:
             rc = mdb_cursor_open(txn.txn, ids, &cur)
             if rc:
+                cur = NULL
                 raise error(rc, f"{txn.env.path}: reading the ids failed")
             rc = mdb_cursor_get(cur, &k, &v, MDB_LAST)
-            mdb_cursor_close(cur)
             if rc == 0:
                 append = _cmp_last(&k, &refs[0]) < 0
             elif rc != MDB_NOTFOUND:
@@ -177,10 +185,15 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
             bits.store_be64(seqbuf, next_seq + refs[j].i)
             sk.mv_size = 8
             sk.mv_data = seqbuf
-            rc = mdb_put(txn.txn, ids, &k, &sk, MDB_APPEND if append else 0)
+            if append:
+                rc = mdb_cursor_put(cur, &k, &sk, MDB_APPEND)
+            else:
+                rc = mdb_put(txn.txn, ids, &k, &sk, 0)
             if rc:
                 raise error(rc, f"{txn.env.path}: writing an id failed")
     finally:
+        if cur != NULL:
+            mdb_cursor_close(cur)
         free(refs)
     return next_seq + n, replaced
 
