@@ -91,6 +91,9 @@ cdef class ReadContext(Handle):
     cdef int _begin_records(self) noexcept nogil
     cdef int _activate(self, int s, int ntables) noexcept nogil
     cdef void _release(self) noexcept nogil
+    cdef int _resolve_batch(self, MDB_cursor *cur, const uint64_t *queries, int words,
+                            HitBuf *hits, size_t *qstart, Py_ssize_t n,
+                            size_t psize) noexcept nogil
     cdef int _finish(self, MDB_txn *rtxn, const uint64_t *q, HitBuf *hits, size_t start,
                      size_t psize, int words=*) noexcept nogil
     cdef void _end_call(self, MDB_cursor *rc_cur, size_t *qstart, HitBuf *hits,

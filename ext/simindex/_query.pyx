@@ -15,7 +15,7 @@ from libc.string cimport memset
 
 from simindex.clmdb cimport (
     MDB_env, MDB_txn, MDB_cursor, MDB_cursor_op, MDB_dbi, MDB_val, MDB_RDONLY, MDB_SET_RANGE,
-    MDB_NEXT, MDB_LAST, MDB_NOTFOUND, mdb_txn_begin, mdb_txn_renew, mdb_txn_reset, mdb_txn_abort,
+    MDB_NEXT, MDB_LAST, MDB_SET_KEY, MDB_NOTFOUND, mdb_txn_begin, mdb_txn_renew, mdb_txn_reset, mdb_txn_abort,
     mdb_txn_id, mdb_cursor_open, mdb_cursor_renew, mdb_cursor_close, mdb_cursor_get, mdb_get,
 )
 from posix.unistd cimport getpid
@@ -68,6 +68,51 @@ cdef int _cmp_dist_seq(const void *a, const void *b) noexcept nogil:
     if x.dist != y.dist:
         return (x.dist > y.dist) - (x.dist < y.dist)
     return (x.seq > y.seq) - (x.seq < y.seq)
+
+
+cdef struct SeqRef:
+    uint64_t seq           # a hit's record
+    size_t at              # the hit's place in the HitBuf
+    size_t qi              # its query
+
+
+cdef int _cmp_seqref(const void *a, const void *b) noexcept nogil:
+    cdef const SeqRef *x = <const SeqRef *>a
+    cdef const SeqRef *y = <const SeqRef *>b
+    if x.seq != y.seq:
+        return (x.seq > y.seq) - (x.seq < y.seq)
+    return (x.at > y.at) - (x.at < y.at)
+
+
+cdef void _dedup(HitBuf *hits, size_t start) noexcept nogil:
+    """Sort one query's hits (from `start` on) by seq and keep each seq once."""
+    cdef size_t n = hits.n - start, i, w = 0
+    cdef Hit *h = hits.h + start
+    if n < 2:
+        return
+    qsort(h, n, sizeof(Hit), _cmp_seq)
+    for i in range(n):
+        if w and h[w - 1].seq == h[i].seq:
+            continue
+        h[w] = h[i]
+        w += 1
+    hits.n = start + w
+
+
+cdef inline int _check_record(const MDB_val *val, const uint64_t *q, int words, size_t psize,
+                              uint32_t dist, uint64_t *fp) noexcept nogil:
+    """1 if a hit's record (its value in records/seqs) lies at `dist` bits from q, 0 if not
+    (a table entry disagreeing with its record), or CORRUPT_RECORD; its first word in fp."""
+    cdef uint32_t d
+    cdef int ww
+    if val.mv_size < record_header(words) or not val_in_pages(val, psize):
+        return CORRUPT_RECORD
+    fp[0] = bits.load64(val.mv_data)
+    d = <uint32_t>bits.popcount(fp[0] ^ q[0])
+    for ww in range(1, words):
+        d += <uint32_t>bits.popcount(bits.load64(<const uint8_t *>val.mv_data +
+                                                 layout.RECORD_HEADER + 8 * (ww - 1)) ^ q[ww])
+    return 1 if d == dist else 0
 
 
 # ---------------------------------------------------------------- the scan
@@ -662,26 +707,91 @@ cdef class ReadContext(Handle):
             mdb_txn_reset(self.rec_txn)
             self.rec_state = VIEW_RESET
 
+    cdef int _resolve_batch(self, MDB_cursor *cur, const uint64_t *queries, int words,
+                            HitBuf *hits, size_t *qstart, Py_ssize_t n,
+                            size_t psize) noexcept nogil:
+        """Resolve a batch's hits (each query's de-duplicated, see _dedup) in the records by
+        ascending seq, through one cursor: the records are read in key order, so a cold
+        cache reads them ahead in big chunks and a warm one touches each page once. Then
+        drop the hits of removed records, and sort each query's by (distance, seq)."""
+        cdef size_t nh = hits.n, i, r, e, w = 0
+        cdef Py_ssize_t qi
+        cdef SeqRef *refs = <SeqRef *>malloc((nh or 1) * sizeof(SeqRef))
+        cdef Hit *h
+        cdef MDB_val key, val
+        cdef uint8_t kbuf[8]
+        cdef int rc = 0, ok = 0
+        cdef bint have = False
+        cdef uint64_t fp
+        if refs == NULL:
+            return NO_MEMORY
+        i = 0
+        for qi in range(n):
+            for r in range(qstart[qi], qstart[qi + 1]):
+                refs[i].seq = hits.h[r].seq
+                refs[i].at = r
+                refs[i].qi = <size_t>qi
+                i += 1
+        qsort(refs, nh, sizeof(SeqRef), _cmp_seqref)
+        for i in range(nh):
+            h = &hits.h[refs[i].at]
+            if not have or refs[i].seq != refs[i - 1].seq:
+                bits.store_be64(kbuf, refs[i].seq)
+                key.mv_size = 8
+                key.mv_data = kbuf
+                rc = mdb_cursor_get(cur, &key, &val, MDB_SET_KEY)
+                have = True
+                if rc == MDB_NOTFOUND:
+                    rc = 0
+                    val.mv_data = NULL      # removed or replaced since the entry was written
+                elif rc:
+                    break
+            h.val = NULL
+            if val.mv_data == NULL:
+                continue
+            ok = _check_record(&val, queries + refs[i].qi * words, words, psize, h.dist, &fp)
+            if ok < 0:
+                rc = ok
+                break
+            if ok == 0:
+                self.anomalies += 1         # a table entry disagrees with its record
+                continue
+            h.fp = fp
+            h.val = <const uint8_t *>val.mv_data
+            h.vlen = val.mv_size
+        free(refs)
+        if rc:
+            return rc
+        for qi in range(n):
+            r = qstart[qi]
+            e = qstart[qi + 1]
+            qstart[qi] = w
+            while r < e:
+                if hits.h[r].val != NULL:
+                    hits.h[w] = hits.h[r]
+                    w += 1
+                r += 1
+            qsort(hits.h + qstart[qi], w - qstart[qi], sizeof(Hit), _cmp_dist_seq)
+        qstart[n] = w
+        hits.n = w
+        return 0
+
     cdef int _finish(self, MDB_txn *rtxn, const uint64_t *q, HitBuf *hits, size_t start,
                      size_t psize, int words=1) noexcept nogil:
         """De-duplicate one query's hits by seq, resolve them in the records, sort them.
 
         `psize`: check values against their pages (0 for a write txn, whose dirty pages are
         not in the map)."""
-        cdef size_t n = hits.n - start, i, w = 0
-        cdef Hit *h = hits.h + start
+        cdef size_t n, i, w = 0
+        cdef Hit *h
         cdef MDB_val key, val
         cdef uint8_t kbuf[8]
-        cdef int rc, ww
-        cdef uint32_t d
+        cdef int rc
         cdef uint64_t fp
-        cdef size_t hdr = record_header(words)
-        if n == 0:
-            return 0
-        qsort(h, n, sizeof(Hit), _cmp_seq)
+        _dedup(hits, start)
+        n = hits.n - start
+        h = hits.h + start
         for i in range(n):
-            if w and h[w - 1].seq == h[i].seq:
-                continue
             bits.store_be64(kbuf, h[i].seq)
             key.mv_size = 8
             key.mv_data = kbuf
@@ -690,15 +800,10 @@ cdef class ReadContext(Handle):
                 continue        # removed or replaced since the table entry was written
             if rc:
                 return rc
-            if val.mv_size < hdr or not val_in_pages(&val, psize):
-                return CORRUPT_RECORD
-            fp = bits.load64(val.mv_data)
-            d = <uint32_t>bits.popcount(fp ^ q[0])
-            for ww in range(1, words):
-                d += <uint32_t>bits.popcount(bits.load64(<const uint8_t *>val.mv_data +
-                                                         layout.RECORD_HEADER + 8 * (ww - 1))
-                                             ^ q[ww])
-            if d != h[i].dist:
+            rc = _check_record(&val, q, words, psize, h[i].dist, &fp)
+            if rc < 0:
+                return rc
+            if rc == 0:
                 self.anomalies += 1     # a table entry disagrees with its record
                 continue
             h[w] = h[i]
@@ -986,9 +1091,14 @@ cdef class ReadContext(Handle):
                         rc = _tail_hits(&tail, minA, qp, k, &hits)
                         if rc:
                             break
-                    rc = self._finish(rtxn, qp, &hits, qstart[qi], vpsize, words)
+                    if n == 1:
+                        rc = self._finish(rtxn, qp, &hits, qstart[qi], vpsize, words)
+                    else:
+                        _dedup(&hits, qstart[qi])   # resolved with the batch, in seq order
                     qi += 1
                 qstart[n] = hits.n
+                if rc == 0 and n > 1:
+                    rc = self._resolve_batch(rc_cur, queries, words, &hits, qstart, n, vpsize)
             if rc:
                 raise error(rc, f"query on {where}")
             return _hit_lists(&hits, qstart, n, matches, words)
