@@ -1,6 +1,7 @@
 """Run directories (a query finds its block in an in-memory array of each run's block keys,
-kept across snapshots while the run is listed) and the compiled single-query path: answers
-stay exact while this process or another one writes, merges, compacts and grows the map."""
+kept across snapshots while the run is listed), the compiled single-query path and batch
+results: answers stay exact while this process or another one writes, merges, compacts and
+grows the map, and a batch leaves the garbage collector as it found it."""
 
 import random
 
@@ -149,3 +150,25 @@ def test_single_query_takes_every_input_the_python_path_takes(tmp_path):
                 idx.query(q, k=bad_k)
     with pytest.raises(simindex.ClosedError):
         idx.query(q)
+
+
+def test_batches_leave_the_collector_as_they_found_it_and_matches_with_containers_tracked(
+        tmp_path):
+    import gc
+    with simindex.Index(tmp_path / "i", k=3) as idx:
+        idx.add_many(range(50), [fp_of(i) for i in range(50)])
+        idx.add("m", fp_of(99), {"tags": ["a"]})
+        qs = [fp_of(i) for i in range(50)] + [fp_of(99)]
+        assert gc.isenabled()
+        got = idx.query_many(qs)
+        assert gc.isenabled()
+        gc.disable()
+        try:
+            assert idx.query_many(qs) == got
+            assert not gc.isenabled()               # a caller's choice stays
+        finally:
+            gc.enable()
+        plain, with_meta = got[0][0], got[-1][0]
+        assert with_meta.meta == {"tags": ["a"]}
+        assert not gc.is_tracked(plain)             # atomic fields: no cycle possible
+        assert gc.is_tracked(with_meta)             # its dict could come to hold it
