@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from . import environments, protocol, records, registry, transactions, writebuffer
+from . import _query, environments, protocol, records, registry, transactions, writebuffer
 from ._layout import DB_INFO, INFO_LOG_MARKER, INFO_NEXT_SEQ
 from .codec import encode_id, pack_meta
 from .index import Index
@@ -84,6 +84,17 @@ def replay_log(idx: Index, f, path: str) -> None:
     st = _store(idx)
     token = writebuffer.token_of(os.path.basename(path))
     writebuffer.replay_file(f, path, token, st.txns, st.records, writebuffer.Replay())
+
+
+@contextmanager
+def key_ordered_batches(min_queries: int = 2) -> Iterator[None]:
+    """During the block, every batch of at least `min_queries` scans in key order, the path
+    of big batches over big tables, whatever the tables' size."""
+    old = _query.key_order(min_queries, 0)
+    try:
+        yield
+    finally:
+        _query.key_order(*old)
 
 
 def mapsizes(idx: Index) -> dict:

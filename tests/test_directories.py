@@ -22,8 +22,11 @@ def check_all(idx, stored, queries, k, width=64):
     want = [(brute if width == 64 else wide_brute)(stored, q, k) for q in queries]
     got_one = [{m.id: m.distance for m in idx.query(q)} for q in queries]
     got_many = [{m.id: m.distance for m in ms} for ms in idx.query_many(queries)]
+    with hook.key_ordered_batches():            # the path of big batches over big tables
+        got_keyed = [{m.id: m.distance for m in ms} for ms in idx.query_many(queries)]
     assert got_one == want
     assert got_many == want
+    assert got_keyed == want
 
 
 def planted_queries(rng, stored, k, n=30, width=64):
@@ -172,3 +175,19 @@ def test_batches_leave_the_collector_as_they_found_it_and_matches_with_container
         assert with_meta.meta == {"tags": ["a"]}
         assert not gc.is_tracked(plain)             # atomic fields: no cycle possible
         assert gc.is_tracked(with_meta)             # its dict could come to hold it
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_a_key_ordered_batch_finds_records_no_table_holds_yet(tmp_path, shards):
+    rng = random.Random(shards)
+    path = tmp_path / "i"
+    applied = {f"a{i}": rng.getrandbits(64) for i in range(3000)}
+    pending = {f"u{i}": fp ^ (1 << rng.randrange(64))                 # near the applied
+               for i, fp in enumerate(rng.sample(list(applied.values()), 300))}
+    with simindex.Index(path, k=3, shards=shards) as idx:
+        idx.add_many(list(applied), list(applied.values()))
+        hook.commit_unapplied(idx, list(pending), np.array(list(pending.values()), np.uint64))
+    stored = {**applied, **pending}
+    with simindex.Index(path, readonly=True) as ro:           # read-only: no catching up
+        assert ro.stats()["unapplied"] == len(pending)
+        check_all(ro, stored, planted_queries(rng, pending, 3, 60), 3)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import simindex
+from simindex import _testing
 from conftest import brute, brute_pairs, one_table_family, planted_family, shard_boundary_fps
 
 PARAMS = [
@@ -63,9 +64,12 @@ def test_query_equals_brute_force(tmp_path, k, blocks, shards):
                 assert [m.distance for m in got] == sorted(m.distance for m in got)
                 for m in got:
                     assert m.fingerprint == stored[m.id]
+        want = [brute(stored, q, k) for q in queries]
         many = idx.query_many(queries)
-        assert [{m.id: m.distance for m in ms} for ms in many] == \
-            [brute(stored, q, k) for q in queries]
+        assert [{m.id: m.distance for m in ms} for ms in many] == want
+        # big batches over big tables scan in key order, table by table: the same answers
+        with _testing.key_ordered_batches():
+            assert idx.query_many(queries) == many
         assert idx.verify() == []
 
 
@@ -217,6 +221,8 @@ def test_query_property(tmp_path_factory, fps, q, k, extra, shards):
         idx.add_many(list(stored.items()))
         got = idx.query_many(q)
         assert [{m.id: m.distance for m in ms} for ms in got] == [brute(stored, x, k) for x in q]
+        with _testing.key_ordered_batches():
+            assert idx.query_many(q + q) == got + got
 
 
 entries = st.lists(st.tuples(

@@ -3,7 +3,7 @@
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from simindex.clmdb cimport MDB_env, MDB_txn, MDB_cursor, MDB_dbi, MDB_val
 from simindex._lmdb cimport Env, Txn, Handle
-from simindex._permute cimport Permuter
+from simindex._permute cimport Permuter, WidePermuter, Tables
 from simindex._blocks cimport Block, RunList
 from simindex._records cimport Tail
 
@@ -48,6 +48,7 @@ cdef struct Hit:
     const uint8_t *val
     size_t vlen
     uint32_t dist
+    size_t q               # its query (a key-ordered batch scan, before grouping)
 
 
 cdef struct Probe:
@@ -58,6 +59,7 @@ cdef struct Probe:
     const uint64_t *pkt    # the table key's further words (wide)
     Block blk              # its decoded header (pass 2)
     size_t guess           # where its range is guessed to start (pass 2)
+    size_t q               # its query (a key-ordered batch)
 
 
 cdef struct ProbeBuf:
@@ -91,6 +93,10 @@ cdef class ReadContext(Handle):
     cdef int _begin_records(self) noexcept nogil
     cdef int _activate(self, int s, int ntables) noexcept nogil
     cdef void _release(self) noexcept nogil
+    cdef size_t _entries(self) noexcept nogil
+    cdef int _scan_in_key_order(self, const Tables *tb, WidePermuter wp,
+                                const uint64_t *queries, Py_ssize_t n, int words, int k,
+                                HitBuf *hits) noexcept nogil
     cdef int _resolve_batch(self, MDB_cursor *cur, const uint64_t *queries, int words,
                             HitBuf *hits, size_t *qstart, Py_ssize_t n,
                             size_t psize) noexcept nogil
