@@ -515,7 +515,7 @@ cdef int _probe_scan(Probe *pr, int k, HitBuf *hits, size_t tw, size_t psize) no
 cdef enum:
     KEY_ORDER_MIN = 256        # queries in a batch from which it may scan in key order
     KEY_ORDER_WINDOW = 16      # probes taken through the three passes together
-    KEY_ORDER_ENTRIES = 24000000   # table entries (~240 MB) of the shards read, from which
+    KEY_ORDER_ENTRIES = 24000000   # ...and table entries (~240 MB) of the shards it reads
 
 cdef size_t _key_order_min = KEY_ORDER_MIN           # (tests lower both: key_order())
 cdef size_t _key_order_entries = KEY_ORDER_ENTRIES
