@@ -251,12 +251,17 @@ def bench_pypi_simhash(fps, queries, k, rows, n):
     rows.append(Row(f"PyPI simhash (n={n:,})", "get_near_dups", len(qs) / dt, "q/s", ok))
 
 
+def figure_of(rows, system, figure, pick=max):
+    """The best (by `pick`) correct value of a figure whose system and name start so."""
+    vals = [r.value for r in rows if r.ok and r.system.startswith(system) and
+            r.figure.startswith(figure) and r.value == r.value]
+    return pick(vals) if vals else None
+
+
 def targets(rows, n):
     """Issue 5's target rows: the measured ratio of each, and whether it is met."""
     def get(system, figure, pick=max):
-        vals = [r.value for r in rows if r.ok and r.system.startswith(system) and
-                r.figure.startswith(figure) and r.value == r.value]
-        return pick(vals) if vals else None
+        return figure_of(rows, system, figure, pick)
 
     def line(name, value, goal, met):
         if value is None:
@@ -303,9 +308,7 @@ def targets_round3(rows, n):
     """Issue 17's goals (performance round 3) at this size: each figure, its goal, met or not.
     Every ratio is taken within this run; read several runs' medians, not one."""
     def get(system, figure, pick=max):
-        vals = [r.value for r in rows if r.ok and r.system.startswith(system) and
-                r.figure.startswith(figure) and r.value == r.value]
-        return pick(vals) if vals else None
+        return figure_of(rows, system, figure, pick)
 
     def line(name, value, goal, met):
         state = "no figure" if value is None else "met" if met else \

@@ -11,7 +11,7 @@ shard of a distributed index (its candidates are resolved by the ledger's ReadCo
 
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, calloc, realloc, free, qsort
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memmove, memset
 
 from simindex.clmdb cimport (
     MDB_env, MDB_txn, MDB_cursor, MDB_cursor_op, MDB_dbi, MDB_val, MDB_RDONLY, MDB_SET_RANGE,
@@ -85,19 +85,23 @@ cdef int _cmp_seqref(const void *a, const void *b) noexcept nogil:
     return (x.at > y.at) - (x.at < y.at)
 
 
-cdef void _dedup(HitBuf *hits, size_t start) noexcept nogil:
-    """Sort one query's hits (from `start` on) by seq and keep each seq once."""
-    cdef size_t n = hits.n - start, i, w = 0
-    cdef Hit *h = hits.h + start
+cdef size_t _unique_seqs(Hit *h, size_t n) noexcept nogil:
+    """Sort n hits by seq in place and keep each seq once, at the front; how many are left."""
+    cdef size_t i, w = 0
     if n < 2:
-        return
+        return n
     qsort(h, n, sizeof(Hit), _cmp_seq)
     for i in range(n):
         if w and h[w - 1].seq == h[i].seq:
             continue
         h[w] = h[i]
         w += 1
-    hits.n = start + w
+    return w
+
+
+cdef void _dedup(HitBuf *hits, size_t start) noexcept nogil:
+    """Keep each seq of one query's hits (from `start` on) once, sorted by seq."""
+    hits.n = start + _unique_seqs(hits.h + start, hits.n - start)
 
 
 cdef int _group_hits(HitBuf *hits, size_t *qstart, Py_ssize_t n) noexcept nogil:
@@ -126,15 +130,10 @@ cdef int _group_hits(HitBuf *hits, size_t *qstart, Py_ssize_t n) noexcept nogil:
     hits.cap = cap
     for qi in range(n):                     # each query's seqs once, compacted forward
         r = qstart[qi]
-        e = qstart[qi + 1]
+        e = _unique_seqs(hits.h + r, qstart[qi + 1] - r)
         qstart[qi] = w
-        if e - r > 1:
-            qsort(hits.h + r, e - r, sizeof(Hit), _cmp_seq)
-        while r < e:
-            if w == qstart[qi] or hits.h[w - 1].seq != hits.h[r].seq:
-                hits.h[w] = hits.h[r]
-                w += 1
-            r += 1
+        memmove(hits.h + w, hits.h + r, e * sizeof(Hit))
+        w += e
     qstart[n] = w
     hits.n = w
     return 0
