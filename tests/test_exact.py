@@ -239,3 +239,21 @@ def test_run_entries_sort_by_key_then_seq(es, copies):
     seqs = np.array([q for _, q in es], dtype=np.uint64)
     got_k, got_s = sort_entries(keys, seqs)
     assert list(zip(got_k.tolist(), got_s.tolist())) == sorted(es)
+
+
+@pytest.mark.parametrize("keys", ["random", "one shard", "crowded", "equal", "narrow"])
+def test_large_runs_sort_through_partitions_by_key_then_seq(keys):
+    # above 2**18 entries sort_entries splits by leading bits first, then sorts each part
+    from simindex._blocks import sort_entries
+    rng = np.random.default_rng(9)
+    n = 300_000
+    k = rng.integers(0, 2**64, n, dtype=np.uint64)
+    k = {"random": k,
+         "one shard": (k >> np.uint64(3)) | np.uint64(5 << 61),       # 3 leading bits fixed
+         "crowded": k[rng.integers(0, n // 50, n)],                   # ~50 copies of each
+         "equal": np.full(n, 2**63 + 1, dtype=np.uint64),
+         "narrow": rng.integers(0, 300, n, dtype=np.uint64)}[keys]
+    seqs = rng.permutation(n).astype(np.uint64)
+    got_k, got_s = sort_entries(k, seqs)
+    order = np.lexsort((seqs, k))
+    assert (got_k == k[order]).all() and (got_s == seqs[order]).all()
