@@ -26,6 +26,7 @@ KNOBS = {
     "fold_age": (writebuffer, "FOLD_AGE"),               # seconds before a buffer folds
     "initial_map": (environments, "INITIAL_MAP"),        # bytes an environment maps first
     "apply_chunk": (protocol, "APPLY_CHUNK"),            # records per shard application pass
+    "sort_entries": (protocol, "SORT_ENTRIES"),          # entries a pass sorts at once
     "reader_check_every": (transactions, "READER_CHECK_EVERY"),   # seconds between reaps
 }
 

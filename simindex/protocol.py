@@ -21,14 +21,22 @@ import numpy as np
 
 from . import records
 from ._lmdb import Env, Txn
+from ._permute import Permuter
 from .plan import Plan
 from .shard import ShardWriter, sorted_entries
 from .transactions import Transactions
 
 RECORD_CHUNK = 1 << 18     # records per records/ transaction of a large add
-# records per shard application pass: each pass adds a run per table, and later merges leave
-# its pages free in the file, so bulk loads want few passes (a pass of 16.7M holds ~0.6 GB)
-APPLY_CHUNK = 1 << 24
+# records per shard application pass (64-bit; wide fingerprints: this over their words).
+# Each pass adds one run per table to a shard, and a later pass's run is merged into the
+# runs before it, rewriting their entries and leaving the old pages free in the file, so a
+# bulk load wants one pass (2 GiB of seqs and fingerprints; 100M in 6 passes of 16.7M
+# built in 119 s to 23.1 B per entry, in one pass ~85 s to 10 B)
+APPLY_CHUNK = 1 << 27
+# table entries a pass sorts at once (64-bit; 1 GiB of keys and seqs): a pass with more
+# builds and writes its shards a group at a time, each group permuting every record again
+# but keeping only its own shards' entries
+SORT_ENTRIES = 1 << 26
 LAG_LIMIT = 256            # records a shard with nothing new may stay behind
 # what a failed shard write leaves (added to its error message)
 SHARD_WRITE_FAILED = ("the records are committed and queries find them, and reopening the "
@@ -53,23 +61,36 @@ def commit(txns: Transactions, records_env: Env, idkeys: list, fps: np.ndarray,
 
 class Entries:
     """The table entries of a batch of records (ascending seqs): per table, the permuted
-    keys sorted as runs store them, and where each shard's key range starts. With `shard`,
-    only that shard's entries are kept (and sorted): a Ray shard server's part."""
+    keys sorted as runs store them, and where each shard's key range starts. With
+    `shards` (lo, hi), only the entries of shards lo..hi-1 are computed and kept: a bulk
+    load's group of shards, or a Ray shard server's part."""
 
     def __init__(self, plan: Plan, seqs: np.ndarray, fps: np.ndarray,
-                 shard: Optional[int] = None) -> None:
+                 shards: Optional[tuple] = None, ids: Optional[np.ndarray] = None) -> None:
+        """`ids`: plan.permuter.shard_ids(fps) when the caller already has it (64-bit)."""
         self.plan = plan
         self.first = int(seqs[0]) if len(seqs) else 0
         self.tables = []
         bounds = np.arange(plan.shards + 1, dtype=np.uint64)
+        lo, hi = shards if shards is not None else (0, plan.shards)
+        part = bool(plan.shard_bits) and (lo, hi) != (0, plan.shards)
+        perm = plan.permuter
+        if part and isinstance(perm, Permuter) and ids is None:
+            ids = perm.shard_ids(fps)
         for t in range(plan.ntables):
-            keys, sq, tails = plan.permuter.keys(t, fps), seqs, None
-            if keys.ndim == 2:           # wide: sorted by the first word, the rest carried
-                keys, tails = np.ascontiguousarray(keys[:, 0]), keys[:, 1:]
-            if shard is not None and plan.shard_bits:
-                mine = plan.shard_of_keys(keys) == np.uint64(shard)
-                keys, sq = keys[mine], sq[mine]
-                tails = None if tails is None else tails[mine]
+            if part and isinstance(perm, Permuter) and ids is not None:
+                # compiled: permute only this group's records, found by their shard ids
+                keys, sq = perm.shard_keys(t, fps, seqs, ids[t], lo, hi)
+                tails = None
+            else:
+                keys, sq, tails = perm.keys(t, fps), seqs, None
+                if keys.ndim == 2:       # wide: sorted by the first word, the rest carried
+                    keys, tails = np.ascontiguousarray(keys[:, 0]), keys[:, 1:]
+                if part:
+                    s = plan.shard_of_keys(keys)
+                    mine = (s >= np.uint64(lo)) & (s < np.uint64(hi))
+                    keys, sq = keys[mine], sq[mine]
+                    tails = None if tails is None else tails[mine]
             keys, sq, tails = sorted_entries(keys, sq, tails)
             # keys are sorted, and a shard is a range of leading bits: split by search
             cuts = np.searchsorted(plan.shard_of_keys(keys), bounds) if plan.shard_bits \
@@ -117,7 +138,8 @@ def apply(txn: Txn, plan: Plan, shard: int, entries: Entries, last: int,
 
 def catch_up(txns: Transactions, plan: Plan, force: bool = True, jobs: int = 1) -> None:
     """Bring the shards of a store (txns.envs: records, then each shard) up to the last
-    committed record, in passes of APPLY_CHUNK records.
+    committed record, in passes of APPLY_CHUNK records (a pass over more than SORT_ENTRIES
+    table entries goes a group of shards at a time).
 
     With force=False a shard that none of the new records touch is left behind by up to
     LAG_LIMIT records (queries check those directly), saving its commit and fsync. `jobs`
@@ -126,31 +148,44 @@ def catch_up(txns: Transactions, plan: Plan, force: bool = True, jobs: int = 1) 
     """
     txns.check_open()
     rec, shards = txns.envs[0], txns.envs[1:]
+    chunk = max(1, APPLY_CHUNK // plan.words)
     while True:
         applied = txns.read(lambda ctx: ctx.applied(plan.ntables))
         start = min(applied) + 1
         seqs, fps, last = txns.read_txn(rec, lambda txn: (
-            *records.tail(txn, start, APPLY_CHUNK, plan.words), records.last_seq(txn)))
+            *records.tail(txn, start, chunk, plan.words), records.last_seq(txn)))
         if len(seqs) == 0:
             if force and last >= start:
                 _advance(txns, plan, shards, applied, last)   # only removed records above
             return
-        entries = Entries(plan, seqs, fps)
         top = int(seqs[-1])
-        todo = [s for s in range(plan.shards)
-                if force or top - applied[s] >= LAG_LIMIT or entries.newer(s, applied[s])]
-
-        def one(s):
-            txns.write(shards[s], lambda txn: apply(txn, plan, s, entries, top),
-                       then=SHARD_WRITE_FAILED)
-        if jobs > 1 and len(todo) > 1:
-            with ThreadPoolExecutor(max_workers=jobs) as pool:
-                list(pool.map(one, todo))
-        else:
-            for s in todo:
-                one(s)
-        if len(seqs) < APPLY_CHUNK and not (force and top < last):
+        per_shard = max(1, len(seqs) * plan.ntables * plan.words // plan.shards)
+        group = min(plan.shards, max(jobs, SORT_ENTRIES // per_shard, 1))
+        # each record's shard in every table, permuted once for all the groups
+        ids = plan.permuter.shard_ids(fps) \
+            if group < plan.shards and isinstance(plan.permuter, Permuter) else None
+        for lo in range(0, plan.shards, group):
+            hi = min(plan.shards, lo + group)
+            entries = Entries(plan, seqs, fps, shards=(lo, hi), ids=ids)
+            todo = [s for s in range(lo, hi) if force or top - applied[s] >= LAG_LIMIT
+                    or entries.newer(s, applied[s])]
+            _apply_shards(txns, plan, shards, entries, top, todo, jobs)
+            del entries                  # before the next group's are made
+        if len(seqs) < chunk and not (force and top < last):
             return
+
+
+def _apply_shards(txns, plan, shards, entries, top, todo, jobs):
+    """Apply `entries` (up to seq `top`) to the shards `todo`, `jobs` at once."""
+    def one(s):
+        txns.write(shards[s], lambda txn: apply(txn, plan, s, entries, top),
+                   then=SHARD_WRITE_FAILED)
+    if jobs > 1 and len(todo) > 1:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(one, todo))
+    else:
+        for s in todo:
+            one(s)
 
 
 def _advance(txns, plan, shards, applied, last):

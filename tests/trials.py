@@ -57,7 +57,8 @@ while True:
 
 REPLAYER = r"""
 import sys, simindex, simindex._testing
-simindex._testing.tune(apply_chunk=13)   # many small shard transactions to be killed between
+# many small shard transactions to be killed between, a few shards of a pass at a time
+simindex._testing.tune(apply_chunk=13, sort_entries=20)
 simindex.Index(sys.argv[1])
 print("replayed", flush=True)
 """

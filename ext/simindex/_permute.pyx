@@ -112,6 +112,51 @@ cdef class Permuter:
         self._table(t)
         return self.c.pmask[t]
 
+    def shard_ids(self, const uint64_t[::1] fps):
+        """A (tables, n) uint8 array: the shard holding fingerprint i's key in table t (a
+        bulk load permutes every record once, then each group of shards only its own)."""
+        cdef Py_ssize_t i, n = fps.shape[0]
+        cdef int t, sb = self.c.shard_bits
+        out = np.zeros((self.c.ntables, n), dtype=np.uint8)
+        cdef uint8_t[:, ::1] o = out
+        if sb:
+            with nogil:
+                for t in range(self.c.ntables):
+                    for i in range(n):
+                        o[t, i] = <uint8_t>(permute(&self.c, t, fps[i]) >> (64 - sb))
+        return out
+
+    def shard_keys(self, int t, const uint64_t[::1] fps, const uint64_t[::1] seqs,
+                   const uint8_t[::1] ids, int s0, int s1):
+        """(keys, seqs): the permuted keys in table `t` of the fingerprints whose key lies
+        in shards s0..s1-1 (`ids`: this table's row of shard_ids), and their seqs, in input
+        order: a bulk load's group of shards, computed within its memory budget."""
+        cdef Py_ssize_t i, j = 0, n = fps.shape[0]
+        cdef int sb = self.c.shard_bits
+        cdef uint8_t width = <uint8_t>(s1 - s0), lo = <uint8_t>s0
+        self._table(t)
+        if seqs.shape[0] != n or ids.shape[0] != n:
+            raise ValueError("fps, seqs and ids differ in length")
+        if sb == 0 or not 0 <= s0 <= s1 <= (1 << sb):
+            raise ValueError(f"shards {s0}..{s1} out of range 0..{1 << sb}")
+        with nogil:
+            for i in range(n):
+                j += <uint8_t>(ids[i] - lo) < width
+        out_k = np.empty(j, dtype=np.uint64)
+        out_s = np.empty(j, dtype=np.uint64)
+        if j == 0:
+            return out_k, out_s
+        cdef uint64_t[::1] ok = out_k
+        cdef uint64_t[::1] oq = out_s
+        j = 0
+        with nogil:
+            for i in range(n):
+                if <uint8_t>(ids[i] - lo) < width:
+                    ok[j] = permute(&self.c, t, fps[i])
+                    oq[j] = seqs[i]
+                    j += 1
+        return out_k, out_s
+
     def shard_reach(self, const uint64_t[::1] fps):
         """A (shards, n) bool array: shard s holds part of some table's prefix range of
         fingerprint i (where a query of it must look)."""

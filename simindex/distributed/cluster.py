@@ -20,7 +20,7 @@ from ..errors import (
     InputError, MissingIndexError, ParameterError, ReadOnlyError, StorageError, closed_error,
 )
 from ..fingerprints import fingerprint
-from ..protocol import APPLY_CHUNK, LAG_LIMIT, RECORD_CHUNK
+from ..protocol import LAG_LIMIT, RECORD_CHUNK
 from ..results import (
     Id, Match, Record, check_verify, match_of, record_of, verified,
     verified_many,
@@ -34,6 +34,9 @@ from .servers import LedgerServer, ShardServer, plan_of
 # none (a 2-core node can serve 16 shards). Ray restarts one that dies and retries its calls
 # (the ledger's writes are idempotent, see LedgerServer._once).
 ACTOR_OPTIONS = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": -1}
+# records a replay fetches from the ledger and sends to every shard at once (each shard
+# keeps only its own entries: protocol.Entries)
+REPLAY_CHUNK = 1 << 24
 
 _ray_lock = threading.Lock()
 _ray_users = 0          # Clusters and calls using a Ray that this process started
@@ -224,7 +227,7 @@ class Cluster:
             low = min(self._applied)
             if low >= target:
                 return
-            seqs, fps = fetch(self.ledger.tail.remote(low + 1, APPLY_CHUNK))
+            seqs, fps = fetch(self.ledger.tail.remote(low + 1, REPLAY_CHUNK))
             # no live record above: the shards may claim everything up to the target
             last = int(seqs[-1]) if len(seqs) else target
             self._applied = self._written([s.apply.remote(seqs, fps, a, last) if a < last

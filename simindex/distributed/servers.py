@@ -74,7 +74,8 @@ class ShardServer(_Server):
         (`seqs` ascending: all of them, or at least those with an entry in this shard).
         Returns the shard's applied seq after it: below `since` when the shard missed
         earlier records (its actor restarted) and must be caught up from the ledger first."""
-        entries = protocol.Entries(self.plan, seqs, fps, shard=self.shard)
+        entries = protocol.Entries(self.plan, seqs, fps,
+                                   shards=(self.shard, self.shard + 1))
         return self.txns.write(
             self.env, lambda txn: protocol.apply(txn, self.plan, self.shard, entries, last,
                                                  since=since),

@@ -1,0 +1,91 @@
+"""A bulk load writes each table once: one pass, one run per table and shard, exact answers,
+a group of shards at a time when its entries exceed the sort budget."""
+
+import random
+
+import numpy as np
+import pytest
+
+import simindex
+from simindex import _testing, protocol
+from conftest import brute
+from test_exact import build_data
+
+
+@pytest.fixture
+def groups(monkeypatch):
+    """The shard ranges each application pass computed entries for, in order."""
+    seen = []
+    make = protocol.Entries.__init__
+
+    def spy(self, plan, seqs, fps, shards=None, ids=None):
+        seen.append(tuple(shards) if shards is not None else None)
+        make(self, plan, seqs, fps, shards, ids)
+    monkeypatch.setattr(protocol.Entries, "__init__", spy)
+    return seen
+
+
+# (sort budget in entries, shards a group then holds: 16 shards, ~1,750 records, 4 tables)
+BUDGETS = [(None, 16), (1000, 2), (10, 1)]
+
+
+@pytest.mark.parametrize("budget,per_group", BUDGETS)
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_bulk_load_writes_each_table_once_and_answers_exactly(tmp_path, groups, budget,
+                                                                per_group, jobs):
+    stored, queries = build_data(3, seed=11)
+    knobs = {} if budget is None else {"sort_entries": budget}
+    with _testing.tuned(**knobs), simindex.Index(tmp_path / "i", k=3, shards=16) as idx:
+        idx.add_many(list(stored), np.array(list(stored.values()), dtype=np.uint64),
+                     jobs=jobs)
+        st = idx.stats()
+        assert st["runs"] == st["shards"] * st["tables"]        # no run merged, none split
+        assert st["unapplied"] == 0
+        size = max(per_group, jobs)                             # jobs shards run at once
+        assert groups == [(lo, min(16, lo + size)) for lo in range(0, 16, size)]
+        got = idx.query_many(queries)
+        assert [{m.id: m.distance for m in ms} for ms in got] == \
+            [brute(stored, q, 3) for q in queries]
+        assert idx.verify() == []
+
+
+def test_a_bulk_load_into_a_filled_index_goes_group_by_group_exactly(tmp_path, groups):
+    stored, queries = build_data(3, seed=12)
+    items = list(stored.items())
+    with simindex.Index(tmp_path / "i", k=3, shards=8) as idx:
+        idx.add_many(items[:300])
+        idx.add_many(items[300:337])           # small batches: one group of every shard
+        assert set(groups) == {(0, 8)}
+        with _testing.tuned(sort_entries=100):
+            idx.add_many(items[337:])
+        assert groups[2:] == [(s, s + 1) for s in range(8)]
+        got = idx.query_many(queries)
+        assert [{m.id: m.distance for m in ms} for ms in got] == \
+            [brute(stored, q, 3) for q in queries]
+    with simindex.Index(tmp_path / "i") as idx:                 # and after a reopen
+        assert len(idx) == len(stored)
+        assert idx.query_many(queries) == got
+
+
+def popcount(x):
+    return bin(x).count("1")
+
+
+def test_a_wide_bulk_load_goes_group_by_group_exactly(tmp_path, groups):
+    rng = random.Random(5)
+    stored = {f"r{i}": rng.getrandbits(128) for i in range(1500)}
+    bases = [rng.getrandbits(128) for _ in range(8)] + [0, (1 << 128) - 1]
+    for b, base in enumerate(bases):
+        for d in range(0, 9):                  # planted at every distance 0..k+1
+            flip = sum(1 << bit for bit in rng.sample(range(128), d))
+            stored[f"p{b}.{d}"] = base ^ flip
+    with _testing.tuned(sort_entries=500), \
+            simindex.Index(tmp_path / "i", k=7, width=128, shards=4) as idx:
+        idx.add_many(stored.items())
+        assert len(groups) > 1 and groups[0] != (0, 4)
+        st = idx.stats()
+        assert st["runs"] == st["shards"] * st["tables"]
+        for q in bases + [rng.getrandbits(128) for _ in range(5)]:
+            want = {i: popcount(fp ^ q) for i, fp in stored.items() if popcount(fp ^ q) <= 7}
+            assert {m.id: m.distance for m in idx.query(q)} == want
+
