@@ -52,6 +52,25 @@ def encode_ids(ids):
     return _encode_ids(ids if type(ids) is list else list(ids), encode_id, MAX_ID_BYTES)
 
 
+def int_ids(ids):
+    """A range or integer numpy array of ids as a uint64 array (records.put makes their
+    keys without a Python object per id), after checking the range; None for other ids."""
+    if isinstance(ids, range):
+        if len(ids) and not (0 <= min(ids[0], ids[-1]) and max(ids[0], ids[-1]) <= MAX_FP):
+            bad = ids[0] if not 0 <= ids[0] <= MAX_FP else ids[-1]
+            raise InputError(f"id {bad} is out of range: int ids must be in [0, 2**64)")
+        if len(ids) and max(ids[0], ids[-1]) >= 1 << 63:
+            return None                  # beyond numpy's arange: the generic path
+        return np.arange(ids.start, ids.stop, ids.step, dtype=np.int64).astype(np.uint64)
+    if isinstance(ids, np.ndarray) and ids.ndim == 1 and ids.dtype.kind in "iu":
+        if ids.dtype.kind == "i" and ids.size and ids.min() < 0:
+            i = int(np.argmax(ids < 0))
+            raise InputError(f"id {int(ids[i])} is out of range: int ids must be in "
+                             f"[0, 2**64) (at position {i})")
+        return np.ascontiguousarray(ids, dtype=np.uint64)
+    return None
+
+
 def decode_id(key):
     """The id a records key stands for, with its original type."""
     tag, raw = key[:1], key[1:]
@@ -168,13 +187,13 @@ def encode_records(items, fingerprints=None, width=64):
         raise InputTypeError(f"add_many takes an iterable of records (or of ids), got "
                              f"{type(items).__name__} {items!r:.60}")
     if fingerprints is not None:
-        # a numpy array of int ids as Python ints: the compiled encoder's fast case
-        ids = items.tolist() if isinstance(items, np.ndarray) and items.dtype.kind in "iu" \
-            else list(items)
+        ints = int_ids(items)
+        ids = ints if ints is not None else items.tolist() \
+            if isinstance(items, np.ndarray) and items.dtype.kind in "iu" else list(items)
         fps = fp_array(fingerprints) if width == 64 else words_array(fingerprints, width)
         if len(ids) != len(fps):
             raise InputError(f"add_many got {len(ids)} ids and {len(fps)} fingerprints")
-        return encode_ids(ids), fps, [_NONE] * len(ids)
+        return (ids if ints is not None else encode_ids(ids)), fps, [_NONE] * len(ids)
     idks, fpl, metas = [], [], []
     for n, item in enumerate(items):
         if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):

@@ -229,7 +229,7 @@ class Index:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise ParameterError(f"jobs must be an int >= 1, got {jobs!r}")
         st.fold()
-        if idks:
+        if len(idks):
             st.add(idks, fps, metas, jobs=jobs, replace=bool(replace))
 
     def remove(self, id: Id) -> bool:

@@ -8,14 +8,14 @@ or replaced since the last compaction (their table entries are stale).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 
 from ._layout import DB_IDS, DB_INFO, DB_SEQS, INFO_NEXT_SEQ, INFO_REQUEST, INFO_STALE
 from ._lmdb import Txn
 from ._records import read_tail, records_lookup, records_put
-from .codec import decode_id
+from .codec import decode_id, encode_ids
 from .errors import CorruptError, InputError
 
 
@@ -51,14 +51,16 @@ def add_stale(txn: Txn, by: int) -> None:
     txn.put(DB_INFO, INFO_STALE, _be(max(0, stale(txn) + by)))
 
 
-def put(txn: Txn, idkeys: list, fps: np.ndarray, metas: list, replace: bool = True) -> int:
-    """Write records (id keys, uint64 fingerprints, packed metas) in a records/ write
+def put(txn: Txn, idkeys: Union[list, np.ndarray], fps: np.ndarray, metas: list,
+        replace: bool = True) -> int:
+    """Write records (id keys, or a uint64 array of int ids; uint64 fingerprints; packed
+    metas) in a records/ write
     transaction; returns the first seq given out: record i gets seq0 + i. An id stored
     before loses its older record, or with replace=False raises InputError (the
     transaction then writes nothing), as does an id given twice."""
     if not replace:
         seen = set()
-        for idk in idkeys:
+        for idk in (idkeys if isinstance(idkeys, list) else encode_ids(idkeys.tolist())):
             if idk in seen or txn.get(DB_IDS, idk) is not None:
                 raise InputError(f"id {decode_id(idk)!r:.80} is "
                                  f"{'given twice' if idk in seen else 'already stored'} "

@@ -89,3 +89,50 @@ def test_a_wide_bulk_load_goes_group_by_group_exactly(tmp_path, groups):
             want = {i: popcount(fp ^ q) for i, fp in stored.items() if popcount(fp ^ q) <= 7}
             assert {m.id: m.distance for m in idx.query(q)} == want
 
+
+# int ids given as a range or an integer array are encoded in C, without a Python object
+# per record: the same records as from a list of Python ints
+@pytest.mark.parametrize("ids", [
+    range(5, 2005), np.arange(5, 2005, dtype=np.int64), np.arange(5, 2005, dtype=np.uint32),
+    range(2**63 - 1000, 2**63 + 1000),           # past int64: the generic path
+])
+def test_int_ids_in_columns_store_the_same_records_as_a_list(tmp_path, ids):
+    fps = np.random.default_rng(1).integers(0, 2**64, len(ids), dtype=np.uint64)
+    fps[7] = fps[3] ^ 0b101                    # a planted near-duplicate
+    want = [int(i) for i in ids]
+    with simindex.Index(tmp_path / "a", k=3) as a, simindex.Index(tmp_path / "b", k=3) as b:
+        a.add_many(ids, fps)
+        b.add_many(want, fps)
+        assert len(a) == len(b) == len(want)
+        for i in (0, 3, 7, len(want) - 1):
+            assert a.get(want[i]) == b.get(want[i])
+            assert a.get(want[i]).fingerprint == int(fps[i])
+            assert type(a.get(want[i]).id) is int
+        assert a.query(int(fps[3])) == b.query(int(fps[3]))
+        assert {m.id for m in a.query(int(fps[3]))} >= {want[3], want[7]}
+        assert sorted(a.pairs()) == sorted(b.pairs())
+        assert a.get(str(want[0])) is None and a.get(str(want[0]).encode()) is None
+        # replacing: the same ids again keep one record each, the newest
+        a.add_many(ids, fps[::-1].copy())
+        assert len(a) == len(want)
+        assert a.get(want[0]).fingerprint == int(fps[-1])
+        assert a.verify() == []
+
+
+def test_int_id_columns_are_checked_first(tmp_path):
+    fps = np.zeros(3, dtype=np.uint64)
+    with simindex.Index(tmp_path / "i", k=3) as idx:
+        with pytest.raises(simindex.InputError, match=r"id -1 is out of range: .* \(at position 1\)"):
+            idx.add_many(np.array([4, -1, 5]), fps)
+        with pytest.raises(simindex.InputError, match=r"id -2 is out of range"):
+            idx.add_many(range(-2, 1), fps)
+        with pytest.raises(simindex.InputError, match="2 ids and 3 fingerprints"):
+            idx.add_many(range(2), fps)
+        assert len(idx) == 0
+        idx.add_many(range(3), fps)
+        # replace=False names a stored id, given as an array too
+        with pytest.raises(simindex.InputError, match="id 2 is already stored"):
+            idx.add_many(np.array([7, 2], dtype=np.uint64), fps[:2], replace=False)
+        with pytest.raises(simindex.InputError, match="id 9 is given twice"):
+            idx.add_many(np.array([9, 9], dtype=np.uint64), fps[:2], replace=False)
+        assert len(idx) == 3

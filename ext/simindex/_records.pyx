@@ -40,6 +40,10 @@ def checksum(bytes data not None, unsigned long start=0):
 
 
 # ---------------------------------------------------------------- writing records
+cdef enum:
+    INT_KEY = 9                  # an int id's records key: its type tag, then 8 bytes BE
+
+
 cdef struct IdRef:
     const char *p
     size_t n
@@ -71,12 +75,15 @@ cdef int _cmp_last(MDB_val *last, IdRef *first) noexcept nogil:
     return _cmp_idref(&x, first)
 
 
-def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
+def records_put(Txn txn, str ids_db, str seqs_db, idkeys not None,
                 fps not None, list metas not None, uint64_t next_seq):
     """Store records under fresh seqs, replacing an id's earlier record.
 
-    Returns (next_seq, replaced). `fps`: an (n,) uint64 array, or (n, words) for wide
-    fingerprints. `metas[i]` is the msgpack encoding of the meta value.
+    Returns (next_seq, replaced). `idkeys`: a list of records keys (bytes), or a uint64
+    array of int ids, whose keys are made here (no Python object per record: a bulk load
+    of 100M int ids built 100M bytes objects first). `fps`: an (n,) uint64 array, or
+    (n, words) for wide fingerprints. `metas[i]` is the msgpack encoding of the meta
+    value.
     Records are appended in seq order; ids are then written in key order, which LMDB
     does with far fewer page visits than in input order, and simply appended when every
     key is new and above the stored ones (ascending int ids, a fresh index).
@@ -97,6 +104,9 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
     cdef const uint64_t[:, ::1] fw
     cdef int words, w
     cdef size_t hdr
+    cdef const uint64_t[::1] int_ids
+    cdef char *keybuf = NULL
+    cdef bint listed = isinstance(idkeys, list)
     txn.check()
     fw = fps.reshape(-1, 1) if fps.ndim == 1 else fps
     words = <int>fw.shape[1]
@@ -105,14 +115,30 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
     hdr = record_header(words)
     if fw.shape[0] != n or len(metas) != n:
         raise ValueError("ids, fingerprints and metas differ in length")
+    if not listed:
+        int_ids = idkeys             # raises for anything but a 1-d uint64 array
     for i in range(n):
-        if not isinstance(idkeys[i], bytes) or not isinstance(metas[i], bytes):
+        if (listed and not isinstance(idkeys[i], bytes)) or not isinstance(metas[i], bytes):
             raise TypeError("id keys and metas must be bytes")
     if n == 0:
         return next_seq, 0
     refs = <IdRef *>malloc(n * sizeof(IdRef))
-    if refs == NULL:
+    if not listed:
+        keybuf = <char *>malloc(n * INT_KEY)
+    if refs == NULL or (not listed and keybuf == NULL):
+        free(refs)
         raise MemoryError()
+    for i in range(n):
+        refs[i].i = i
+        if listed:
+            idk = idkeys[i]
+            refs[i].p = PyBytes_AS_STRING(idk)
+            refs[i].n = PyBytes_GET_SIZE(idk)
+        else:
+            keybuf[i * INT_KEY] = <char>layout.ID_TAG_INT
+            bits.store_be64(keybuf + i * INT_KEY + 1, int_ids[i])
+            refs[i].p = keybuf + i * INT_KEY
+            refs[i].n = INT_KEY
     try:
         # one cursor for all the appends: a put through mdb_put descends from the root
         # each time, a cursor's append stays on the last page
@@ -121,13 +147,9 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
             cur = NULL
             raise error(rc, f"{txn.env.path}: writing a record failed")
         for i in range(n):
-            idk = idkeys[i]
             mb = metas[i]
-            idlen = PyBytes_GET_SIZE(idk)
+            idlen = refs[i].n
             mlen = PyBytes_GET_SIZE(mb)
-            refs[i].p = PyBytes_AS_STRING(idk)
-            refs[i].n = idlen
-            refs[i].i = i
             bits.store_be64(seqbuf, next_seq + i)
             sk.mv_size = 8
             sk.mv_data = seqbuf
@@ -195,6 +217,7 @@ def records_put(Txn txn, str ids_db, str seqs_db, list idkeys not None,
         if cur != NULL:
             mdb_cursor_close(cur)
         free(refs)
+        free(keybuf)
     return next_seq + n, replaced
 
 
