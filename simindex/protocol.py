@@ -33,10 +33,11 @@ RECORD_CHUNK = 1 << 18     # records per records/ transaction of a large add
 # bulk load wants one pass (2 GiB of seqs and fingerprints; 100M in 6 passes of 16.7M
 # built in 119 s to 23.1 B per entry, in one pass ~85 s to 10 B)
 APPLY_CHUNK = 1 << 27
-# table entries a pass sorts at once (64-bit; 1 GiB of keys and seqs): a pass with more
-# builds and writes its shards a group at a time, each group permuting every record again
-# but keeping only its own shards' entries
-SORT_ENTRIES = 1 << 26
+# table entries a pass sorts at once (64-bit; 2 GiB of keys and seqs): a pass with more
+# builds and writes its shards a group at a time, each group reading every record again
+# but permuting and sorting only its own shards' entries (100M records, 4 tables, 8
+# shards: 4 groups, peak ~5 GB with the pass's seqs and fingerprints)
+SORT_ENTRIES = 1 << 27
 LAG_LIMIT = 256            # records a shard with nothing new may stay behind
 # what a failed shard write leaves (added to its error message)
 SHARD_WRITE_FAILED = ("the records are committed and queries find them, and reopening the "

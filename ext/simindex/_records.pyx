@@ -170,7 +170,12 @@ def records_put(Txn txn, str ids_db, str seqs_db, idkeys not None,
             memcpy(p + hdr + idlen, PyBytes_AS_STRING(mb), mlen)
         mdb_cursor_close(cur)
         cur = NULL
-        qsort(refs, n, sizeof(IdRef), _cmp_idref)
+        # ids often come in key order (ascending int ids, a range): then there is nothing
+        # to sort (qsort took ~45 ms per 262,144 sorted ids, 17 s of a 100M build)
+        for j in range(1, n):
+            if _cmp_idref(&refs[j - 1], &refs[j]) > 0:
+                qsort(refs, n, sizeof(IdRef), _cmp_idref)
+                break
         # every key new and above the stored ones: append without looking anything up
         append = True
         for j in range(1, n):
