@@ -114,9 +114,11 @@ def du(path):
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
-def bench_simindex(fps, queries, k, sample, truth, rows, root, incremental):
+def bench_simindex(fps, queries, k, sample, truth, rows, root, incremental, plan=None):
     path = os.path.join(root, "simindex")
-    idx = simindex.Index(path, k=k, expected=len(fps))       # the size planner picks blocks, shards
+    # the size planner picks blocks and shards; --plan overrides the blocks
+    blocks, prefix = plan or (None, None)
+    idx = simindex.Index(path, k=k, expected=len(fps), blocks=blocks, prefix_blocks=prefix)
     _, dt = timed(lambda: idx.add_many(range(len(fps)), fps))
     rows.append(Row("simindex", "build (add_many, durable)", dt, "s"))
     idx.compact()
@@ -384,9 +386,13 @@ def main(argv=None):
     ap.add_argument("--incremental", type=int, default=None,
                     help="records added in batches of 1000 after the build (default: n)")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--plan", default=None, metavar="BLOCKS/PREFIX",
+                    help="blocks and prefix blocks of simindex's tables instead of the "
+                         "planner's (e.g. 5/2: 10 tables at k=3)")
     ap.add_argument("--simhash-py", default=None, metavar="SITE_PACKAGES",
                     help="site-packages of an environment where seomoz simhash-py is built")
     a = ap.parse_args(argv)
+    plan = tuple(int(x) for x in a.plan.split("/")) if a.plan else None
     fps, queries = make_data(a.n, a.queries, a.k)
     sample = list(range(0, len(queries), max(1, len(queries) // a.check)))
     truth = {i: brute(fps, int(queries[i]), a.k) for i in sample}
@@ -396,7 +402,7 @@ def main(argv=None):
           f"python {sys.version.split()[0]}; {os.cpu_count()} cores", flush=True)
     try:
         bench_simindex(fps, queries, a.k, sample, truth, rows, root,
-                       a.n if a.incremental is None else a.incremental)
+                       a.n if a.incremental is None else a.incremental, plan)
         bench_faiss(fps, queries, a.k, sample, truth, rows)
         bench_pypi_simhash(fps, queries, a.k, rows, min(a.n, a.simhash_n))
     finally:
