@@ -31,7 +31,7 @@ RECORD_CHUNK = 1 << 18     # records per records/ transaction of a large add
 # Each pass adds one run per table to a shard, and a later pass's run is merged into the
 # runs before it, rewriting their entries and leaving the old pages free in the file, so a
 # bulk load wants one pass (2 GiB of seqs and fingerprints; 100M in 6 passes of 16.7M
-# built in 119 s to 23.1 B per entry, in one pass ~85 s to 10 B)
+# built in 119 s to 23.1 B per entry, in one pass 70-81 s to 10.1 B)
 APPLY_CHUNK = 1 << 27
 # table entries a pass sorts at once (64-bit; 2 GiB of keys and seqs): a pass with more
 # builds and writes its shards a group at a time, each group reading every record again
