@@ -191,3 +191,42 @@ def test_a_key_ordered_batch_finds_records_no_table_holds_yet(tmp_path, shards):
     with simindex.Index(path, readonly=True) as ro:           # read-only: no catching up
         assert ro.stats()["unapplied"] == len(pending)
         check_all(ro, stored, planted_queries(rng, pending, 3, 60), 3)
+
+
+def distances(fps, q):
+    """Hamming distance of q to every fingerprint of an uint64 array (the bulk oracle)."""
+    x = np.bitwise_xor(fps, np.uint64(q))
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(x)
+    return np.unpackbits(x.view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1)
+
+
+# Runs of 40 to 150 blocks: a directory's top holds one key per group of 8 blocks, the last
+# group partial; a crowd of equal keys spans blocks and groups; plans without and with flips
+@pytest.mark.parametrize("k,blocks,prefix", [(3, 4, 1), (7, 8, 1), (3, 2, 1)])
+def test_runs_of_many_blocks_find_the_first_block_of_every_range(tmp_path, k, blocks, prefix):
+    rng = np.random.default_rng(k * 10 + blocks)
+    crowd = int(rng.integers(0, 2**64, dtype=np.uint64))
+    fps = np.concatenate([rng.integers(0, 2**64, 60_000, dtype=np.uint64),
+                          np.full(4000, crowd, np.uint64),
+                          np.full(3000, crowd ^ (1 << 63), np.uint64),
+                          np.full(2000, crowd ^ 1, np.uint64)])
+    rng.shuffle(fps)
+    pyrng = random.Random(k)
+    queries = [crowd, crowd ^ (1 << 62), crowd ^ 0b110]
+    for fp in rng.choice(fps, 60).tolist():
+        queries += [fp] + planted_family(pyrng, fp, k)
+    queries += rng.integers(0, 2**64, 100, dtype=np.uint64).tolist()
+    with simindex.Index(tmp_path / "i", k=k, blocks=blocks, prefix_blocks=prefix,
+                        shards=1) as idx:
+        idx.add_many(range(len(fps)), fps)
+        assert idx.stats()["runs"] == idx.stats()["tables"]     # one run of many blocks each
+        want = []
+        for q in queries:
+            d = distances(fps, q)
+            hit = np.nonzero(d <= k)[0]
+            want.append(dict(zip(hit.tolist(), d[hit].tolist())))
+        assert [{m.id: m.distance for m in idx.query(q)} for q in queries] == want
+        assert [{m.id: m.distance for m in ms} for ms in idx.query_many(queries)] == want
+        with hook.key_ordered_batches():
+            assert [{m.id: m.distance for m in ms} for ms in idx.query_many(queries)] == want

@@ -14,6 +14,10 @@ cdef enum ViewState:
     VIEW_ACTIVE = 2     # renewed for this call, its state parsed
 
 
+cdef enum:
+    DIR_GROUP = 8          # blocks per key of a directory's top (one cache line of keys)
+
+
 cdef struct RunDir:
     # A run's block directory: each block's last key and value, so a query finds its block
     # with a binary search here instead of an LMDB descent. Runs are never changed once
@@ -26,6 +30,7 @@ cdef struct RunDir:
     size_t n               # blocks (once built: at the first probe of the run)
     bint built
     uint64_t *last         # each block's last permuted key (non-decreasing)
+    uint64_t *top          # the last key of each group of DIR_GROUP blocks: searched first
     const uint8_t **data   # each block's value in the map
     uint32_t *size         # its size
     bint kept              # every value is in overflow pages
