@@ -376,6 +376,15 @@ def bench_simhash_py(fps, k, rows, site):
     rows.append(Row("seomoz simhash-py 0.4.0", f"find_all (blocks {k + 2})", dt, "s", ok))
 
 
+def plan_arg(text):
+    """--plan BLOCKS/PREFIX as two ints, or argparse's usage error naming the value."""
+    try:
+        blocks, prefix = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not BLOCKS/PREFIX, e.g. 5/2") from None
+    return blocks, prefix
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1_000_000)
@@ -386,13 +395,12 @@ def main(argv=None):
     ap.add_argument("--incremental", type=int, default=None,
                     help="records added in batches of 1000 after the build (default: n)")
     ap.add_argument("--json", help="also write the rows here")
-    ap.add_argument("--plan", default=None, metavar="BLOCKS/PREFIX",
+    ap.add_argument("--plan", type=plan_arg, default=None, metavar="BLOCKS/PREFIX",
                     help="blocks and prefix blocks of simindex's tables instead of the "
                          "planner's (e.g. 5/2: 10 tables at k=3)")
     ap.add_argument("--simhash-py", default=None, metavar="SITE_PACKAGES",
                     help="site-packages of an environment where seomoz simhash-py is built")
     a = ap.parse_args(argv)
-    plan = tuple(int(x) for x in a.plan.split("/")) if a.plan else None
     fps, queries = make_data(a.n, a.queries, a.k)
     sample = list(range(0, len(queries), max(1, len(queries) // a.check)))
     truth = {i: brute(fps, int(queries[i]), a.k) for i in sample}
@@ -402,7 +410,7 @@ def main(argv=None):
           f"python {sys.version.split()[0]}; {os.cpu_count()} cores", flush=True)
     try:
         bench_simindex(fps, queries, a.k, sample, truth, rows, root,
-                       a.n if a.incremental is None else a.incremental, plan)
+                       a.n if a.incremental is None else a.incremental, a.plan)
         bench_faiss(fps, queries, a.k, sample, truth, rows)
         bench_pypi_simhash(fps, queries, a.k, rows, min(a.n, a.simhash_n))
     finally:
