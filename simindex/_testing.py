@@ -27,6 +27,7 @@ KNOBS = {
     "initial_map": (environments, "INITIAL_MAP"),        # bytes an environment maps first
     "apply_chunk": (protocol, "APPLY_CHUNK"),            # records per shard application pass
     "sort_entries": (protocol, "SORT_ENTRIES"),          # entries a pass sorts at once
+    "group": (protocol, "GROUP_LIMIT"),                  # records add_many leaves unapplied
     "reader_check_every": (transactions, "READER_CHECK_EVERY"),   # seconds between reaps
 }
 
@@ -96,6 +97,13 @@ def key_ordered_batches(min_queries: int = 2) -> Iterator[None]:
         yield
     finally:
         _query.key_order(*old)
+
+
+def tail_counters(idx: Index) -> dict:
+    """Over the handle's pooled read contexts: unapplied records read from LMDB into their
+    kept tails ("loads"), and tables built over those tails ("builds")."""
+    pool = _store(idx).txns._pool
+    return {"loads": sum(c.tail_loads for c in pool), "builds": sum(c.tail_builds for c in pool)}
 
 
 def mapsizes(idx: Index) -> dict:

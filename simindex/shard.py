@@ -70,7 +70,8 @@ class ShardWriter:
         self.txn = txn
         self.tail_words = tail_words        # the further words of wide keys
         self.applied, runs, self.next_run = load_state(txn, ntables)
-        self.runs = [(int(r["table"]), int(r["run"]), int(r["count"])) for r in runs]
+        self.runs = list(zip(runs["table"].tolist(), runs["run"].tolist(),
+                             runs["count"].tolist()))
 
     def table_runs(self, table: int) -> list:
         return [(run, count) for (t, run, count) in self.runs if t == table]

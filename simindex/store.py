@@ -101,7 +101,8 @@ class Store:
                 if not sync:
                     self.buffer = writebuffer.WriteBuffer(
                         path, self.txns, self.records, self.write_lock,
-                        after_fold=lambda: self.catch_up(force=False), width=self.plan.width)
+                        after_fold=lambda: self.catch_up(lag=protocol.GROUP_LIMIT),
+                        width=self.plan.width)
         except BaseException as e:
             self.txns.close(sync=not readonly)    # what was replayed reaches the disk
             if isinstance(e, StorageError):
@@ -133,7 +134,8 @@ class Store:
         return self.txns.failed is not None
 
     def close(self) -> None:
-        """Wait for calls in progress, fold and flush, and close every environment."""
+        """Wait for calls in progress, fold, apply what group commit left to the shards,
+        flush, and close every environment."""
         if self.closed:
             return
         if self.pid != os.getpid():
@@ -153,6 +155,12 @@ class Store:
                     except Error as e:
                         error = e              # raised once everything is closed
                 self.buffer.close()
+            if not self.readonly and not self.failed and error is None:
+                try:
+                    # what group commit left behind: readers then check no unapplied tail
+                    protocol.catch_up(self.txns, self.plan)
+                except Error as e:
+                    error = e
             try:
                 self.txns.close(sync=not self.readonly)
             finally:
@@ -212,7 +220,7 @@ class Store:
         self.check_writable()
         with self.write_lock:
             protocol.commit(self.txns, self.records, idkeys, fps, metas, replace)
-            self.catch_up(force=False, jobs=jobs)
+            self.catch_up(lag=protocol.GROUP_LIMIT, jobs=jobs)
 
     def add_unique(self, idkey: bytes, fp: int, meta: bytes, k: int) -> list:
         """Insert unless a stored record is within k bits; the core's hits of those that
@@ -230,7 +238,7 @@ class Store:
         with self.write_lock:
             found = self.txns.write(self.records, admit)
             if not found:
-                self.catch_up(force=False)
+                self.catch_up(lag=protocol.LAG_LIMIT)
         return found
 
     def remove(self, idkey: bytes) -> bool:
@@ -238,10 +246,11 @@ class Store:
         with self.write_lock:
             return self.txns.write(self.records, lambda txn: records.remove(txn, idkey))
 
-    def catch_up(self, force: bool = True, jobs: int = 1) -> None:
-        """Bring the shards up to the last committed record (protocol.catch_up)."""
+    def catch_up(self, lag: int = 0, jobs: int = 1) -> None:
+        """Bring the shards up to the last committed record, or within `lag` records of it
+        (protocol.catch_up)."""
         with self.write_lock:
-            protocol.catch_up(self.txns, self.plan, force=force, jobs=jobs)
+            protocol.catch_up(self.txns, self.plan, lag=lag, jobs=jobs)
 
     def compact(self) -> None:
         """Merge each table's runs in each shard into one, dropping removed entries."""

@@ -23,6 +23,20 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.fixture(autouse=True)
+def group_commit(request):
+    """In this process tests apply every batch to the shards at once (group commit off), so
+    small batches still make the runs, merges and blocks they are written to reach. Tests
+    marked group_commit (test_group_commit.py) run with the shipped GROUP_LIMIT, and so do
+    child processes."""
+    from simindex import _testing
+    if request.node.get_closest_marker("group_commit"):
+        yield
+    else:
+        with _testing.tuned(group=0):
+            yield
+
+
 def fp_of(i, width=64):
     """A fixed, well-spread fingerprint for record number i (at 128 and 256 bits, one such
     word per 64 bits, each shifted by its own constant)."""

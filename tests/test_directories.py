@@ -187,6 +187,7 @@ def test_a_key_ordered_batch_finds_records_no_table_holds_yet(tmp_path, shards):
     with simindex.Index(path, k=3, shards=shards) as idx:
         idx.add_many(list(applied), list(applied.values()))
         hook.commit_unapplied(idx, list(pending), np.array(list(pending.values()), np.uint64))
+        hook.crash(idx)                          # a writer killed: close() would apply them
     stored = {**applied, **pending}
     with simindex.Index(path, readonly=True) as ro:           # read-only: no catching up
         assert ro.stats()["unapplied"] == len(pending)

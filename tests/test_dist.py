@@ -369,6 +369,7 @@ def test_a_wide_cluster_answers_like_the_index(local_ray, tmp_path, width, k, bl
         # committed but applied by no shard (a writer killed): the cluster catches them up
         _testing.commit_unapplied(idx, [i for i, _ in items[q:2 * q]],
                                   as_words([f for _, f in items[q:2 * q]], width))
+        _testing.crash(idx)                      # close() would apply them
     with simindex.Index(path, readonly=True) as idx:
         assert idx.stats()["unapplied"] == q
         text_fp = idx.fingerprint("a text")

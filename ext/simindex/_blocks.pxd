@@ -100,3 +100,5 @@ cdef struct RunList:
 cdef int read_state(MDB_txn *txn, MDB_dbi state_dbi, int ntables,
                     RunList *out) noexcept nogil
 cdef void free_state(RunList *out) noexcept nogil
+
+cdef int sort_pairs(uint64_t *keys, uint64_t *seqs, size_t n) noexcept nogil

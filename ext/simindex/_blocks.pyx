@@ -195,6 +195,22 @@ cdef int _sort_part(const uint64_t *ik, const uint64_t *iq, uint64_t *ok, uint64
     return rc
 
 
+cdef int sort_pairs(uint64_t *keys, uint64_t *seqs, size_t n) noexcept nogil:
+    """Sort n (key, seq) pairs in place by (key, seq), as runs store them (a query's table
+    of unapplied records): one bucket sort through a scratch copy. 0 or NO_MEMORY."""
+    cdef uint64_t *sk = <uint64_t *>malloc(2 * n * sizeof(uint64_t) + 1)
+    cdef size_t *counts = <size_t *>malloc(((<size_t>1 << _bucket_bits(n)) + 1) *
+                                           sizeof(size_t))
+    cdef int rc = NO_MEMORY
+    if sk != NULL and counts != NULL:
+        memcpy(sk, keys, n * sizeof(uint64_t))
+        memcpy(sk + n, seqs, n * sizeof(uint64_t))
+        rc = _sort_part(sk, sk + n, keys, seqs, n, 64, counts)
+    free(sk)
+    free(counts)
+    return rc
+
+
 cdef int _sort_parts(const uint64_t *keys, const uint64_t *seqs, uint64_t *ok, uint64_t *oq,
                      size_t n, int top) noexcept nogil:
     """Split n entries by the PARTITION_BITS bits below `top` into (ok, oq), then sort each

@@ -79,6 +79,16 @@ cdef struct HitBuf:
     size_t cap
 
 
+cdef struct TailTables:
+    # the kept unapplied records of a 64-bit index as tables of their own: each table's
+    # permuted keys and seqs sorted, so a query probes them as it probes a run
+    uint64_t *keys           # ntables x n
+    uint64_t *seqs
+    size_t n
+    const Tables *tb         # the tables they were built for
+    bint ok
+
+
 cdef class ReadContext(Handle):
     cdef list envs
     cdef Env records
@@ -95,6 +105,20 @@ cdef class ReadContext(Handle):
     cdef MDB_dbi seqs_dbi
     cdef size_t psize
     cdef readonly size_t anomalies
+    # the unapplied records of this context's last own records snapshot, kept across calls:
+    # every record of seq ctail_from..ctail_upto that snapshot held (or held since removed)
+    cdef Tail ctail
+    cdef uint64_t ctail_from, ctail_upto
+    cdef bint ctail_ok
+    cdef readonly size_t tail_loads   # records read from LMDB into ctail (tests, tools)
+    cdef TailTables ttab
+    cdef size_t tail_work              # records passed over on ctail since it changed
+    cdef readonly size_t tail_builds   # tail tables built (tests, tools)
+    cdef int _tail(self, MDB_cursor *cur, uint64_t start, uint64_t last, int words,
+                   Tail **out) noexcept nogil
+    cdef int _tail_check(self, const Tables *tb, Tail *tail, uint64_t applied,
+                         const uint64_t *q, int words, int k, size_t nq,
+                         HitBuf *hits) noexcept nogil
     cdef int _begin_records(self) noexcept nogil
     cdef int _activate(self, int s, int ntables) noexcept nogil
     cdef void _release(self) noexcept nogil

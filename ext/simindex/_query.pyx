@@ -28,9 +28,9 @@ from simindex._lmdb cimport (
 from simindex._permute cimport Permuter, WidePermuter, Tables, permute, prefix_range
 from simindex._blocks cimport (
     Block, RunList, open_block, open_value, key_at, seq_at, tail_at, read_state, free_state,
-)
+    sort_pairs)
 from simindex._records cimport (
-    Tail, load_tail, free_tail, record_id_meta, record_fp, record_header,
+    Tail, load_tail, drop_tail_below, free_tail, record_id_meta, record_fp, record_header,
 )
 from simindex._join cimport PairBuf, pair_push, pair_arrays, free_pairs
 from simindex.errors import MapResizedError
@@ -597,12 +597,116 @@ cdef int _cmp_item(const void *a, const void *b) noexcept nogil:
     return (x.qi > y.qi) - (x.qi < y.qi)
 
 
+cdef int _tail_hits64(const uint64_t *seq, const uint64_t *fp, size_t n, uint64_t applied,
+                      uint64_t x, int k, HitBuf *hits) noexcept nogil:
+    """_tail_hits of 64-bit fingerprints: four independent popcounts a step, and a branch
+    only where one is within k (a tail of 4,096 is one pass per query: ~1 ns a record)."""
+    cdef size_t j = 0, i
+    cdef unsigned m
+    cdef int rc
+    while j + 4 <= n:
+        m = (<unsigned>(bits.popcount(fp[j] ^ x) <= k)) | \
+            (<unsigned>(bits.popcount(fp[j + 1] ^ x) <= k) << 1) | \
+            (<unsigned>(bits.popcount(fp[j + 2] ^ x) <= k) << 2) | \
+            (<unsigned>(bits.popcount(fp[j + 3] ^ x) <= k) << 3)
+        if m:
+            for i in range(4):
+                if m >> i & 1 and seq[j + i] > applied:
+                    rc = _hit_push(hits, seq[j + i], bits.popcount(fp[j + i] ^ x))
+                    if rc:
+                        return rc
+        j += 4
+    while j < n:
+        if bits.popcount(fp[j] ^ x) <= k and seq[j] > applied:
+            rc = _hit_push(hits, seq[j], bits.popcount(fp[j] ^ x))
+            if rc:
+                return rc
+        j += 1
+    return 0
+
+
+cdef enum:
+    TAIL_TABLES_MIN = 256    # unapplied records below which a pass is all a query needs
+    TAIL_BUILD_COST = 32     # a table entry's build (permute, sort) against a pass's record
+
+
+cdef void _free_tail_tables(TailTables *tt) noexcept nogil:
+    free(tt.keys)
+    free(tt.seqs)
+    memset(tt, 0, sizeof(TailTables))
+
+
+cdef int _build_tail_tables(TailTables *tt, const Tables *tb, Tail *tail) noexcept nogil:
+    """Each table's permuted keys of the kept tail's records, sorted with their seqs."""
+    cdef size_t n = tail.n, i
+    cdef int t, rc
+    cdef uint64_t *k
+    cdef uint64_t *q
+    _free_tail_tables(tt)
+    tt.keys = <uint64_t *>malloc(<size_t>tb.ntables * n * sizeof(uint64_t))
+    tt.seqs = <uint64_t *>malloc(<size_t>tb.ntables * n * sizeof(uint64_t))
+    if tt.keys == NULL or tt.seqs == NULL:
+        _free_tail_tables(tt)
+        return NO_MEMORY
+    for t in range(tb.ntables):
+        k = tt.keys + <size_t>t * n
+        q = tt.seqs + <size_t>t * n
+        for i in range(n):
+            k[i] = permute(tb, t, tail.fp[i])
+            q[i] = tail.seq[i]
+        rc = sort_pairs(k, q, n)
+        if rc:
+            _free_tail_tables(tt)
+            return rc
+    tt.n = n
+    tt.tb = tb
+    tt.ok = True
+    return 0
+
+
+cdef int _probe_tail_tables(TailTables *tt, const Tables *tb, uint64_t applied, uint64_t x,
+                            int k, HitBuf *hits) noexcept nogil:
+    """The tail's records above `applied` within k of x, found as in runs: every probe's
+    prefix range by binary search in each table, its keys checked by popcount (a record
+    within k shares a probed prefix in some table, so this is exact as the index is)."""
+    cdef size_t n = tt.n, a, b, m
+    cdef int t, s0, s1, d, rc
+    cdef uint32_t j
+    cdef uint64_t pk, lo, hi
+    cdef const uint64_t *keys
+    cdef const uint64_t *seqs
+    for t in range(tb.ntables):
+        pk = permute(tb, t, x)
+        keys = tt.keys + <size_t>t * n
+        seqs = tt.seqs + <size_t>t * n
+        for j in range(tb.probe_start[t], tb.probe_start[t + 1]):
+            prefix_range(tb, t, pk ^ tb.probe[j], &lo, &hi, &s0, &s1)
+            a = 0
+            b = n
+            while a < b:
+                m = (a + b) >> 1
+                if keys[m] < lo:
+                    a = m + 1
+                else:
+                    b = m
+            while a < n and keys[a] <= hi:
+                d = bits.popcount(keys[a] ^ pk)
+                if d <= k and seqs[a] > applied:
+                    rc = _hit_push(hits, seqs[a], d)
+                    if rc:
+                        return rc
+                a += 1
+    return 0
+
+
 cdef int _tail_hits(Tail *tail, uint64_t applied, const uint64_t *q, int k,
                     HitBuf *hits) noexcept nogil:
     """Check the tail records above `applied` (missing from some table) against q directly
     (q: the fingerprint's words, tail.words of them)."""
     cdef size_t j, w, rest = tail.words - 1 if tail.words > 1 else 0
     cdef int d, rc
+    if rest == 0:
+        return _tail_hits64(tail.seq, tail.fp, tail.n, applied, q[0], k, hits)
     for j in range(tail.n):
         if tail.seq[j] > applied:
             d = bits.popcount(tail.fp[j] ^ q[0])
@@ -790,6 +894,9 @@ cdef class ReadContext(Handle):
                 mdb_txn_abort(self.rec_txn)
             self.rec_txn = NULL
         self.rec_state = VIEW_NEW
+        free_tail(&self.ctail)
+        self.ctail_ok = False
+        _free_tail_tables(&self.ttab)
 
     def close(self):
         self.invalidate()
@@ -816,6 +923,68 @@ cdef class ReadContext(Handle):
         else:
             rc = mdb_cursor_renew(self.rec_txn, self.rec_cur)
         return rc
+
+    cdef int _tail(self, MDB_cursor *cur, uint64_t start, uint64_t last, int words,
+                   Tail **out) noexcept nogil:
+        """The records of seq >= start in this call's own records snapshot (newest seq
+        `last`; `cur` on its seqs), kept across calls: a later snapshot reads only the
+        records committed since, and drops those every shard has applied since.
+
+        Own snapshots only: committed seqs are never handed out again, so a kept record
+        is either still there or removed (and a hit on it is dropped when its record is
+        resolved). A given transaction may hold uncommitted records and loads its own."""
+        cdef Tail *c = &self.ctail
+        cdef size_t had
+        cdef bint changed = False
+        cdef int rc = 0
+        if not self.ctail_ok or c.words != words or start < self.ctail_from or \
+                last < self.ctail_upto:
+            free_tail(c)                     # a first load, or the snapshot went back
+            c.words = words
+            self.ctail_from = start
+            self.ctail_upto = start - 1
+            changed = True
+        if start > self.ctail_from:
+            had = c.n
+            drop_tail_below(c, start)
+            self.ctail_from = start
+            changed |= c.n != had
+        if last > self.ctail_upto:
+            had = c.n
+            rc = load_tail(cur, self.ctail_upto + 1, c)
+            if rc:
+                self.ctail_ok = False
+                self.ttab.ok = False
+                return rc
+            self.tail_loads += c.n - had
+            self.ctail_upto = last
+            changed |= c.n != had
+        if changed:                          # its tables are stale
+            self.ttab.ok = False
+            self.tail_work = 0
+        self.ctail_ok = True
+        out[0] = c
+        return 0
+
+    cdef int _tail_check(self, const Tables *tb, Tail *tail, uint64_t applied,
+                         const uint64_t *q, int words, int k, size_t nq,
+                         HitBuf *hits) noexcept nogil:
+        """Check the unapplied records above `applied` against q (`nq`: the queries of the
+        call not yet counted). A pass over them; or, on a 64-bit index once the kept tail
+        has served enough queries to pay for it, its own tables probed like runs."""
+        cdef int rc
+        if tail != &self.ctail or words != 1 or tail.n < TAIL_TABLES_MIN:
+            return _tail_hits(tail, applied, q, k, hits)
+        if not (self.ttab.ok and self.ttab.tb == tb):
+            # ski rental: build once the passes have cost what a build costs
+            self.tail_work += nq * tail.n
+            if self.tail_work < <size_t>TAIL_BUILD_COST * <size_t>tb.ntables * tail.n:
+                return _tail_hits(tail, applied, q, k, hits)
+            rc = _build_tail_tables(&self.ttab, tb, tail)
+            if rc:
+                return rc
+            self.tail_builds += 1
+        return _probe_tail_tables(&self.ttab, tb, applied, q[0], k, hits)
 
     cdef int _activate(self, int s, int ntables) noexcept nogil:
         """Begin (or renew) shard s's read txn and read its state: applied seq and runs.
@@ -1203,7 +1372,9 @@ cdef class ReadContext(Handle):
         cdef size_t *qstart = NULL
         cdef size_t r
         cdef Tail tail
+        cdef Tail *tp = &tail          # the call's tail: its own, or the context's kept one
         cdef bint tail_loaded = False
+        cdef bint counted = False       # the call's queries counted towards the tail
         cdef MDB_txn *rtxn = NULL
         cdef MDB_cursor *rc_cur = NULL
         cdef MDB_val key, val
@@ -1283,10 +1454,12 @@ cdef class ReadContext(Handle):
                                 self.views[s].runs.applied < minA:
                             minA = self.views[s].runs.applied
                     if rc == 0 and last > minA:
-                        rc = load_tail(rc_cur, minA + 1, &tail)
+                        rc = self._tail(rc_cur, minA + 1, last, words, &tp) if own else \
+                            load_tail(rc_cur, minA + 1, &tail)
                         while qi < n and rc == 0:
                             r = hits.n
-                            rc = _tail_hits(&tail, minA, queries + qi * words, k, &hits)
+                            rc = self._tail_check(tb, tp, minA, queries + qi * words, words,
+                                                  k, n if qi == 0 else 0, &hits)
                             while r < hits.n:
                                 hits.h[r].q = <size_t>qi
                                 r += 1
@@ -1339,11 +1512,15 @@ cdef class ReadContext(Handle):
                                     minAll = self.views[s].runs.applied
                             if rc:
                                 break
-                            rc = load_tail(rc_cur, minAll + 1, &tail)
+                            rc = self._tail(rc_cur, minAll + 1, last, words, &tp) \
+                                if own else load_tail(rc_cur, minAll + 1, &tail)
                             if rc:
                                 break
                             tail_loaded = True
-                        rc = _tail_hits(&tail, minA, qp, k, &hits)
+                        # the call's queries from here on count once towards its tables
+                        rc = self._tail_check(tb, tp, minA, qp, words, k,
+                                              0 if counted else <size_t>(n - qi), &hits)
+                        counted = True
                         if rc:
                             break
                     if n == 1:

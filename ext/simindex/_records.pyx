@@ -10,7 +10,7 @@ import numpy as np
 
 from libc.stdint cimport uint8_t, uint64_t
 from libc.stdlib cimport malloc, realloc, free, qsort
-from libc.string cimport memcmp, memcpy, memset
+from libc.string cimport memcmp, memcpy, memmove, memset
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
@@ -376,6 +376,24 @@ cdef int _read_tail(MDB_cursor *cur, uint64_t start, size_t limit, Tail *tail) n
 cdef int load_tail(MDB_cursor *cur, uint64_t start, Tail *tail) noexcept nogil:
     """Load (seq, fp) of every record with seq >= start: those not yet in every table."""
     return _read_tail(cur, start, 0, tail)
+
+
+cdef void drop_tail_below(Tail *tail, uint64_t start) noexcept nogil:
+    """Drop the records below seq `start` from the front of a tail (seq order)."""
+    cdef size_t lo = 0, hi = tail.n, mid, rest = tail.words - 1 if tail.words > 1 else 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tail.seq[mid] < start:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == 0:
+        return
+    tail.n -= lo
+    memmove(tail.seq, tail.seq + lo, tail.n * 8)
+    memmove(tail.fp, tail.fp + lo, tail.n * 8)
+    if rest:
+        memmove(tail.rest, tail.rest + lo * rest, tail.n * rest * 8)
 
 
 cdef void free_tail(Tail *tail) noexcept nogil:
