@@ -99,6 +99,17 @@ def key_ordered_batches(min_queries: int = 2) -> Iterator[None]:
         _query.key_order(*old)
 
 
+@contextmanager
+def tail_tables(min_records: int) -> Iterator[None]:
+    """During the block, a read context builds tables over its kept unapplied records from
+    `min_records` of them on (0: from any; a huge number: never, a pass over them)."""
+    old = _query.tail_tables(min_records)
+    try:
+        yield
+    finally:
+        _query.tail_tables(old)
+
+
 def tail_counters(idx: Index) -> dict:
     """Over the handle's pooled read contexts: unapplied records read from LMDB into their
     kept tails ("loads"), and tables built over those tails ("builds")."""

@@ -93,6 +93,9 @@ def test_the_tables_over_the_unapplied_records_answer_as_a_pass_over_them(tmp_pa
         one, many, keyed = answers(idx, queries)
         assert hook.tail_counters(idx)["builds"] == 1    # a batch paid for its tables
         assert (one, many, keyed) == (want, want, want)
+        with hook.tail_tables(1 << 62):                  # never tables: passes over it
+            assert list(answers(idx, queries)) == [want] * 3
+        assert hook.tail_counters(idx)["builds"] == 1
         # records removed and replaced meanwhile: kept tail and tables follow the snapshot
         gone = rng.sample(list(pending), 100)
         for i in gone:

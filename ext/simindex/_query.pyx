@@ -629,6 +629,18 @@ cdef enum:
     TAIL_TABLES_MIN = 256    # unapplied records below which a pass is all a query needs
     TAIL_BUILD_COST = 32     # a table entry's build (permute, sort) against a pass's record
 
+cdef size_t _tail_tables_min = TAIL_TABLES_MIN          # (tests and tools: tail_tables())
+
+
+def tail_tables(min_records=None):
+    """The kept unapplied records from which a read context may build tables over them;
+    a given value replaces it (0: from any number; a huge one: always a pass)."""
+    global _tail_tables_min
+    old = _tail_tables_min
+    if min_records is not None:
+        _tail_tables_min = min_records
+    return old
+
 
 cdef void _free_tail_tables(TailTables *tt) noexcept nogil:
     free(tt.keys)
@@ -973,7 +985,7 @@ cdef class ReadContext(Handle):
         call not yet counted). A pass over them; or, on a 64-bit index once the kept tail
         has served enough queries to pay for it, its own tables probed like runs."""
         cdef int rc
-        if tail != &self.ctail or words != 1 or tail.n < TAIL_TABLES_MIN:
+        if tail != &self.ctail or words != 1 or tail.n < _tail_tables_min or tail.n == 0:
             return _tail_hits(tail, applied, q, k, hits)
         if not (self.ttab.ok and self.ttab.tb == tb):
             # ski rental: build once the passes have cost what a build costs
@@ -1454,8 +1466,18 @@ cdef class ReadContext(Handle):
                                 self.views[s].runs.applied < minA:
                             minA = self.views[s].runs.applied
                     if rc == 0 and last > minA:
-                        rc = self._tail(rc_cur, minA + 1, last, words, &tp) if own else \
-                            load_tail(rc_cur, minA + 1, &tail)
+                        # the kept tail starts where every shard's applied seq ends, as for
+                        # single queries, so calls of both kinds keep one list
+                        minAll = minA
+                        for s in range(self.nshards):
+                            rc = self._activate(s, T)
+                            if rc:
+                                break
+                            if self.views[s].runs.applied < minAll:
+                                minAll = self.views[s].runs.applied
+                        if rc == 0:
+                            rc = self._tail(rc_cur, minAll + 1, last, words, &tp) if own \
+                                else load_tail(rc_cur, minA + 1, &tail)
                         while qi < n and rc == 0:
                             r = hits.n
                             rc = self._tail_check(tb, tp, minA, queries + qi * words, words,
