@@ -110,6 +110,22 @@ def test_the_tables_over_the_unapplied_records_answer_as_a_pass_over_them(tmp_pa
         assert hook.tail_counters(idx)["loads"] == len(pending) + 50   # only what was new
 
 
+def test_removing_the_newest_waiting_records_reads_nothing_again(tmp_path):
+    rng = random.Random(4)
+    stored = {f"w{i}": rng.getrandbits(64) for i in range(600)}
+    with simindex.Index(tmp_path / "i", k=3, shards=2) as idx:
+        idx.add_many(list(stored), list(stored.values()))
+        assert idx.stats()["unapplied"] == 600              # waiting for their group
+        queries = list(stored.values())[-50:]
+        check(idx, stored, queries, 3)
+        loads = hook.tail_counters(idx)["loads"]
+        for i in list(stored)[-20:]:                        # the newest seqs go
+            idx.remove(i)
+            del stored[i]
+        check(idx, stored, queries, 3)
+        assert hook.tail_counters(idx)["loads"] == loads    # the kept list served
+
+
 @given(st.one_of(st.just(0), st.just(2**64 - 1), st.integers(0, 2**64 - 1)),
        st.lists(st.integers(0, 63), min_size=0, max_size=4), st.integers(0, 3),
        st.randoms(use_true_random=False))

@@ -600,7 +600,7 @@ cdef int _cmp_item(const void *a, const void *b) noexcept nogil:
 cdef int _tail_hits64(const uint64_t *seq, const uint64_t *fp, size_t n, uint64_t applied,
                       uint64_t x, int k, HitBuf *hits) noexcept nogil:
     """_tail_hits of 64-bit fingerprints: four independent popcounts a step, and a branch
-    only where one is within k (a tail of 4,096 is one pass per query: ~1 ns a record)."""
+    only where one is within k (~0.5 ns a record)."""
     cdef size_t j = 0, i
     cdef unsigned m
     cdef int rc
@@ -942,16 +942,16 @@ cdef class ReadContext(Handle):
         `last`; `cur` on its seqs), kept across calls: a later snapshot reads only the
         records committed since, and drops those every shard has applied since.
 
-        Own snapshots only: committed seqs are never handed out again, so a kept record
-        is either still there or removed (and a hit on it is dropped when its record is
-        resolved). A given transaction may hold uncommitted records and loads its own."""
+        Own snapshots only: they only move forward and committed seqs are never handed out
+        again, so a kept record is either still there or removed (a hit on it is dropped
+        when its record is resolved; a newest seq below the kept ones means they were
+        removed). A given transaction may hold uncommitted records and loads its own."""
         cdef Tail *c = &self.ctail
         cdef size_t had
         cdef bint changed = False
         cdef int rc = 0
-        if not self.ctail_ok or c.words != words or start < self.ctail_from or \
-                last < self.ctail_upto:
-            free_tail(c)                     # a first load, or the snapshot went back
+        if not self.ctail_ok or c.words != words or start < self.ctail_from:
+            free_tail(c)                     # a first load (or, never seen, a lower start)
             c.words = words
             self.ctail_from = start
             self.ctail_upto = start - 1
