@@ -116,6 +116,8 @@ cdef class ReadContext(Handle):
     cdef readonly size_t tail_builds   # tail tables built (tests, tools)
     cdef int _tail(self, MDB_cursor *cur, uint64_t start, uint64_t last, int words,
                    Tail **out) noexcept nogil
+    cdef int _waiting(self, MDB_cursor *cur, uint64_t last, int words, int ntables, bint own,
+                      Tail *local, Tail **out) noexcept nogil
     cdef int _tail_check(self, const Tables *tb, Tail *tail, uint64_t applied,
                          const uint64_t *q, int words, int k, size_t nq,
                          HitBuf *hits) noexcept nogil

@@ -978,6 +978,24 @@ cdef class ReadContext(Handle):
         out[0] = c
         return 0
 
+    cdef int _waiting(self, MDB_cursor *cur, uint64_t last, int words, int ntables, bint own,
+                      Tail *local, Tail **out) noexcept nogil:
+        """The committed records not yet in every shard (above the lowest applied seq of
+        all of them, so single queries and batches share one kept list): the context's kept
+        list for its own snapshots, else loaded into `local`."""
+        cdef uint64_t low = 0xFFFFFFFFFFFFFFFF
+        cdef int s, rc
+        for s in range(self.nshards):
+            rc = self._activate(s, ntables)
+            if rc:
+                return rc
+            if self.views[s].runs.applied < low:
+                low = self.views[s].runs.applied
+        if own:
+            return self._tail(cur, low + 1, last, words, out)
+        out[0] = local
+        return load_tail(cur, low + 1, local)
+
     cdef int _tail_check(self, const Tables *tb, Tail *tail, uint64_t applied,
                          const uint64_t *q, int words, int k, size_t nq,
                          HitBuf *hits) noexcept nogil:
@@ -1379,7 +1397,7 @@ cdef class ReadContext(Handle):
         cdef ProbeBuf probes
         cdef Py_ssize_t qi
         cdef int T = tb.ntables, t, s, s0, s1, rc = 0
-        cdef uint64_t pk, lo, hi, last = 0, minA, minAll
+        cdef uint64_t pk, lo, hi, last = 0, minA
         cdef HitBuf hits
         cdef size_t *qstart = NULL
         cdef size_t r
@@ -1466,18 +1484,7 @@ cdef class ReadContext(Handle):
                                 self.views[s].runs.applied < minA:
                             minA = self.views[s].runs.applied
                     if rc == 0 and last > minA:
-                        # the kept tail starts where every shard's applied seq ends, as for
-                        # single queries, so calls of both kinds keep one list
-                        minAll = minA
-                        for s in range(self.nshards):
-                            rc = self._activate(s, T)
-                            if rc:
-                                break
-                            if self.views[s].runs.applied < minAll:
-                                minAll = self.views[s].runs.applied
-                        if rc == 0:
-                            rc = self._tail(rc_cur, minAll + 1, last, words, &tp) if own \
-                                else load_tail(rc_cur, minA + 1, &tail)
+                        rc = self._waiting(rc_cur, last, words, T, own, &tail, &tp)
                         while qi < n and rc == 0:
                             r = hits.n
                             rc = self._tail_check(tb, tp, minA, queries + qi * words, words,
@@ -1525,17 +1532,7 @@ cdef class ReadContext(Handle):
                     if last > minA:
                         # Records committed but not yet in every table: check them directly.
                         if not tail_loaded:
-                            minAll = minA
-                            for s in range(self.nshards):
-                                rc = self._activate(s, T)
-                                if rc:
-                                    break
-                                if self.views[s].runs.applied < minAll:
-                                    minAll = self.views[s].runs.applied
-                            if rc:
-                                break
-                            rc = self._tail(rc_cur, minAll + 1, last, words, &tp) \
-                                if own else load_tail(rc_cur, minAll + 1, &tail)
+                            rc = self._waiting(rc_cur, last, words, T, own, &tail, &tp)
                             if rc:
                                 break
                             tail_loaded = True
