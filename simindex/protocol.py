@@ -20,6 +20,7 @@ from typing import Optional
 import numpy as np
 
 from . import records
+from ._blocks import sort_entries
 from ._lmdb import Env, Txn
 from ._permute import Permuter
 from .plan import Plan
@@ -34,9 +35,10 @@ RECORD_CHUNK = 1 << 18     # records per records/ transaction of a large add
 # built in 119 s to 23.1 B per entry, in one pass 70-81 s to 10.1 B)
 APPLY_CHUNK = 1 << 27
 # table entries a pass sorts at once (64-bit; 2 GiB of keys and seqs): a pass with more
-# builds and writes its shards a group at a time, each group reading every record again
-# but permuting and sorting only its own shards' entries (100M records, 4 tables, 8
-# shards: 4 groups, peak ~5 GB with the pass's seqs and fingerprints)
+# builds and writes its shards a group at a time, each group gathering its own entries of
+# every table in one pass over the records (by their shard ids, computed once) and
+# sorting them, in buffers every group fills again (100M records, 10 tables, 8 shards:
+# 8 groups, peak 14 GB with the pass's seqs and fingerprints)
 SORT_ENTRIES = 1 << 27
 # Group commit: add_many commits its records (the durability point) and applies them to
 # the shards only once they lag by this many records, so batches of 1,000 pay one records
@@ -76,36 +78,52 @@ class Entries:
     load's group of shards, or a Ray shard server's part."""
 
     def __init__(self, plan: Plan, seqs: np.ndarray, fps: np.ndarray,
-                 shards: Optional[tuple] = None, ids: Optional[np.ndarray] = None) -> None:
-        """`ids`: plan.permuter.shard_ids(fps) when the caller already has it (64-bit)."""
+                 shards: Optional[tuple] = None, split: Optional[tuple] = None,
+                 work: Optional[tuple] = None) -> None:
+        """`split`: plan.permuter.shard_ids(fps) when the caller already has it (64-bit);
+        `work`: group_buffers' arrays to fill (a bulk load's groups reuse them)."""
         self.plan = plan
         self.first = int(seqs[0]) if len(seqs) else 0
-        self.tables = []
-        bounds = np.arange(plan.shards + 1, dtype=np.uint64)
+        self.tables: list = []
         lo, hi = shards if shards is not None else (0, plan.shards)
         part = bool(plan.shard_bits) and (lo, hi) != (0, plan.shards)
         perm = plan.permuter
-        if part and isinstance(perm, Permuter) and ids is None:
-            ids = perm.shard_ids(fps)
+        if part and isinstance(perm, Permuter):
+            self._gather(perm, seqs, fps, lo, hi, split or perm.shard_ids(fps), work)
+            return
         for t in range(plan.ntables):
-            if part and isinstance(perm, Permuter) and ids is not None:
-                # compiled: permute only this group's records, found by their shard ids
-                keys, sq = perm.shard_keys(t, fps, seqs, ids[t], lo, hi)
-                tails = None
-            else:
-                keys, sq, tails = perm.keys(t, fps), seqs, None
-                if keys.ndim == 2:       # wide: sorted by the first word, the rest carried
-                    keys, tails = np.ascontiguousarray(keys[:, 0]), keys[:, 1:]
-                if part:
-                    s = plan.shard_of_keys(keys)
-                    mine = (s >= np.uint64(lo)) & (s < np.uint64(hi))
-                    keys, sq = keys[mine], sq[mine]
-                    tails = None if tails is None else tails[mine]
+            keys, sq, tails = perm.keys(t, fps), seqs, None
+            if keys.ndim == 2:       # wide: sorted by the first word, the rest carried
+                keys, tails = np.ascontiguousarray(keys[:, 0]), keys[:, 1:]
+            if part:
+                s = plan.shard_of_keys(keys)
+                mine = (s >= np.uint64(lo)) & (s < np.uint64(hi))
+                keys, sq = keys[mine], sq[mine]
+                tails = None if tails is None else tails[mine]
             keys, sq, tails = sorted_entries(keys, sq, tails)
             # keys are sorted, and a shard is a range of leading bits: split by search
-            cuts = np.searchsorted(plan.shard_of_keys(keys), bounds) if plan.shard_bits \
-                else np.array([0, len(keys)])
+            cuts = np.concatenate(([0], np.searchsorted(keys, _shard_starts(plan)),
+                                   [len(keys)]))
             self.tables.append((keys, sq, tails, cuts))
+
+    def _gather(self, perm, seqs, fps, lo, hi, split, work):
+        """64-bit, a group of shards: every table's entries gathered in one pass over the
+        records by their shard ids, then each table's sorted (into `work` when given)."""
+        ids, counts = split
+        own = counts[:, lo:hi]                      # entries per table and shard
+        sizes = own.sum(axis=1) + 1                 # + gather_shards' spare slot
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        ak, aq, bk, bq = work if work is not None else group_buffers(counts, hi - lo)
+        got = perm.gather_shards(fps, seqs, ids, lo, hi, ak, aq, starts)
+        if not np.array_equal(got, sizes - 1):
+            raise ValueError("shard ids and their counts disagree")
+        for t in range(self.plan.ntables):
+            a, b = int(starts[t]), int(starts[t] + got[t])
+            keys, sq = sort_entries(ak[a:b], aq[a:b], bk[a:b], bq[a:b])
+            cuts = np.zeros(self.plan.shards + 1, dtype=np.int64)
+            cuts[lo + 1:hi + 1] = np.cumsum(own[t])
+            cuts[hi + 1:] = got[t]
+            self.tables.append((keys, sq, None, cuts))
 
     def of(self, table: int, shard: int) -> tuple:
         """(keys, seqs, tails or None) of `table` in `shard`, sorted (tails: the further
@@ -113,6 +131,22 @@ class Entries:
         keys, sq, tails, cuts = self.tables[table]
         a, b = cuts[shard], cuts[shard + 1]
         return keys[a:b], sq[a:b], None if tails is None else tails[a:b]
+
+
+def group_buffers(counts: np.ndarray, group: int) -> tuple:
+    """Four uint64 arrays (gathered keys and seqs, sorted keys and seqs) big enough for
+    the entries of any `group` consecutive shards (`counts`: shard_ids' second array).
+    A bulk load's groups fill the same pages one after another: fresh arrays per group
+    had the kernel zero 4 GB per group (100M records, 10 tables: 20 s of a 143 s build)."""
+    ntables, shards = counts.shape
+    size = max(int(counts[:, lo:lo + group].sum()) for lo in range(0, shards, group))
+    return tuple(np.empty(size + ntables, dtype=np.uint64) for _ in range(4))
+
+
+def _shard_starts(plan: Plan) -> np.ndarray:
+    """The first key of each shard but the first (a shard is a range of leading bits)."""
+    return np.arange(1, plan.shards, dtype=np.uint64) << np.uint64(64 - plan.shard_bits) \
+        if plan.shard_bits else np.zeros(0, dtype=np.uint64)
 
 
 def apply(txn: Txn, plan: Plan, shard: int, entries: Entries, last: int,
@@ -168,12 +202,15 @@ def catch_up(txns: Transactions, plan: Plan, lag: int = 0, jobs: int = 1) -> Non
         top = int(seqs[-1])
         per_shard = max(1, len(seqs) * plan.ntables * plan.words // plan.shards)
         group = min(plan.shards, max(jobs, SORT_ENTRIES // per_shard, 1))
-        # each record's shard in every table, permuted once for all the groups
-        ids = plan.permuter.shard_ids(fps) \
-            if group < plan.shards and isinstance(plan.permuter, Permuter) else None
+        # each record's shard in every table, permuted once for all the groups, and the
+        # buffers every group fills again
+        split = work = None
+        if group < plan.shards and isinstance(plan.permuter, Permuter):
+            split = plan.permuter.shard_ids(fps)
+            work = group_buffers(split[1], group)
         for lo in range(0, plan.shards, group):
             hi = min(plan.shards, lo + group)
-            entries = Entries(plan, seqs, fps, shards=(lo, hi), ids=ids)
+            entries = Entries(plan, seqs, fps, shards=(lo, hi), split=split, work=work)
             todo = [s for s in range(lo, hi) if top - applied[s] >= lag]
             _apply_shards(txns, plan, shards, entries, top, todo, jobs)
             del entries                  # before the next group's are made

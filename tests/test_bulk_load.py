@@ -8,6 +8,7 @@ import pytest
 
 import simindex
 from simindex import _testing, protocol
+from simindex.plan import Plan
 from conftest import brute
 from test_exact import build_data
 
@@ -18,9 +19,9 @@ def groups(monkeypatch):
     seen = []
     make = protocol.Entries.__init__
 
-    def spy(self, plan, seqs, fps, shards=None, ids=None):
+    def spy(self, plan, seqs, fps, shards=None, **kw):
         seen.append(tuple(shards) if shards is not None else None)
-        make(self, plan, seqs, fps, shards, ids)
+        make(self, plan, seqs, fps, shards, **kw)
     monkeypatch.setattr(protocol.Entries, "__init__", spy)
     return seen
 
@@ -136,3 +137,126 @@ def test_int_id_columns_are_checked_first(tmp_path):
         with pytest.raises(simindex.InputError, match="id 9 is given twice"):
             idx.add_many(np.array([9, 9], dtype=np.uint64), fps[:2], replace=False)
         assert len(idx) == 3
+
+
+# ---------------------------------------------------------------- the compiled steps of a pass
+# plans: the paper's (5/2: 10 tables), one table, 1-bit blocks, and 2-bit blocks narrower
+# than the 3 shard bits (shard ids then come from the whole permutation)
+PLANS = [(3, 5, 2), (3, 4, 1), (0, 1, 1), (2, 32, 30), (1, 64, 63)]
+
+
+def plan_fps(n, seed):
+    fps = np.random.default_rng(seed).integers(0, 2**64, n, dtype=np.uint64)
+    return np.concatenate([fps, np.array([0, 2**64 - 1, 1, 2**63], dtype=np.uint64)])
+
+
+@pytest.mark.parametrize("k,blocks,prefix", PLANS)
+def test_permuted_keys_are_the_documented_permutation(k, blocks, prefix):
+    from test_wide_plans import reference_key
+    plan = Plan(k=k, blocks=blocks, prefix_blocks=prefix, shards=8)
+    fps = plan_fps(300, 1)
+    for t in range(min(plan.ntables, 12)):
+        assert plan.permuter.keys(t, fps).tolist() == \
+            [reference_key(plan, t, int(f)) for f in fps]
+
+
+@pytest.mark.parametrize("k,blocks,prefix", PLANS)
+def test_shard_ids_are_the_leading_bits_of_each_key_and_count_them(k, blocks, prefix):
+    plan = Plan(k=k, blocks=blocks, prefix_blocks=prefix, shards=8)
+    fps = plan_fps(5000, 2)
+    ids, counts = plan.permuter.shard_ids(fps)
+    assert ids.shape == (plan.ntables, len(fps)) and counts.shape == (plan.ntables, 8)
+    for t in range(plan.ntables):
+        want = (plan.permuter.keys(t, fps) >> np.uint64(61)).astype(np.uint8)
+        assert (ids[t] == want).all()
+        assert counts[t].tolist() == np.bincount(want, minlength=8).tolist()
+
+
+def gather_reference(plan, fps, seqs, ids, lo, hi):
+    out = []
+    for t in range(plan.ntables):
+        mine = (ids[t] >= lo) & (ids[t] < hi)
+        out.append((plan.permuter.keys(t, fps)[mine], seqs[mine]))
+    return out
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 1), (7, 8), (2, 5), (0, 8)])
+@pytest.mark.parametrize("spare", [1, 3])
+def test_gather_shards_takes_every_tables_entries_of_a_group_in_input_order(lo, hi, spare):
+    plan = Plan(k=3, blocks=5, prefix_blocks=2, shards=8)
+    # 40,000 records: the blocks of 2,048 that cannot fill a region take the fast loop,
+    # the last ones the loop that stays within it
+    fps = plan_fps(40_000, 3)
+    seqs = np.arange(10, 10 + 3 * len(fps), 3, dtype=np.uint64)
+    ids, counts = plan.permuter.shard_ids(fps)
+    sizes = counts[:, lo:hi].sum(axis=1) + spare
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    ok = np.zeros(int(sizes.sum()), dtype=np.uint64)
+    oq = np.zeros_like(ok)
+    got = plan.permuter.gather_shards(fps, seqs, ids, lo, hi, ok, oq, starts)
+    for t, (keys, sq) in enumerate(gather_reference(plan, fps, seqs, ids, lo, hi)):
+        a = int(starts[t])
+        assert got[t] == len(keys)
+        assert (ok[a:a + got[t]] == keys).all() and (oq[a:a + got[t]] == sq).all()
+
+
+def test_gather_shards_refuses_regions_it_would_overrun():
+    plan = Plan(k=3, blocks=4, prefix_blocks=1, shards=8)
+    fps = plan_fps(3000, 4)
+    seqs = np.arange(len(fps), dtype=np.uint64)
+    ids, counts = plan.permuter.shard_ids(fps)
+    sizes = counts[:, 2] + 1
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    ok, oq = np.zeros(int(sizes.sum()), dtype=np.uint64), np.zeros(int(sizes.sum()),
+                                                                    dtype=np.uint64)
+    gather = plan.permuter.gather_shards
+    gather(fps, seqs, ids, 2, 3, ok, oq, starts)                  # exactly enough
+    tight = starts.copy()
+    tight[2] -= 1                          # table 1's region one slot short: no spare
+    with pytest.raises(ValueError, match="too small"):
+        gather(fps, seqs, ids, 2, 3, ok, oq, tight)
+    with pytest.raises(ValueError, match="too small"):
+        gather(fps, seqs, ids, 2, 3, ok[:-1], oq[:-1], starts)    # the last table's
+    with pytest.raises(ValueError, match="empty or out of order"):
+        gather(fps, seqs, ids, 2, 3, ok, oq, starts[::-1].copy())
+    with pytest.raises(ValueError, match="out of range"):
+        gather(fps, seqs, ids, 3, 3, ok, oq, starts)
+    with pytest.raises(ValueError, match="differ in shape"):
+        gather(fps[1:], seqs, ids, 2, 3, ok, oq, starts)
+
+
+def test_sort_entries_sorts_into_given_buffers_and_checks_them():
+    from simindex._blocks import sort_entries
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 1000, 300_000):            # above 2**18: through the partitions
+        keys = rng.integers(0, 2**64, n, dtype=np.uint64)
+        keys[: n // 3] = keys[n // 3: 2 * (n // 3)]            # equal keys, seq decides
+        seqs = rng.permutation(n).astype(np.uint64)
+        bk, bq = np.empty(n + 5, dtype=np.uint64), np.empty(n + 5, dtype=np.uint64)
+        got_k, got_s = sort_entries(keys, seqs, bk, bq)
+        order = np.lexsort((seqs, keys))
+        assert (got_k == keys[order]).all() and (got_s == seqs[order]).all()
+        assert len(got_k) == n and np.shares_memory(got_k, bk) if n else True
+    keys = np.arange(10, dtype=np.uint64)
+    buf = np.empty(30, dtype=np.uint64)
+    with pytest.raises(ValueError, match="at least as many"):
+        sort_entries(keys, keys.copy(), buf[:9], buf[10:20])
+    with pytest.raises(ValueError, match="at least as many"):
+        sort_entries(keys, keys.copy(), buf[:10])
+    with pytest.raises(ValueError, match="share memory"):
+        sort_entries(keys, keys.copy(), buf[:10], buf[5:15])
+    with pytest.raises(ValueError, match="share memory"):
+        sort_entries(buf[:10], keys, buf[10:20], buf[5:15])
+
+
+def test_a_bulk_load_fills_one_set_of_buffers_group_after_group(tmp_path, monkeypatch, groups):
+    made = []
+    real = protocol.group_buffers
+    monkeypatch.setattr(protocol, "group_buffers",
+                        lambda counts, group: made.append(group) or real(counts, group))
+    stored, queries = build_data(3, seed=13)
+    with _testing.tuned(sort_entries=10), simindex.Index(tmp_path / "i", k=3, shards=8) as idx:
+        idx.add_many(list(stored), np.array(list(stored.values()), dtype=np.uint64))
+        assert made == [1] and groups == [(s, s + 1) for s in range(8)]
+        assert [{m.id: m.distance for m in ms} for ms in idx.query_many(queries)] == \
+            [brute(stored, q, 3) for q in queries]

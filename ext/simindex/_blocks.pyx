@@ -253,7 +253,8 @@ cdef int _sort_parts(const uint64_t *keys, const uint64_t *seqs, uint64_t *ok, u
     return rc
 
 
-def sort_entries(const uint64_t[::1] keys not None, const uint64_t[::1] seqs not None):
+def sort_entries(const uint64_t[::1] keys not None, const uint64_t[::1] seqs not None,
+                 out_k=None, out_s=None):
     """(keys, seqs) of a table's entries sorted by (key, seq), as runs store them.
 
     A bucket sort by the bits below the keys' common prefix (about 8 entries per bucket:
@@ -262,15 +263,31 @@ def sort_entries(const uint64_t[::1] keys not None, const uint64_t[::1] seqs not
     O(n log n). Above SORT_IN_CACHE entries the keys are first split into 256 parts by
     their leading bits and each part is bucket-sorted within the cache: one scatter into
     millions of buckets misses the cache and TLB at every write (12.5M keys: 40 ns per
-    entry in one level, 24 in two)."""
+    entry in one level, 24 in two).
+
+    With `out_k` and `out_s` (uint64 arrays of at least as many entries, sharing no memory
+    with the input), the sorted entries go to their front, returned as views: a bulk load
+    sorts group after group into the same pages, which the kernel then zeroes only once."""
     cdef size_t n = keys.shape[0], i
     cdef int top, rc = 0
     cdef uint64_t diff = 0
     cdef size_t *counts = NULL
     if seqs.shape[0] != <Py_ssize_t>n:
         raise ValueError("keys and seqs differ in length")
-    out_k = np.empty(n, dtype=np.uint64)
-    out_s = np.empty(n, dtype=np.uint64)
+    if out_k is None and out_s is None:
+        out_k = np.empty(n, dtype=np.uint64)
+        out_s = np.empty(n, dtype=np.uint64)
+    else:
+        if out_k is None or out_s is None or len(out_k) < <Py_ssize_t>n or \
+                len(out_s) < <Py_ssize_t>n:
+            raise ValueError("out_k and out_s must both hold at least as many entries")
+        out_k = out_k[:n]
+        out_s = out_s[:n]
+        ins = (np.asarray(keys), np.asarray(seqs))
+        if np.may_share_memory(out_k, out_s) or \
+                any(np.may_share_memory(a, b) for a in (out_k, out_s) for b in ins):
+            raise ValueError("out_k and out_s must not share memory with the input or "
+                             "each other")
     if n == 0:
         return out_k, out_s
     cdef uint64_t[::1] ok = out_k

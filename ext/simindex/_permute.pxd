@@ -11,18 +11,26 @@ cdef struct Tables:
     uint8_t *src_shift      # ntables x nblocks: where block j of table t comes from...
     uint8_t *dst_shift      # ...and where it goes
     uint64_t *bmask         # ntables x nblocks: the block's width as a mask
+    uint8_t *rot            # ntables x nblocks: the key as rotations of the fingerprint,
+    uint64_t *rmask         # each masked to the bits it places (blocks moving by the same
+    uint8_t *nrot           # rotation share one); ntables: how many each table takes
     uint64_t *pmask         # ntables: the table's prefix as a mask over the permuted key
     int flips               # a query probes every prefix within this many bits of its own
     uint64_t *probe         # the XOR masks of those prefixes, table after table...
     uint32_t *probe_start   # ...table t's from probe_start[t] to probe_start[t + 1]
 
 
+cdef inline uint64_t rotl64(uint64_t x, unsigned int r) noexcept nogil:
+    return (x << r) | (x >> ((64 - r) & 63))     # one rol instruction
+
+
 cdef inline uint64_t permute(const Tables *p, int t, uint64_t fp) noexcept nogil:
-    """The permuted key of `fp` in table `t`: the chosen blocks first, then the rest."""
+    """The permuted key of `fp` in table `t`: the chosen blocks first, then the rest (a
+    rotate and a mask per distinct move: a third of the shift-mask-shift per block)."""
     cdef uint64_t r = 0
     cdef int j, base = t * p.nblocks
-    for j in range(p.nblocks):
-        r |= ((fp >> p.src_shift[base + j]) & p.bmask[base + j]) << p.dst_shift[base + j]
+    for j in range(p.nrot[t]):
+        r |= rotl64(fp, p.rot[base + j]) & p.rmask[base + j]
     return r
 
 
