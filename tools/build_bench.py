@@ -1,0 +1,80 @@
+"""A bulk build of an empty index against faiss's multi-hash `add`, in interleaved rounds.
+
+    python tools/build_bench.py [--n 100000000] [--plan 5/2] [--rounds 3] [--root DIR]
+
+The same data as tools/bench.py (fixed seed, near-duplicates planted). Each round times
+simindex's `add_many` into a new index (durable: it returns after the fsyncs) and faiss
+IndexBinaryMultiHash 4x16's `add` (in RAM, one thread), one after the other, and frees
+both before the next. A single build takes minutes at 100M and this machine's memory
+system drifts between runs (faiss's own `add` measured 119-143 s at 100M), so the ratio
+is reported per round, as the median and range of the rounds.
+"""
+
+import argparse
+import gc
+import os
+import shutil
+import sys
+import tempfile
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+import simindex  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench import du, make_data, plan_arg, timed  # noqa: E402
+
+
+def build_simindex(fps, root, k, plan):
+    path = os.path.join(root, "simindex")
+    blocks, prefix = plan or (None, None)
+    with simindex.Index(path, k=k, expected=len(fps), blocks=blocks,
+                        prefix_blocks=prefix) as idx:
+        _, dt = timed(lambda: idx.add_many(range(len(fps)), fps))
+        st = idx.stats()
+    tables = sum(du(os.path.join(path, d)) for d in os.listdir(path) if d.startswith("shard-"))
+    shutil.rmtree(path)
+    return dt, st["tables"], st["shards"], tables / len(fps) / st["tables"]
+
+
+def build_faiss(fps):
+    import faiss
+    faiss.omp_set_num_threads(1)
+    index = faiss.IndexBinaryMultiHash(64, 4, 16)
+    _, dt = timed(lambda: index.add(fps.view(np.uint8).reshape(-1, 8)))
+    return dt                           # the index is freed on return
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=100_000_000)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--plan", type=plan_arg, default=None, metavar="BLOCKS/PREFIX",
+                    help="blocks and leading blocks instead of the planner's (5/2: 10 tables)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--root", default=None, help="where the index is built (a temp dir)")
+    a = ap.parse_args()
+    fps, _ = make_data(a.n, 10, a.k)
+    root = tempfile.mkdtemp(dir=a.root)
+    ratios = []
+    try:
+        for r in range(a.rounds):
+            s, tables, shards, disk = build_simindex(fps, root, a.k, a.plan)
+            gc.collect()
+            f = build_faiss(fps)
+            gc.collect()
+            ratios.append(s / f)
+            print(f"round {r + 1}: simindex {s:.1f} s ({tables} tables, {shards} shards, "
+                  f"{disk:.1f} B per entry), faiss 4x16 add {f:.1f} s: {s / f:.2f}x",
+                  flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    ratios.sort()
+    print(f"n={a.n:,}: build / faiss 4x16 add, median {np.median(ratios):.2f}x "
+          f"({ratios[0]:.2f}-{ratios[-1]:.2f}x over {len(ratios)} rounds)")
+
+
+if __name__ == "__main__":
+    main()
