@@ -4,16 +4,18 @@
 
 The same data as tools/bench.py (fixed seed, near-duplicates planted). Each round times
 simindex's `add_many` into a new index (durable: it returns after the fsyncs) and faiss
-IndexBinaryMultiHash 4x16's `add` (in RAM, one thread), one after the other, and frees
-both before the next. A single build takes minutes at 100M and this machine's memory
-system drifts between runs (faiss's own `add` measured 119-143 s at 100M), so the ratio
-is reported per round, as the median and range of the rounds.
+IndexBinaryMultiHash 4x16's `add` (in RAM, one thread), one after the other, each in a
+fresh process that loads the data first (untimed). Fresh processes, because on this VM
+the first touch of fresh memory costs ~4 µs per 4 KiB page and a build allocates
+gigabytes: faiss's 100M `add` took 119-143 s in tools/bench.py's process and 30 s in one
+whose heap held pages another build had freed. The ratio is reported per round, as the
+median and range of the rounds.
 """
 
 import argparse
-import gc
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -47,6 +49,22 @@ def build_faiss(fps):
     return dt                           # the index is freed on return
 
 
+def child(system, data, root, k, plan):
+    """Build in this (fresh) process and print the figures as one line."""
+    fps = np.load(data)
+    if system == "faiss":
+        print(build_faiss(fps))
+    else:
+        print(*build_simindex(fps, root, k, plan))
+
+
+def run_child(system, data, root, a):
+    args = [sys.executable, os.path.abspath(__file__), "--child", system, data, root,
+            "--k", str(a.k)] + (["--plan", "%d/%d" % a.plan] if a.plan else [])
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout.split()
+    return [float(x) for x in out]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=100_000_000)
@@ -55,19 +73,22 @@ def main():
                     help="blocks and leading blocks instead of the planner's (5/2: 10 tables)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--root", default=None, help="where the index is built (a temp dir)")
+    ap.add_argument("--child", nargs=3, metavar=("SYSTEM", "DATA", "ROOT"),
+                    help=argparse.SUPPRESS)
     a = ap.parse_args()
-    fps, _ = make_data(a.n, 10, a.k)
+    if a.child:
+        return child(*a.child, a.k, a.plan)
     root = tempfile.mkdtemp(dir=a.root)
     ratios = []
     try:
+        data = os.path.join(root, "fps.npy")
+        np.save(data, make_data(a.n, 10, a.k)[0])
         for r in range(a.rounds):
-            s, tables, shards, disk = build_simindex(fps, root, a.k, a.plan)
-            gc.collect()
-            f = build_faiss(fps)
-            gc.collect()
+            s, tables, shards, disk = run_child("simindex", data, root, a)
+            f, = run_child("faiss", data, root, a)
             ratios.append(s / f)
-            print(f"round {r + 1}: simindex {s:.1f} s ({tables} tables, {shards} shards, "
-                  f"{disk:.1f} B per entry), faiss 4x16 add {f:.1f} s: {s / f:.2f}x",
+            print(f"round {r + 1}: simindex {s:.1f} s ({tables:.0f} tables, {shards:.0f} "
+                  f"shards, {disk:.1f} B per entry), faiss 4x16 add {f:.1f} s: {s / f:.2f}x",
                   flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
