@@ -113,7 +113,7 @@ class Entries:
         own = counts[:, lo:hi]                      # entries per table and shard
         sizes = own.sum(axis=1) + 1                 # + gather_shards' spare slot
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
-        ak, aq, bk, bq = work if work is not None else group_buffers(counts, hi - lo)
+        ak, aq, bk, bq = work if work is not None else group_buffers(own, hi - lo)
         got = perm.gather_shards(fps, seqs, ids, lo, hi, ak, aq, starts)
         if not np.array_equal(got, sizes - 1):
             raise ValueError("shard ids and their counts disagree")

@@ -1,19 +1,17 @@
 # The block-permutation tables in C form (ext/simindex/_permute.pyx): per table, where each
 # block of a fingerprint goes in its permuted key, and the mask of the key's prefix. The
 # key and shard-range functions are inline here so every scan loop compiles them in.
-from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int8_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 
 cdef struct Tables:
     int ntables
     int nblocks
     int shard_bits          # a shard is a range of keys sharing these leading bits
-    uint8_t *src_shift      # ntables x nblocks: where block j of table t comes from...
-    uint8_t *dst_shift      # ...and where it goes
-    uint64_t *bmask         # ntables x nblocks: the block's width as a mask
     uint8_t *rot            # ntables x nblocks: the key as rotations of the fingerprint,
     uint64_t *rmask         # each masked to the bits it places (blocks moving by the same
     uint8_t *nrot           # rotation share one); ntables: how many each table takes
+    int8_t *shard_shift     # ntables: the shard is (fp >> this) & its mask, -1: permute
     uint64_t *pmask         # ntables: the table's prefix as a mask over the permuted key
     int flips               # a query probes every prefix within this many bits of its own
     uint64_t *probe         # the XOR masks of those prefixes, table after table...

@@ -11,7 +11,7 @@ from itertools import combinations
 
 import numpy as np
 
-from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int8_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
 
 cimport simindex.layout as layout
@@ -26,15 +26,13 @@ cdef class Permuter:
 
     def __cinit__(self, list widths, list orders, list prefix_bits, int shard_bits,
                   int flips=0):
-        cdef int m = len(widths), T = len(orders), t, j, b, start, cum
+        cdef int m = len(widths), T = len(orders), t, j, b, start, cum, dst
         cdef list src = []
         cdef list masks
-        self.c.src_shift = NULL
-        self.c.dst_shift = NULL
-        self.c.bmask = NULL
         self.c.rot = NULL
         self.c.rmask = NULL
         self.c.nrot = NULL
+        self.c.shard_shift = NULL
         self.c.pmask = NULL
         self.c.probe = NULL
         self.c.probe_start = NULL
@@ -44,40 +42,35 @@ cdef class Permuter:
         self.c.nblocks = self.nblocks = m
         self.c.ntables = self.ntables = T
         self.c.shard_bits = self.shard_bits = shard_bits
-        self.c.src_shift = <uint8_t *>malloc(T * m)
-        self.c.dst_shift = <uint8_t *>malloc(T * m)
-        self.c.bmask = <uint64_t *>malloc(T * m * sizeof(uint64_t))
         self.c.pmask = <uint64_t *>malloc(T * sizeof(uint64_t))
         self.c.rot = <uint8_t *>malloc(T * m)
         self.c.rmask = <uint64_t *>malloc(T * m * sizeof(uint64_t))
         self.c.nrot = <uint8_t *>malloc(T)
-        if not (self.c.src_shift and self.c.dst_shift and self.c.bmask and self.c.pmask and
-                self.c.rot and self.c.rmask and self.c.nrot):
+        self.c.shard_shift = <int8_t *>malloc(T)
+        if not (self.c.pmask and self.c.rot and self.c.rmask and self.c.nrot and
+                self.c.shard_shift):
             raise MemoryError()
         start = 0
         for b in range(m):
-            src.append(64 - start - widths[b])
+            src.append(64 - start - widths[b])      # where block b's bits sit in a fingerprint
             start += widths[b]
         for t in range(T):
             if sorted(orders[t]) != list(range(m)):
                 raise ValueError("table order must be a permutation of the blocks")
-            cum = 0
-            for j in range(m):
-                b = orders[t][j]
-                self.c.src_shift[t * m + j] = src[b]
-                self.c.dst_shift[t * m + j] = 64 - cum - widths[b]
-                self.c.bmask[t * m + j] = 0xFFFFFFFFFFFFFFFF if widths[b] == 64 \
-                    else ((<uint64_t>1 << widths[b]) - 1)
-                cum += widths[b]
             moves = {}              # rotation -> the destination bits it fills
-            for j in range(m):
-                r = (64 + self.c.dst_shift[t * m + j] - self.c.src_shift[t * m + j]) % 64
-                moves[r] = moves.get(r, 0) | \
-                    (self.c.bmask[t * m + j] << self.c.dst_shift[t * m + j]) & 0xFFFFFFFFFFFFFFFF
+            cum = 0
+            for b in orders[t]:
+                dst = 64 - cum - widths[b]
+                r = (64 + dst - src[b]) % 64
+                moves[r] = moves.get(r, 0) | (((1 << widths[b]) - 1) << dst)
+                cum += widths[b]
             self.c.nrot[t] = len(moves)
             for j, r in enumerate(sorted(moves)):
                 self.c.rot[t * m + j] = r
                 self.c.rmask[t * m + j] = moves[r]
+            b = orders[t][0]
+            self.c.shard_shift[t] = src[b] + widths[b] - shard_bits \
+                if widths[b] >= shard_bits else -1
             self.c.pmask[t] = 0 if prefix_bits[t] == 0 else \
                 (0xFFFFFFFFFFFFFFFF << (64 - prefix_bits[t])) & 0xFFFFFFFFFFFFFFFF
         # the probes: XOR masks of at most `flips` bits among each table's prefix bits,
@@ -100,12 +93,10 @@ cdef class Permuter:
             self.c.probe[j] = masks[j]
 
     def __dealloc__(self):
-        free(self.c.src_shift)
-        free(self.c.dst_shift)
-        free(self.c.bmask)
         free(self.c.rot)
         free(self.c.rmask)
         free(self.c.nrot)
+        free(self.c.shard_shift)
         free(self.c.pmask)
         free(self.c.probe)
         free(self.c.probe_start)
@@ -146,7 +137,7 @@ cdef class Permuter:
         counts = np.zeros((self.c.ntables, 1 << sb), dtype=np.int64)
         cdef uint8_t[:, ::1] o = out
         cdef int64_t[:, ::1] c = counts
-        cdef int m = self.c.nblocks, lead, sh
+        cdef int sh
         cdef uint64_t mask = (<uint64_t>1 << sb) - 1
         with nogil:
             for t in range(self.c.ntables):
@@ -154,14 +145,18 @@ cdef class Permuter:
                     c[t, 0] = n
                     continue
                 # the shard bits lead the key, so they are the top bits of its first block:
-                # one shift, not a whole permutation (6.8 ns a key here), when it is wide enough
-                lead = 64 - self.c.dst_shift[t * m]
-                sh = self.c.src_shift[t * m] + lead - sb
-                for i in range(n):
-                    s = <uint8_t>((fps[i] >> sh) & mask) if lead >= sb else \
-                        <uint8_t>(permute(&self.c, t, fps[i]) >> (64 - sb))
-                    o[t, i] = s
-                    c[t, s] += 1
+                # one shift, not a whole permutation, when that block is wide enough
+                sh = self.c.shard_shift[t]
+                if sh >= 0:
+                    for i in range(n):
+                        s = <uint8_t>((fps[i] >> sh) & mask)
+                        o[t, i] = s
+                        c[t, s] += 1
+                else:
+                    for i in range(n):
+                        s = <uint8_t>(permute(&self.c, t, fps[i]) >> (64 - sb))
+                        o[t, i] = s
+                        c[t, s] += 1
         return out, counts
 
     def gather_shards(self, const uint64_t[::1] fps, const uint64_t[::1] seqs,
@@ -367,12 +362,10 @@ cdef class WidePermuter:
         self.c.pmask = self.pmask
         self.c.probe = self.probe
         self.c.probe_start = self.probe_start
-        self.c.src_shift = NULL
-        self.c.dst_shift = NULL
-        self.c.bmask = NULL
         self.c.rot = NULL
         self.c.rmask = NULL
         self.c.nrot = NULL
+        self.c.shard_shift = NULL
 
     def __dealloc__(self):
         free(self.seg)
