@@ -177,6 +177,86 @@ def test_batches_leave_the_collector_as_they_found_it_and_matches_with_container
         assert gc.is_tracked(with_meta)             # its dict could come to hold it
 
 
+def test_batches_from_two_threads_leave_the_collector_on(tmp_path):
+    """Two batches building their results at once (their metas decoded by Python code, so
+    their threads take turns) keep the collector paused until the last one is done."""
+    import gc
+    import sys
+    import threading
+    with simindex.Index(tmp_path / "i", k=3) as idx:
+        idx.add_many([(i, fp_of(i), {"n": [i]}) for i in range(400)])
+        qs = [fp_of(i) for i in range(400)]
+        want = idx.query_many(qs)
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        try:
+            got = [None] * 4
+
+            def run(t):
+                for _ in range(20):
+                    got[t] = idx.query_many(qs)
+            threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(interval)
+        assert got == [want] * 4
+        assert gc.isenabled()
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_batch_matches_of_every_kind_of_record_equal_single_queries(tmp_path, shards):
+    """Matches of an int id with no meta are made from what the scan found; every other
+    record is decoded from its stored value. Both give the same Match, in the same order
+    (distance, then insertion), whatever their mix in a batch."""
+    records = [(0, None), (1, None), (2 ** 63, None), (2 ** 64 - 1, None),
+               (5, 0), (6, False), (7, {"a": 1}), (8, b""), ("text", None), (b"raw", None),
+               ("", None), (9, None)]
+    base = [fp_of(i) for i in range(len(records))]
+    with simindex.Index(tmp_path / "i", k=3, shards=shards) as idx:
+        for n, (rid, meta) in enumerate(records):
+            # each record has a twin at 1 bit and at 3 bits of its base, and record 9
+            # ties with record 1 (same fingerprint, added later)
+            idx.add(rid, base[n] if rid != 9 else base[1], meta)
+        idx.add(4, base[0] ^ 0b1)
+        idx.add("four", base[0] ^ 0b111 << 61)
+        idx.remove(2 ** 63)
+        idx.add(1, base[1])                        # replaced: moves after 9 in the tie
+        queries = [b ^ (1 << (n % 64)) for n, b in enumerate(base)] + [base[0], base[1]]
+        many = idx.query_many(queries)
+        assert many == [idx.query(q) for q in queries]
+        for q, ms in zip(queries, many):
+            for m in ms:
+                assert type(m) is simindex.Match and m.distance == bin(m.fingerprint ^ q).count("1")
+        assert [(m.id, m.distance) for m in many[-2]] == [(0, 0), (4, 1), ("four", 3)]
+        assert [(m.id, m.distance) for m in many[-1]] == [(9, 0), (1, 0)]
+        got = {m.id: m for ms in many for m in ms}
+        assert 2 ** 63 not in got
+        for rid, meta in records:
+            if rid != 2 ** 63:
+                assert type(got[rid].id) is type(rid) and got[rid].meta == meta
+                assert type(got[rid].meta) is type(meta)
+        assert got[2 ** 64 - 1].fingerprint == base[3]
+
+
+def test_big_batches_resolve_many_hits_of_one_record_in_order(tmp_path):
+    """A batch of 20,000 queries with ~60,000 hits spread over 6,000 records, many queries
+    hitting the same record: every query's matches equal its own single query's."""
+    rng = np.random.default_rng(5)
+    fps = rng.integers(0, 2 ** 64, 6000, dtype=np.uint64)
+    with simindex.Index(tmp_path / "i", k=3) as idx:
+        idx.add_many(range(6000), fps)
+        idx.add_many(range(6000, 9000), fps[:3000] ^ np.uint64(0b11))     # twins at 2 bits
+        picks = fps[rng.integers(0, 6000, 20000)]
+        flips = np.uint64(1) << rng.integers(0, 64, 20000).astype(np.uint64)
+        queries = (picks ^ flips).tolist()
+        many = idx.query_many(queries)
+        assert sum(map(len, many)) > 25000
+        assert many == [idx.query(q) for q in queries]
+
+
 @pytest.mark.parametrize("shards", [1, 4])
 def test_a_key_ordered_batch_finds_records_no_table_holds_yet(tmp_path, shards):
     rng = random.Random(shards)

@@ -54,6 +54,8 @@ cdef struct Hit:
     size_t vlen
     uint32_t dist
     size_t q               # its query (a key-ordered batch scan, before grouping)
+    uint64_t id            # with `plain`: its record's integer id (the meta is None)
+    bint plain             # set at resolution, see _records.record_plain_int
 
 
 cdef struct Probe:

@@ -19,6 +19,8 @@ from simindex.clmdb cimport (
     mdb_txn_id, mdb_cursor_open, mdb_cursor_renew, mdb_cursor_close, mdb_cursor_get, mdb_get,
 )
 from posix.unistd cimport getpid
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.ref cimport Py_INCREF
 cimport simindex.bits as bits
 cimport simindex.layout as layout
 from simindex._lmdb cimport (
@@ -31,6 +33,7 @@ from simindex._blocks cimport (
     sort_pairs)
 from simindex._records cimport (
     Tail, load_tail, drop_tail_below, free_tail, record_id_meta, record_fp, record_header,
+    record_plain_int,
 )
 from simindex._join cimport PairBuf, pair_push, pair_arrays, free_pairs
 from simindex.errors import MapResizedError
@@ -53,6 +56,7 @@ cdef int _hit_push(HitBuf *b, uint64_t seq, uint32_t dist) noexcept nogil:
     b.h[b.n].vlen = 0
     b.h[b.n].fp = 0
     b.h[b.n].q = 0
+    b.h[b.n].plain = False
     b.n += 1
     return 0
 
@@ -69,20 +73,6 @@ cdef int _cmp_dist_seq(const void *a, const void *b) noexcept nogil:
     if x.dist != y.dist:
         return (x.dist > y.dist) - (x.dist < y.dist)
     return (x.seq > y.seq) - (x.seq < y.seq)
-
-
-cdef struct SeqRef:
-    uint64_t seq           # a hit's record
-    size_t at              # the hit's place in the HitBuf
-    size_t qi              # its query
-
-
-cdef int _cmp_seqref(const void *a, const void *b) noexcept nogil:
-    cdef const SeqRef *x = <const SeqRef *>a
-    cdef const SeqRef *y = <const SeqRef *>b
-    if x.seq != y.seq:
-        return (x.seq > y.seq) - (x.seq < y.seq)
-    return (x.at > y.at) - (x.at < y.at)
 
 
 cdef size_t _unique_seqs(Hit *h, size_t n) noexcept nogil:
@@ -768,8 +758,32 @@ cdef extern from *:
             PyObject_GC_UnTrack(o);
         return o;
     }
+
+    /* The Match of a plain hit (an integer id, a None meta; see record_plain_int), made
+       from the values the query found without the GIL: the record is not read again. */
+    static PyObject *si_match_plain(PyObject *cls, unsigned long long id,
+                                    unsigned long long fp, long dist) {
+        PyTypeObject *t = (PyTypeObject *)cls;
+        PyObject *a, *b, *c, *o;
+        a = PyLong_FromUnsignedLongLong(id);
+        if (a == NULL) return NULL;
+        b = PyLong_FromUnsignedLongLong(fp);
+        if (b == NULL) { Py_DECREF(a); return NULL; }
+        c = PyLong_FromLong(dist);
+        if (c == NULL) { Py_DECREF(a); Py_DECREF(b); return NULL; }
+        o = t->tp_alloc(t, 4);
+        if (o == NULL) { Py_DECREF(a); Py_DECREF(b); Py_DECREF(c); return NULL; }
+        PyTuple_SET_ITEM(o, 0, a);
+        PyTuple_SET_ITEM(o, 1, b);
+        PyTuple_SET_ITEM(o, 2, c);
+        Py_INCREF(Py_None);
+        PyTuple_SET_ITEM(o, 3, Py_None);
+        PyObject_GC_UnTrack(o);      /* of atomic items only: see si_tuple4 */
+        return o;
+    }
     """
     object si_tuple4(object cls, object a, object b, object c, object d)
+    object si_match_plain(object cls, unsigned long long id, unsigned long long fp, long dist)
     int PyGC_Disable()
     int PyGC_Enable()
 
@@ -784,45 +798,63 @@ def set_match_type(cls, unpack):
     _MATCH, _UNPACK = cls, unpack
 
 
+# Batches building their results at once (their threads take turns on the GIL while one
+# runs the unpacker): the collector stays paused until the last of them is done.
+cdef int _gc_paused = 0
+cdef bint _gc_was_on = False
+
+
 cdef list _hit_lists(HitBuf *hits, size_t *qstart, Py_ssize_t n, bint matches=False,
                      int words=1):
     """Per query, [(distance, fingerprint, seq, id, meta bytes or None), ...] of resolved
     hits; with `matches`, [Match(id, fingerprint, distance, meta), ...] instead."""
+    global _gc_paused, _gc_was_on
     cdef object cls = _MATCH
-    cdef int gc_was
     if matches and cls is None:
         raise RuntimeError("no match type registered (set_match_type)")
     if n > 1:
         # The lists and tuples made here hold no cycles, yet their allocations would run
         # the collector every 700 of them: 13% of a 40k batch's time, all under the GIL.
-        gc_was = PyGC_Disable()
+        if _gc_paused == 0:
+            _gc_was_on = PyGC_Disable()
+        _gc_paused += 1
         try:
             return _hit_lists_of(hits, qstart, n, matches, words, cls)
         finally:
-            if gc_was:
+            _gc_paused -= 1
+            if _gc_paused == 0 and _gc_was_on:
                 PyGC_Enable()
     return _hit_lists_of(hits, qstart, n, matches, words, cls)
 
 
 cdef list _hit_lists_of(HitBuf *hits, size_t *qstart, Py_ssize_t n, bint matches, int words,
                         object cls):
-    cdef Py_ssize_t qi
+    cdef Py_ssize_t qi, j
     cdef size_t r
     cdef Hit *hh
-    out = []
+    cdef list out = PyList_New(n), lst
+    cdef object m
     for qi in range(n):
-        lst = []
+        lst = PyList_New(<Py_ssize_t>(qstart[qi + 1] - qstart[qi]))
+        Py_INCREF(lst)
+        PyList_SET_ITEM(out, qi, lst)        # (steals the reference taken above)
+        j = 0
         for r in range(qstart[qi], qstart[qi + 1]):
             hh = &hits.h[r]
-            id_, meta = record_id_meta(hh.val, hh.vlen, words)
-            fp = hh.fp if words == 1 else record_fp(hh.val, words)
-            if matches:
-                if meta is not None:
-                    meta = _UNPACK(meta, "meta value")
-                lst.append(si_tuple4(cls, id_, fp, hh.dist, meta))
+            if matches and hh.plain:
+                m = si_match_plain(cls, hh.id, hh.fp, hh.dist)
             else:
-                lst.append((hh.dist, fp, hh.seq, id_, meta))
-        out.append(lst)
+                id_, meta = record_id_meta(hh.val, hh.vlen, words)
+                fp = hh.fp if words == 1 else record_fp(hh.val, words)
+                if matches:
+                    if meta is not None:
+                        meta = _UNPACK(meta, "meta value")
+                    m = si_tuple4(cls, id_, fp, hh.dist, meta)
+                else:
+                    m = (hh.dist, fp, hh.seq, id_, meta)
+            Py_INCREF(m)
+            PyList_SET_ITEM(lst, j, m)
+            j += 1
     return out
 
 
@@ -1153,27 +1185,42 @@ cdef class ReadContext(Handle):
         drop the hits of removed records, and sort each query's by (distance, seq)."""
         cdef size_t nh = hits.n, i, r, e, w = 0
         cdef Py_ssize_t qi
-        cdef SeqRef *refs = <SeqRef *>malloc((nh or 1) * sizeof(SeqRef))
+        # (seq, place) pairs, sorted by the bucket sort of run entries: the seqs shifted up
+        # to fill the leading bits it buckets by (a third of a batch's time in qsort)
+        cdef uint64_t *order = <uint64_t *>malloc(2 * (nh or 1) * sizeof(uint64_t))
+        cdef uint64_t *at = order + nh
+        cdef uint64_t any_seq = 0, seq, prev = 0
+        cdef int shift = 0
         cdef Hit *h
         cdef MDB_val key, val
         cdef uint8_t kbuf[8]
         cdef int rc = 0, ok = 0
         cdef bint have = False
         cdef uint64_t fp
-        if refs == NULL:
+        if order == NULL:
             return NO_MEMORY
         i = 0
         for qi in range(n):
             for r in range(qstart[qi], qstart[qi + 1]):
-                refs[i].seq = hits.h[r].seq
-                refs[i].at = r
-                refs[i].qi = <size_t>qi
+                hits.h[r].q = <size_t>qi
+                order[i] = hits.h[r].seq
+                at[i] = r
+                any_seq |= order[i]
                 i += 1
-        qsort(refs, nh, sizeof(SeqRef), _cmp_seqref)
+        if any_seq:
+            shift = bits.clz64(any_seq)
+            for i in range(nh):
+                order[i] <<= shift
+        rc = sort_pairs(order, at, nh)
+        if rc:
+            free(order)
+            return rc
         for i in range(nh):
-            h = &hits.h[refs[i].at]
-            if not have or refs[i].seq != refs[i - 1].seq:
-                bits.store_be64(kbuf, refs[i].seq)
+            h = &hits.h[at[i]]
+            seq = order[i] >> shift
+            if not have or seq != prev:
+                prev = seq
+                bits.store_be64(kbuf, seq)
                 key.mv_size = 8
                 key.mv_data = kbuf
                 rc = mdb_cursor_get(cur, &key, &val, MDB_SET_KEY)
@@ -1186,7 +1233,7 @@ cdef class ReadContext(Handle):
             h.val = NULL
             if val.mv_data == NULL:
                 continue
-            ok = _check_record(&val, queries + refs[i].qi * words, words, psize, h.dist, &fp)
+            ok = _check_record(&val, queries + h.q * words, words, psize, h.dist, &fp)
             if ok < 0:
                 rc = ok
                 break
@@ -1196,7 +1243,8 @@ cdef class ReadContext(Handle):
             h.fp = fp
             h.val = <const uint8_t *>val.mv_data
             h.vlen = val.mv_size
-        free(refs)
+            h.plain = words == 1 and record_plain_int(h.val, h.vlen, words, &h.id)
+        free(order)
         if rc:
             return rc
         for qi in range(n):
@@ -1247,6 +1295,7 @@ cdef class ReadContext(Handle):
             h[w].fp = fp
             h[w].val = <const uint8_t *>val.mv_data
             h[w].vlen = val.mv_size
+            h[w].plain = words == 1 and record_plain_int(h[w].val, h[w].vlen, words, &h[w].id)
             w += 1
         hits.n = start + w
         qsort(h, w, sizeof(Hit), _cmp_dist_seq)

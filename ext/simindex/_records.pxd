@@ -2,6 +2,8 @@
 # (format: layout.pxd) and each id key under ids. The query engine reads them through these.
 from libc.stdint cimport uint8_t, uint64_t
 from simindex.clmdb cimport MDB_cursor
+cimport simindex.bits as bits
+cimport simindex.layout as layout
 
 
 cdef struct Tail:
@@ -17,6 +19,19 @@ cdef inline size_t record_header(int words) noexcept nogil:
     """Bytes before a record's id key: fp word 0 (u64 LE), id key length (u16 LE), then
     (wide fingerprints) the other words, u64 LE each, most significant first."""
     return 10 + 8 * (words - 1 if words > 1 else 0)
+
+
+cdef inline bint record_plain_int(const uint8_t *p, size_t n, int words,
+                                  uint64_t *id) noexcept nogil:
+    """True for a record of an integer id and a None meta (a dataset's usual record), its id
+    in `id`: found while the query holds no GIL, so its match is made without reading the
+    record again. Anything else (or a malformed record) is False: record_id_meta decodes it."""
+    cdef size_t hdr = record_header(words)
+    if n != hdr + 10 or p[8] != 9 or p[9] != 0 or p[hdr] != layout.ID_TAG_INT or \
+            p[hdr + 9] != layout.MSGPACK_NIL:
+        return False
+    id[0] = bits.load_be64(p + hdr + 1)
+    return True
 
 
 cdef int load_tail(MDB_cursor *cur, uint64_t start, Tail *tail) noexcept nogil
