@@ -28,6 +28,7 @@ KNOBS = {
     "apply_chunk": (protocol, "APPLY_CHUNK"),            # records per shard application pass
     "sort_entries": (protocol, "SORT_ENTRIES"),          # entries a pass sorts at once
     "group": (protocol, "GROUP_LIMIT"),                  # records add_many leaves unapplied
+    "prepare": (protocol, "PREPARE_MIN"),                # records a bulk load sorts early
     "reader_check_every": (transactions, "READER_CHECK_EVERY"),   # seconds between reaps
 }
 

@@ -50,6 +50,11 @@ GROUP_LIMIT = 4096
 # records a shard may stay behind after add_unique (its admission query, inside the records
 # write, reads them from its own snapshot) and, with nothing new for it, on the Ray driver
 LAG_LIMIT = 256
+# records in one add from which a bulk load computes their table entries on a second thread
+# while they commit (the seqs they will get are known before, when no shard lags): the
+# entries need not wait for the commit, nor read the records back (10M records, 4 tables:
+# commit 1.4 s, entries 1.4 s, applying them 1.2 s, reading the records back 0.24 s)
+PREPARE_MIN = 1 << 16
 # what a failed shard write leaves (added to its error message)
 SHARD_WRITE_FAILED = ("the records are committed and queries find them, and reopening the "
                       "index brings its tables up to date")
@@ -58,17 +63,50 @@ SHARD_WRITE_FAILED = ("the records are committed and queries find them, and reop
 def commit(txns: Transactions, records_env: Env, idkeys: list, fps: np.ndarray,
            metas: list, replace: bool = True) -> list:
     """Commit records to records/ in chunks of RECORD_CHUNK, each atomic (and durable with
-    sync); returns [(seq0, count)] of the chunks: their records got seqs seq0, seq0 + 1...
+    sync); returns [(seq0, count, new)] of the chunks: their records got seqs seq0, seq0 +
+    1..., and `new` of their ids were not stored before (count - new replaced a record).
     With replace=False a chunk holding an id already stored (or twice) raises InputError
     and writes nothing."""
-    out = []
-    for i in range(0, len(idkeys), RECORD_CHUNK):
-        j = i + RECORD_CHUNK
-        seq0 = txns.write(records_env,
-                          lambda txn: records.put(txn, idkeys[i:j], fps[i:j], metas[i:j],
-                                                  replace))
-        out.append((seq0, len(idkeys[i:j])))
-    return out
+    def put(txn, i, j):
+        before = records.count(txn)
+        seq0 = records.put(txn, idkeys[i:j], fps[i:j], metas[i:j], replace)
+        return seq0, len(idkeys[i:j]), records.count(txn) - before
+    return [txns.write(records_env, lambda txn: put(txn, i, i + RECORD_CHUNK))
+            for i in range(0, len(idkeys), RECORD_CHUNK)]
+
+
+def commit_prepared(txns: Transactions, records_env: Env, plan: Plan, idkeys: list,
+                    fps: np.ndarray, metas: list, replace: bool = True,
+                    jobs: int = 1) -> Optional[tuple]:
+    """commit() the records of a bulk load while a second thread computes their table
+    entries for the seqs they will get if no other writer commits first. Returns (entries,
+    last seq) for catch_up when they got exactly those seqs, every id new, else None (the
+    entries of a batch of fewer than PREPARE_MIN records, or of more than one pass or group
+    of shards, are not prepared, nor those of a batch group commit leaves waiting)."""
+    n = len(idkeys)
+    per_shard = max(1, n * plan.ntables * plan.words // plan.shards)
+    one_group = min(plan.shards, max(jobs, SORT_ENTRIES // per_shard, 1)) == plan.shards
+    if n < max(PREPARE_MIN, GROUP_LIMIT) or n > max(1, APPLY_CHUNK // plan.words) or \
+            not one_group:
+        commit(txns, records_env, idkeys, fps, metas, replace)
+        return None
+    first = txns.read_txn(records_env, records.next_seq)
+    if any(a != first - 1 for a in txns.read(lambda ctx: ctx.applied(plan.ntables))):
+        commit(txns, records_env, idkeys, fps, metas, replace)     # records wait already
+        return None
+    seqs = np.arange(first, first + n, dtype=np.uint64)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        made = pool.submit(Entries, plan, seqs, fps)
+        chunks = commit(txns, records_env, idkeys, fps, metas, replace)
+        # (a failed commit raises once the entries are done: the pool waits for them)
+    if made.exception() is not None:
+        return None                  # catch_up computes them again, and raises there
+    expect = first
+    for seq0, count, new in chunks:
+        if seq0 != expect or new != count:
+            return None              # another writer's records came between, or a replace
+        expect += count
+    return made.result(), expect - 1
 
 
 class Entries:
@@ -175,7 +213,8 @@ def apply(txn: Txn, plan: Plan, shard: int, entries: Entries, last: int,
     return last
 
 
-def catch_up(txns: Transactions, plan: Plan, lag: int = 0, jobs: int = 1) -> None:
+def catch_up(txns: Transactions, plan: Plan, lag: int = 0, jobs: int = 1,
+             prepared: Optional[tuple] = None) -> None:
     """Bring the shards of a store (txns.envs: records, then each shard) up to the last
     committed record, in passes of APPLY_CHUNK records (a pass over more than SORT_ENTRIES
     table entries goes a group of shards at a time).
@@ -184,6 +223,8 @@ def catch_up(txns: Transactions, plan: Plan, lag: int = 0, jobs: int = 1) -> Non
     left behind (queries check those records directly), saving its commit, fsync and
     merges (GROUP_LIMIT, LAG_LIMIT). `jobs` shards are written at once (each its own
     environment and write lock; the block writes and commits release the GIL).
+    `prepared`: commit_prepared's (entries, last seq), applied as the first pass when every
+    shard still stands right below them.
     """
     txns.check_open()
     rec, shards = txns.envs[0], txns.envs[1:]
@@ -191,6 +232,14 @@ def catch_up(txns: Transactions, plan: Plan, lag: int = 0, jobs: int = 1) -> Non
     while True:
         applied = txns.read(lambda ctx: ctx.applied(plan.ntables))
         start = min(applied) + 1
+        if prepared is not None:
+            entries, top = prepared
+            prepared = None
+            if start == entries.first and max(applied) == start - 1:
+                todo = [s for s in range(plan.shards) if top - applied[s] >= lag]
+                _apply_shards(txns, plan, shards, entries, top, todo, jobs)
+                del entries
+                continue
         if lag and txns.read_txn(rec, records.last_seq) - min(applied) < lag:
             return
         seqs, fps, last = txns.read_txn(rec, lambda txn: (

@@ -219,8 +219,9 @@ class Store:
         (`jobs` shards at once). replace=False: see protocol.commit."""
         self.check_writable()
         with self.write_lock:
-            protocol.commit(self.txns, self.records, idkeys, fps, metas, replace)
-            self.catch_up(lag=protocol.GROUP_LIMIT, jobs=jobs)
+            prepared = protocol.commit_prepared(self.txns, self.records, self.plan, idkeys,
+                                                fps, metas, replace, jobs)
+            self.catch_up(lag=protocol.GROUP_LIMIT, jobs=jobs, prepared=prepared)
 
     def add_unique(self, idkey: bytes, fp: int, meta: bytes, k: int) -> list:
         """Insert unless a stored record is within k bits; the core's hits of those that
@@ -246,11 +247,11 @@ class Store:
         with self.write_lock:
             return self.txns.write(self.records, lambda txn: records.remove(txn, idkey))
 
-    def catch_up(self, lag: int = 0, jobs: int = 1) -> None:
+    def catch_up(self, lag: int = 0, jobs: int = 1, prepared: Optional[tuple] = None) -> None:
         """Bring the shards up to the last committed record, or within `lag` records of it
         (protocol.catch_up)."""
         with self.write_lock:
-            protocol.catch_up(self.txns, self.plan, lag=lag, jobs=jobs)
+            protocol.catch_up(self.txns, self.plan, lag=lag, jobs=jobs, prepared=prepared)
 
     def compact(self) -> None:
         """Merge each table's runs in each shard into one, dropping removed entries."""

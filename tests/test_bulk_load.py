@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import simindex
-from simindex import _testing, protocol
+from simindex import _testing, protocol, records
+from simindex.codec import encode_id, pack_meta
 from simindex.plan import Plan
 from conftest import brute
 from test_exact import build_data
@@ -260,3 +261,98 @@ def test_a_bulk_load_fills_one_set_of_buffers_group_after_group(tmp_path, monkey
         assert made == [1] and groups == [(s, s + 1) for s in range(8)]
         assert [{m.id: m.distance for m in ms} for ms in idx.query_many(queries)] == \
             [brute(stored, q, 3) for q in queries]
+
+
+def prepared():
+    """Bulk loads of build_data's ~1,800 records prepared (group commit leaves 100 waiting)."""
+    return _testing.tuned(prepare=1000, group=100)
+
+
+def exact(idx, stored, queries):
+    return [{m.id: m.distance for m in ms} for ms in idx.query_many(queries)] == \
+        [brute(stored, q, 3) for q in queries]
+
+
+def test_a_bulk_load_sorts_its_entries_while_its_records_commit(tmp_path, monkeypatch,
+                                                                 groups):
+    """From PREPARE_MIN records into an index with nothing waiting, the table entries are
+    computed (on a second thread) for the seqs the records will get, and applied without
+    reading the records back."""
+    stored, queries = build_data(3, seed=14)
+
+    def read_back(*args, **kw):
+        raise AssertionError("the records were read back")
+    with prepared(), simindex.Index(tmp_path / "i", k=3, shards=4) as idx:
+        with monkeypatch.context() as m:
+            m.setattr(protocol.records, "tail", read_back)
+            idx.add_many(list(stored), np.array(list(stored.values()), dtype=np.uint64))
+        assert groups == [None]                      # all shards at once, before the commit
+        st = idx.stats()
+        assert st["runs"] == st["shards"] * st["tables"] and st["unapplied"] == 0
+        assert exact(idx, stored, queries)
+        assert idx.verify() == []
+        more = {f"m{i}": fp ^ 0b1 for i, fp in enumerate(list(stored.values())[:1200])}
+        idx.add_many(list(more.items()))             # prepared again, onto the first runs
+        stored.update(more)
+        assert groups == [None, None] and exact(idx, stored, queries)
+    with simindex.Index(tmp_path / "i") as idx:
+        assert len(idx) == len(stored) and exact(idx, stored, queries)
+        assert idx.verify() == []
+
+
+@pytest.mark.parametrize("case", ["an id twice", "records waiting", "a writer before",
+                                  "a writer after"])
+def test_a_prepared_bulk_load_is_dropped_unless_its_records_got_those_seqs_as_new_ids(
+        tmp_path, monkeypatch, groups, case):
+    """The prepared entries are applied only when the records got exactly the seqs they were
+    made for, every id new; otherwise the shards catch up from the records, as before."""
+    stored, queries = build_data(3, seed=15)
+    items = list(stored.items())
+    real = protocol.commit
+
+    def commit(txns, env, *args, **kw):
+        """protocol.commit, with another writer's record committed just before or after."""
+        def other():
+            txns.write(env, lambda txn: records.put(
+                txn, [encode_id("other")], np.array([12345], dtype=np.uint64),
+                [pack_meta(None)]))
+        if case == "a writer before":
+            other()
+        out = real(txns, env, *args, **kw)
+        if case == "a writer after":
+            other()
+        return out
+    with prepared(), simindex.Index(tmp_path / "i", k=3, shards=4) as idx:
+        if case == "records waiting":
+            idx.add_many(items[:10])                 # fewer than GROUP_LIMIT: they wait
+            assert idx.stats()["unapplied"] == 10
+            items = items[10:]
+        if case == "an id twice":
+            items = items + [(items[0][0], items[0][1] ^ 0b111)]     # the later one wins
+            stored[items[0][0]] = items[0][1] ^ 0b111
+        with monkeypatch.context() as m:
+            if case.startswith("a writer"):
+                m.setattr(protocol, "commit", commit)
+                stored["other"] = 12345
+            idx.add_many(items)
+        assert (groups[-1] is None) == (case == "a writer after")
+        assert len(idx) == len(stored) and exact(idx, stored, queries)
+        idx.flush()
+        assert idx.stats()["unapplied"] == 0 and exact(idx, stored, queries)
+        assert idx.verify() == []
+
+
+def test_a_failed_prepared_bulk_load_writes_nothing_and_leaves_no_thread(tmp_path):
+    import threading
+    stored, queries = build_data(3, seed=16)
+    items = list(stored.items())
+    with prepared(), simindex.Index(tmp_path / "i", k=3, shards=4) as idx:
+        idx.add_many(items[:5])
+        before = threading.active_count()
+        with pytest.raises(simindex.InputError, match="already stored"):
+            idx.add_many(items[1000:] + items[3:4], replace=False)    # its last chunk fails
+        assert threading.active_count() == before
+        assert len(idx) == 5
+        assert exact(idx, dict(items[:5]), queries)
+        idx.add_many(items[5:])
+        assert exact(idx, stored, queries) and idx.verify() == []

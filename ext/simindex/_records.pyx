@@ -21,7 +21,7 @@ cdef extern from "zlib.h" nogil:
     unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int len)
 
 from simindex.clmdb cimport (
-    MDB_cursor, MDB_dbi, MDB_val, MDB_APPEND, MDB_RESERVE, MDB_SET_RANGE, MDB_SET_KEY,
+    MDB_txn, MDB_cursor, MDB_dbi, MDB_val, MDB_APPEND, MDB_RESERVE, MDB_SET_RANGE, MDB_SET_KEY,
     MDB_NEXT, MDB_LAST, MDB_NOTFOUND, MDB_KEYEXIST, mdb_put, mdb_get, mdb_del,
     mdb_cursor_open, mdb_cursor_close, mdb_cursor_get, mdb_cursor_put,
 )
@@ -75,6 +75,121 @@ cdef int _cmp_last(MDB_val *last, IdRef *first) noexcept nogil:
     return _cmp_idref(&x, first)
 
 
+cdef enum:
+    # where _put_records stopped (with an LMDB code or the stored size that was wrong)
+    PUT_RECORD = 1, PUT_SEQ_USED, PUT_READ_IDS, PUT_ID_SIZE, PUT_REPLACE, PUT_READ_ID, PUT_ID
+
+
+cdef int _put_records(MDB_txn *t, MDB_dbi ids, MDB_dbi sq, IdRef *refs,
+                      const char **mp, const size_t *ml, const uint64_t[:, ::1] fw,
+                      Py_ssize_t n, uint64_t next_seq, size_t *replaced,
+                      int *rc_out, uint64_t *at) noexcept nogil:
+    """records_put's writes, without the GIL (a bulk load sorts its table entries on the
+    other core meanwhile): 0, or the PUT_ stage that failed with its LMDB code in rc_out."""
+    cdef Py_ssize_t i
+    cdef size_t idlen, mlen, j, hdr
+    cdef int words = <int>fw.shape[1], w, rc
+    cdef MDB_val k, v, sk
+    cdef uint8_t seqbuf[8]
+    cdef uint8_t oldbuf[8]
+    cdef uint8_t *p
+    cdef MDB_cursor *cur = NULL
+    cdef bint append
+    hdr = record_header(words)
+    # one cursor for all the appends: a put through mdb_put descends from the root each
+    # time, a cursor's append stays on the last page
+    rc = mdb_cursor_open(t, sq, &cur)
+    if rc:
+        rc_out[0] = rc
+        return PUT_RECORD
+    for i in range(n):
+        idlen = refs[i].n
+        mlen = ml[i]
+        bits.store_be64(seqbuf, next_seq + i)
+        sk.mv_size = 8
+        sk.mv_data = seqbuf
+        v.mv_size = hdr + idlen + mlen
+        v.mv_data = NULL
+        rc = mdb_cursor_put(cur, &sk, &v, MDB_APPEND | MDB_RESERVE)
+        if rc:
+            mdb_cursor_close(cur)
+            rc_out[0] = rc
+            at[0] = next_seq + i
+            return PUT_SEQ_USED if rc == MDB_KEYEXIST else PUT_RECORD
+        p = <uint8_t *>v.mv_data
+        bits.store64(p, fw[i, 0])
+        p[8] = <uint8_t>(idlen & 0xFF)
+        p[9] = <uint8_t>(idlen >> 8)
+        for w in range(1, words):
+            bits.store64(p + layout.RECORD_HEADER + 8 * (w - 1), fw[i, w])
+        memcpy(p + hdr, refs[i].p, idlen)
+        memcpy(p + hdr + idlen, mp[i], mlen)
+    mdb_cursor_close(cur)
+    cur = NULL
+    # ids often come in key order (ascending int ids, a range): then there is nothing to
+    # sort (qsort took ~45 ms per 262,144 sorted ids, 17 s of a 100M build)
+    for j in range(1, <size_t>n):
+        if _cmp_idref(&refs[j - 1], &refs[j]) > 0:
+            qsort(refs, n, sizeof(IdRef), _cmp_idref)
+            break
+    # every key new and above the stored ones: append without looking anything up
+    append = True
+    for j in range(1, <size_t>n):
+        if refs[j - 1].n == refs[j].n and memcmp(refs[j - 1].p, refs[j].p, refs[j].n) == 0:
+            append = False
+            break
+    if append:
+        rc = mdb_cursor_open(t, ids, &cur)
+        if rc:
+            rc_out[0] = rc
+            return PUT_READ_IDS
+        rc = mdb_cursor_get(cur, &k, &v, MDB_LAST)
+        if rc == 0:
+            append = _cmp_last(&k, &refs[0]) < 0
+        elif rc != MDB_NOTFOUND:
+            mdb_cursor_close(cur)
+            rc_out[0] = rc
+            return PUT_READ_IDS
+    for j in range(<size_t>n):
+        k.mv_size = refs[j].n
+        k.mv_data = <void *>refs[j].p
+        if not append:
+            rc = mdb_get(t, ids, &k, &v)
+            if rc == 0:
+                if v.mv_size != 8:
+                    rc_out[0] = 0
+                    rc = PUT_ID_SIZE
+                    break
+                memcpy(oldbuf, v.mv_data, 8)
+                sk.mv_size = 8
+                sk.mv_data = oldbuf
+                rc = mdb_del(t, sq, &sk, NULL)
+                if rc and rc != MDB_NOTFOUND:
+                    rc_out[0] = rc
+                    rc = PUT_REPLACE
+                    break
+                replaced[0] += 1
+            elif rc != MDB_NOTFOUND:
+                rc_out[0] = rc
+                rc = PUT_READ_ID
+                break
+        bits.store_be64(seqbuf, next_seq + refs[j].i)
+        sk.mv_size = 8
+        sk.mv_data = seqbuf
+        if append:
+            rc = mdb_cursor_put(cur, &k, &sk, MDB_APPEND)
+        else:
+            rc = mdb_put(t, ids, &k, &sk, 0)
+        if rc:
+            rc_out[0] = rc
+            rc = PUT_ID
+            break
+        rc = 0
+    if cur != NULL:
+        mdb_cursor_close(cur)
+    return rc
+
+
 def records_put(Txn txn, str ids_db, str seqs_db, idkeys not None,
                 fps not None, list metas not None, uint64_t next_seq):
     """Store records under fresh seqs, replacing an id's earlier record.
@@ -86,33 +201,29 @@ def records_put(Txn txn, str ids_db, str seqs_db, idkeys not None,
     value.
     Records are appended in seq order; ids are then written in key order, which LMDB
     does with far fewer page visits than in input order, and simply appended when every
-    key is new and above the stored ones (ascending int ids, a fresh index).
+    key is new and above the stored ones (ascending int ids, a fresh index). The writes
+    run without the GIL.
     """
     cdef Py_ssize_t i, n = len(idkeys)
     cdef MDB_dbi ids = txn.env.dbi(ids_db), sq = txn.env.dbi(seqs_db)
-    cdef MDB_val k, v, sk
-    cdef uint8_t seqbuf[8]
-    cdef uint8_t oldbuf[8]
     cdef bytes idk, mb
-    cdef size_t idlen, mlen, j
-    cdef uint8_t *p
-    cdef int rc
     cdef size_t replaced = 0
     cdef IdRef *refs = NULL
-    cdef MDB_cursor *cur = NULL
-    cdef bint append
+    cdef const char **mp = NULL
+    cdef size_t *ml = NULL
     cdef const uint64_t[:, ::1] fw
-    cdef int words, w
-    cdef size_t hdr
+    cdef int words, stage = 0, rc = 0
+    cdef uint64_t at = 0
     cdef const uint64_t[::1] int_ids
     cdef char *keybuf = NULL
     cdef bint listed = isinstance(idkeys, list)
+    cdef MDB_txn *t
     txn.check()
+    t = txn.txn
     fw = fps.reshape(-1, 1) if fps.ndim == 1 else fps
     words = <int>fw.shape[1]
     if words not in (1, 2, 4):
         raise ValueError("fingerprints have 1, 2 or 4 words")
-    hdr = record_header(words)
     if fw.shape[0] != n or len(metas) != n:
         raise ValueError("ids, fingerprints and metas differ in length")
     if not listed:
@@ -123,106 +234,46 @@ def records_put(Txn txn, str ids_db, str seqs_db, idkeys not None,
     if n == 0:
         return next_seq, 0
     refs = <IdRef *>malloc(n * sizeof(IdRef))
+    mp = <const char **>malloc(n * sizeof(char *))
+    ml = <size_t *>malloc(n * sizeof(size_t))
     if not listed:
         keybuf = <char *>malloc(n * INT_KEY)
-    if refs == NULL or (not listed and keybuf == NULL):
-        free(refs)
-        raise MemoryError()
-    for i in range(n):
-        refs[i].i = i
-        if listed:
-            idk = idkeys[i]
-            refs[i].p = PyBytes_AS_STRING(idk)
-            refs[i].n = PyBytes_GET_SIZE(idk)
-        else:
-            keybuf[i * INT_KEY] = <char>layout.ID_TAG_INT
-            bits.store_be64(keybuf + i * INT_KEY + 1, int_ids[i])
-            refs[i].p = keybuf + i * INT_KEY
-            refs[i].n = INT_KEY
     try:
-        # one cursor for all the appends: a put through mdb_put descends from the root
-        # each time, a cursor's append stays on the last page
-        rc = mdb_cursor_open(txn.txn, sq, &cur)
-        if rc:
-            cur = NULL
-            raise error(rc, f"{txn.env.path}: writing a record failed")
+        if refs == NULL or mp == NULL or ml == NULL or (not listed and keybuf == NULL):
+            raise MemoryError()
         for i in range(n):
-            mb = metas[i]
-            idlen = refs[i].n
-            mlen = PyBytes_GET_SIZE(mb)
-            bits.store_be64(seqbuf, next_seq + i)
-            sk.mv_size = 8
-            sk.mv_data = seqbuf
-            v.mv_size = hdr + idlen + mlen
-            v.mv_data = NULL
-            rc = mdb_cursor_put(cur, &sk, &v, MDB_APPEND | MDB_RESERVE)
-            if rc == MDB_KEYEXIST:
-                raise CorruptError(f"{txn.env.path}: record sequence {next_seq + i} already used")
-            if rc:
-                raise error(rc, f"{txn.env.path}: writing a record failed")
-            p = <uint8_t *>v.mv_data
-            bits.store64(p, fw[i, 0])
-            p[8] = <uint8_t>(idlen & 0xFF)
-            p[9] = <uint8_t>(idlen >> 8)
-            for w in range(1, words):
-                bits.store64(p + layout.RECORD_HEADER + 8 * (w - 1), fw[i, w])
-            memcpy(p + hdr, refs[i].p, idlen)
-            memcpy(p + hdr + idlen, PyBytes_AS_STRING(mb), mlen)
-        mdb_cursor_close(cur)
-        cur = NULL
-        # ids often come in key order (ascending int ids, a range): then there is nothing
-        # to sort (qsort took ~45 ms per 262,144 sorted ids, 17 s of a 100M build)
-        for j in range(1, n):
-            if _cmp_idref(&refs[j - 1], &refs[j]) > 0:
-                qsort(refs, n, sizeof(IdRef), _cmp_idref)
-                break
-        # every key new and above the stored ones: append without looking anything up
-        append = True
-        for j in range(1, n):
-            if refs[j - 1].n == refs[j].n and memcmp(refs[j - 1].p, refs[j].p, refs[j].n) == 0:
-                append = False
-                break
-        if append:
-            rc = mdb_cursor_open(txn.txn, ids, &cur)
-            if rc:
-                cur = NULL
-                raise error(rc, f"{txn.env.path}: reading the ids failed")
-            rc = mdb_cursor_get(cur, &k, &v, MDB_LAST)
-            if rc == 0:
-                append = _cmp_last(&k, &refs[0]) < 0
-            elif rc != MDB_NOTFOUND:
-                raise error(rc, f"{txn.env.path}: reading the ids failed")
-        for j in range(n):
-            k.mv_size = refs[j].n
-            k.mv_data = <void *>refs[j].p
-            if not append:
-                rc = mdb_get(txn.txn, ids, &k, &v)
-                if rc == 0:
-                    if v.mv_size != 8:
-                        raise CorruptError(f"{txn.env.path}: id entry has a bad size")
-                    memcpy(oldbuf, v.mv_data, 8)
-                    sk.mv_size = 8
-                    sk.mv_data = oldbuf
-                    rc = mdb_del(txn.txn, sq, &sk, NULL)
-                    if rc and rc != MDB_NOTFOUND:
-                        raise error(rc, f"{txn.env.path}: replacing a record failed")
-                    replaced += 1
-                elif rc != MDB_NOTFOUND:
-                    raise error(rc, f"{txn.env.path}: reading an id failed")
-            bits.store_be64(seqbuf, next_seq + refs[j].i)
-            sk.mv_size = 8
-            sk.mv_data = seqbuf
-            if append:
-                rc = mdb_cursor_put(cur, &k, &sk, MDB_APPEND)
+            refs[i].i = i
+            if listed:
+                idk = idkeys[i]
+                refs[i].p = PyBytes_AS_STRING(idk)
+                refs[i].n = PyBytes_GET_SIZE(idk)
             else:
-                rc = mdb_put(txn.txn, ids, &k, &sk, 0)
-            if rc:
-                raise error(rc, f"{txn.env.path}: writing an id failed")
+                keybuf[i * INT_KEY] = <char>layout.ID_TAG_INT
+                bits.store_be64(keybuf + i * INT_KEY + 1, int_ids[i])
+                refs[i].p = keybuf + i * INT_KEY
+                refs[i].n = INT_KEY
+            mb = metas[i]
+            mp[i] = PyBytes_AS_STRING(mb)
+            ml[i] = <size_t>PyBytes_GET_SIZE(mb)
+        # (idkeys and metas hold the bytes the pointers point into until this returns)
+        with nogil:
+            stage = _put_records(t, ids, sq, refs, mp, ml, fw, n, next_seq, &replaced,
+                                 &rc, &at)
     finally:
-        if cur != NULL:
-            mdb_cursor_close(cur)
         free(refs)
+        free(mp)
+        free(ml)
         free(keybuf)
+    where = txn.env.path
+    if stage == PUT_SEQ_USED:
+        raise CorruptError(f"{where}: record sequence {at} already used")
+    if stage == PUT_ID_SIZE:
+        raise CorruptError(f"{where}: id entry has a bad size")
+    if stage:
+        raise error(rc, f"{where}: " + {
+            PUT_RECORD: "writing a record failed", PUT_READ_IDS: "reading the ids failed",
+            PUT_REPLACE: "replacing a record failed", PUT_READ_ID: "reading an id failed",
+            PUT_ID: "writing an id failed"}[stage])
     return next_seq + n, replaced
 
 
