@@ -15,7 +15,7 @@ through the runners of simindex/transactions.py, so the rules cannot drift apart
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -77,17 +77,18 @@ def commit(txns: Transactions, records_env: Env, idkeys: list, fps: np.ndarray,
 
 def commit_prepared(txns: Transactions, records_env: Env, plan: Plan, idkeys: list,
                     fps: np.ndarray, metas: list, replace: bool = True,
-                    jobs: int = 1) -> Optional[tuple]:
-    """commit() the records of a bulk load while a second thread computes their table
-    entries for the seqs they will get if no other writer commits first. Returns (entries,
-    last seq) for catch_up when they got exactly those seqs, every id new, else None (the
-    entries of a batch of fewer than PREPARE_MIN records, or of more than one pass or group
-    of shards, are not prepared, nor those of a batch group commit leaves waiting)."""
+                    jobs: int = 1) -> Optional[Prepared]:
+    """commit() the records of a bulk load while a second thread prepares their pass for
+    the seqs they will get if no other writer commits first: the table entries of its first
+    group of shards (of all shards when they fit one), and in a pass of several groups every
+    record's shard ids and the buffers the groups fill. Returns that for catch_up when the
+    records got exactly those seqs, every id new, else None. A batch of fewer than
+    PREPARE_MIN records, of more than one pass, that group commit leaves waiting, or of
+    wide fingerprints in several groups, is not prepared."""
     n = len(idkeys)
-    per_shard = max(1, n * plan.ntables * plan.words // plan.shards)
-    one_group = min(plan.shards, max(jobs, SORT_ENTRIES // per_shard, 1)) == plan.shards
+    group = _group_size(plan, n, jobs)
     if n < max(PREPARE_MIN, GROUP_LIMIT) or n > max(1, APPLY_CHUNK // plan.words) or \
-            not one_group:
+            (group < plan.shards and not isinstance(plan.permuter, Permuter)):
         commit(txns, records_env, idkeys, fps, metas, replace)
         return None
     first = txns.read_txn(records_env, records.next_seq)
@@ -95,8 +96,18 @@ def commit_prepared(txns: Transactions, records_env: Env, plan: Plan, idkeys: li
         commit(txns, records_env, idkeys, fps, metas, replace)     # records wait already
         return None
     seqs = np.arange(first, first + n, dtype=np.uint64)
+
+    def prepare() -> Prepared:
+        if group == plan.shards:
+            return Prepared(seqs, fps, None, None, Entries(plan, seqs, fps))
+        perm = plan.permuter
+        assert isinstance(perm, Permuter)            # (wide passes in groups: not prepared)
+        split = perm.shard_ids(fps)
+        work = group_buffers(split[1], group)
+        return Prepared(seqs, fps, split, work,
+                        Entries(plan, seqs, fps, shards=(0, group), split=split, work=work))
     with ThreadPoolExecutor(max_workers=1) as pool:
-        made = pool.submit(Entries, plan, seqs, fps)
+        made = pool.submit(prepare)
         chunks = commit(txns, records_env, idkeys, fps, metas, replace)
         # (a failed commit raises once the entries are done: the pool waits for them)
     if made.exception() is not None:
@@ -106,7 +117,23 @@ def commit_prepared(txns: Transactions, records_env: Env, plan: Plan, idkeys: li
         if seq0 != expect or new != count:
             return None              # another writer's records came between, or a replace
         expect += count
-    return made.result(), expect - 1
+    return made.result()
+
+
+class Prepared(NamedTuple):
+    """A bulk load's first application pass, made while its records committed."""
+    seqs: np.ndarray
+    fps: np.ndarray
+    split: Optional[tuple]           # Permuter.shard_ids(fps), when the pass has groups
+    work: Optional[tuple]            # group_buffers' arrays, when the pass has groups
+    entries: Entries                 # of the first group (of every shard when one group)
+
+
+def _group_size(plan: Plan, n: int, jobs: int) -> int:
+    """Shards a pass of n records builds at once: all, unless their entries exceed
+    SORT_ENTRIES (and at least `jobs`)."""
+    per_shard = max(1, n * plan.ntables * plan.words // plan.shards)
+    return min(plan.shards, max(jobs, SORT_ENTRIES // per_shard, 1))
 
 
 class Entries:
@@ -214,7 +241,7 @@ def apply(txn: Txn, plan: Plan, shard: int, entries: Entries, last: int,
 
 
 def catch_up(txns: Transactions, plan: Plan, lag: int = 0, jobs: int = 1,
-             prepared: Optional[tuple] = None) -> None:
+             prepared: Optional[Prepared] = None) -> None:
     """Bring the shards of a store (txns.envs: records, then each shard) up to the last
     committed record, in passes of APPLY_CHUNK records (a pass over more than SORT_ENTRIES
     table entries goes a group of shards at a time).
@@ -223,8 +250,8 @@ def catch_up(txns: Transactions, plan: Plan, lag: int = 0, jobs: int = 1,
     left behind (queries check those records directly), saving its commit, fsync and
     merges (GROUP_LIMIT, LAG_LIMIT). `jobs` shards are written at once (each its own
     environment and write lock; the block writes and commits release the GIL).
-    `prepared`: commit_prepared's (entries, last seq), applied as the first pass when every
-    shard still stands right below them.
+    `prepared`: commit_prepared's first pass, taken as it is when every shard still stands
+    right below its records.
     """
     txns.check_open()
     rec, shards = txns.envs[0], txns.envs[1:]
@@ -233,12 +260,11 @@ def catch_up(txns: Transactions, plan: Plan, lag: int = 0, jobs: int = 1,
         applied = txns.read(lambda ctx: ctx.applied(plan.ntables))
         start = min(applied) + 1
         if prepared is not None:
-            entries, top = prepared
-            prepared = None
-            if start == entries.first and max(applied) == start - 1:
-                todo = [s for s in range(plan.shards) if top - applied[s] >= lag]
-                _apply_shards(txns, plan, shards, entries, top, todo, jobs)
-                del entries
+            ready, prepared = prepared, None
+            if start == ready.entries.first and max(applied) == start - 1:
+                _apply_pass(txns, plan, shards, applied, ready.seqs, ready.fps, lag, jobs,
+                            ready)
+                del ready
                 continue
         if lag and txns.read_txn(rec, records.last_seq) - min(applied) < lag:
             return
@@ -248,23 +274,33 @@ def catch_up(txns: Transactions, plan: Plan, lag: int = 0, jobs: int = 1,
             if not lag and last >= start:
                 _advance(txns, plan, shards, applied, last)   # only removed records above
             return
-        top = int(seqs[-1])
-        per_shard = max(1, len(seqs) * plan.ntables * plan.words // plan.shards)
-        group = min(plan.shards, max(jobs, SORT_ENTRIES // per_shard, 1))
-        # each record's shard in every table, permuted once for all the groups, and the
-        # buffers every group fills again
-        split = work = None
-        if group < plan.shards and isinstance(plan.permuter, Permuter):
-            split = plan.permuter.shard_ids(fps)
-            work = group_buffers(split[1], group)
-        for lo in range(0, plan.shards, group):
-            hi = min(plan.shards, lo + group)
-            entries = Entries(plan, seqs, fps, shards=(lo, hi), split=split, work=work)
-            todo = [s for s in range(lo, hi) if top - applied[s] >= lag]
-            _apply_shards(txns, plan, shards, entries, top, todo, jobs)
-            del entries                  # before the next group's are made
-        if len(seqs) < chunk and not (not lag and top < last):
+        _apply_pass(txns, plan, shards, applied, seqs, fps, lag, jobs)
+        if len(seqs) < chunk and not (not lag and int(seqs[-1]) < last):
             return
+
+
+def _apply_pass(txns, plan, shards, applied, seqs, fps, lag, jobs, ready=None):
+    """Apply one pass of records (seqs ascending, fps theirs) to the shards, a group of
+    shards at a time; `ready`: the pass as commit_prepared made it."""
+    top = int(seqs[-1])
+    group = _group_size(plan, len(seqs), jobs)
+    # each record's shard in every table, permuted once for all the groups, and the
+    # buffers every group fills again
+    split, work = (ready.split, ready.work) if ready is not None else (None, None)
+    if split is None and group < plan.shards and isinstance(plan.permuter, Permuter):
+        split = plan.permuter.shard_ids(fps)
+        work = group_buffers(split[1], group)
+    first = ready.entries if ready is not None else None
+    del ready
+    for lo in range(0, plan.shards, group):
+        hi = min(plan.shards, lo + group)
+        if first is not None:
+            entries, first = first, None
+        else:
+            entries = Entries(plan, seqs, fps, shards=(lo, hi), split=split, work=work)
+        todo = [s for s in range(lo, hi) if top - applied[s] >= lag]
+        _apply_shards(txns, plan, shards, entries, top, todo, jobs)
+        del entries                  # before the next group's are made
 
 
 def _apply_shards(txns, plan, shards, entries, top, todo, jobs):

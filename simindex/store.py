@@ -247,7 +247,8 @@ class Store:
         with self.write_lock:
             return self.txns.write(self.records, lambda txn: records.remove(txn, idkey))
 
-    def catch_up(self, lag: int = 0, jobs: int = 1, prepared: Optional[tuple] = None) -> None:
+    def catch_up(self, lag: int = 0, jobs: int = 1,
+                 prepared: Optional[protocol.Prepared] = None) -> None:
         """Bring the shards up to the last committed record, or within `lag` records of it
         (protocol.catch_up)."""
         with self.write_lock:

@@ -273,28 +273,36 @@ def exact(idx, stored, queries):
         [brute(stored, q, 3) for q in queries]
 
 
+@pytest.mark.parametrize("budget,want", [
+    (None, [None]),                                  # all shards at once, before the commit
+    (3000, [(0, 1), (1, 2), (2, 3), (3, 4)])])       # the first group before the commit
 def test_a_bulk_load_sorts_its_entries_while_its_records_commit(tmp_path, monkeypatch,
-                                                                 groups):
-    """From PREPARE_MIN records into an index with nothing waiting, the table entries are
-    computed (on a second thread) for the seqs the records will get, and applied without
-    reading the records back."""
+                                                                 groups, budget, want):
+    """From PREPARE_MIN records into an index with nothing waiting, the table entries (of
+    the first group of shards, when the pass has several) are computed on a second thread
+    for the seqs the records will get, and the pass is applied without reading the records
+    back."""
     stored, queries = build_data(3, seed=14)
 
     def read_back(*args, **kw):
         raise AssertionError("the records were read back")
-    with prepared(), simindex.Index(tmp_path / "i", k=3, shards=4) as idx:
+    knobs = {} if budget is None else {"sort_entries": budget}
+    with prepared(), _testing.tuned(**knobs), \
+            simindex.Index(tmp_path / "i", k=3, shards=4) as idx:
         with monkeypatch.context() as m:
             m.setattr(protocol.records, "tail", read_back)
             idx.add_many(list(stored), np.array(list(stored.values()), dtype=np.uint64))
-        assert groups == [None]                      # all shards at once, before the commit
+        assert groups == want
         st = idx.stats()
         assert st["runs"] == st["shards"] * st["tables"] and st["unapplied"] == 0
         assert exact(idx, stored, queries)
         assert idx.verify() == []
         more = {f"m{i}": fp ^ 0b1 for i, fp in enumerate(list(stored.values())[:1200])}
-        idx.add_many(list(more.items()))             # prepared again, onto the first runs
+        with monkeypatch.context() as m:
+            m.setattr(protocol.records, "tail", read_back)
+            idx.add_many(list(more.items()))         # prepared again, onto the first runs
         stored.update(more)
-        assert groups == [None, None] and exact(idx, stored, queries)
+        assert exact(idx, stored, queries)
     with simindex.Index(tmp_path / "i") as idx:
         assert len(idx) == len(stored) and exact(idx, stored, queries)
         assert idx.verify() == []
