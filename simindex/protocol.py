@@ -7,6 +7,9 @@
 3. After a crash, a writable open replays what any shard missed (`catch_up`) after making
    sure no seq a shard already applied is handed out again (`raise_seq_floor`). Until then
    queries check the unapplied records directly, so answers stay exact.
+4. A bulk load may compute its first pass while its records commit (`commit_prepared`);
+   the shards apply it only if the records got the seqs it was made for, still after
+   step 1.
 
 The single-process store and the Ray servers both write through these functions and
 through the runners of simindex/transactions.py, so the rules cannot drift apart.
