@@ -378,3 +378,27 @@ def test_a_failed_prepared_bulk_load_writes_nothing_and_leaves_no_thread(tmp_pat
         assert exact(idx, dict(items[:5]), queries)
         idx.add_many(items[5:])
         assert exact(idx, stored, queries) and idx.verify() == []
+
+
+@pytest.mark.parametrize("width", [64, 128])
+def test_entries_filled_by_two_threads_equal_entries_made_at_once(width):
+    import threading
+    plan = Plan(k=3, width=width, shards=4)
+    rng = np.random.default_rng(3)
+    fps = rng.integers(0, 2**64, (20000, width // 64), dtype=np.uint64)
+    fps = fps[:, 0].copy() if width == 64 else fps
+    seqs = np.arange(7, 20007, dtype=np.uint64)
+    want = protocol.Entries(plan, seqs, fps)
+    got = protocol.Entries(plan, seqs, fps, lazy=True)
+    assert not got.complete()
+    threads = [threading.Thread(target=got.fill) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got.fill()                                       # nothing left: returns at once
+    assert got.complete() and len(got.tables) == plan.ntables
+    for t in range(plan.ntables):
+        for shard in range(plan.shards):
+            for a, b in zip(got.of(t, shard), want.of(t, shard)):
+                assert (a is None and b is None) or np.array_equal(a, b)
