@@ -1243,7 +1243,7 @@ cdef class ReadContext(Handle):
             h.fp = fp
             h.val = <const uint8_t *>val.mv_data
             h.vlen = val.mv_size
-            h.plain = words == 1 and record_plain_int(h.val, h.vlen, words, &h.id)
+            h.plain = record_plain_int(h.val, h.vlen, words, &h.id)
         free(order)
         if rc:
             return rc
@@ -1295,7 +1295,7 @@ cdef class ReadContext(Handle):
             h[w].fp = fp
             h[w].val = <const uint8_t *>val.mv_data
             h[w].vlen = val.mv_size
-            h[w].plain = words == 1 and record_plain_int(h[w].val, h[w].vlen, words, &h[w].id)
+            h[w].plain = record_plain_int(h[w].val, h[w].vlen, words, &h[w].id)
             w += 1
         hits.n = start + w
         qsort(h, w, sizeof(Hit), _cmp_dist_seq)

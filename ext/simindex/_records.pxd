@@ -23,11 +23,12 @@ cdef inline size_t record_header(int words) noexcept nogil:
 
 cdef inline bint record_plain_int(const uint8_t *p, size_t n, int words,
                                   uint64_t *id) noexcept nogil:
-    """True for a record of an integer id and a None meta (a dataset's usual record), its id
-    in `id`: found while the query holds no GIL, so its match is made without reading the
-    record again. Anything else (or a malformed record) is False: record_id_meta decodes it."""
+    """True for a 64-bit record of an integer id and a None meta (a dataset's usual record),
+    its id in `id`: found while the query holds no GIL, so its match is made from the hit
+    (which holds a 64-bit fingerprint whole) without reading the record again. Anything
+    else, wide or malformed, is False: record_id_meta decodes it."""
     cdef size_t hdr = record_header(words)
-    if n != hdr + 10 or p[8] != 9 or p[9] != 0 or p[hdr] != layout.ID_TAG_INT or \
+    if words != 1 or n != hdr + 10 or p[8] != 9 or p[9] != 0 or p[hdr] != layout.ID_TAG_INT or \
             p[hdr + 9] != layout.MSGPACK_NIL:
         return False
     id[0] = bits.load_be64(p + hdr + 1)
