@@ -220,7 +220,7 @@ class Index:
         `add_many(ids, fingerprints)` (fingerprints may be a numpy uint64 array).
 
         Everything is checked before anything is written. Records commit in atomic chunks
-        of 262,144; a call that returns is durable (with sync=True). `jobs` shards are
+        of 1,048,576; a call that returns is durable (with sync=True). `jobs` shards are
         written at once (threads). With replace=False an id already stored, or given twice,
         raises InputError naming it instead of replacing, and its chunk writes nothing.
         """

@@ -31,7 +31,13 @@ from .plan import Plan
 from .shard import ShardWriter, sorted_entries
 from .transactions import Transactions
 
-RECORD_CHUNK = 1 << 18     # records per records/ transaction of a large add
+# records per records/ transaction of a large add. LMDB gives a transaction's pages in the
+# order it writes them, its seqs (records) then its ids, so the larger the transaction the
+# longer the stretches of seqs a cold query reads through the kernel's readahead (8 MiB on
+# this VM) without the ids it does not need: a cold batch at 1M read 64 MB of records/ with
+# 2**18 (seqs and ids in 10 and 7 MB stretches) and 40 MB with 2**20 (~65 MB of dirty pages
+# per transaction with short ids; LMDB spills beyond 512 MB)
+RECORD_CHUNK = 1 << 20
 # records per shard application pass (64-bit; wide fingerprints: this over their words).
 # Each pass adds one run per table to a shard, and a later pass's run is merged into the
 # runs before it, rewriting their entries and leaving the old pages free in the file, so a

@@ -20,13 +20,14 @@ from ..errors import (
     InputError, MissingIndexError, ParameterError, ReadOnlyError, StorageError, closed_error,
 )
 from ..fingerprints import fingerprint
-from ..protocol import LAG_LIMIT, RECORD_CHUNK
+from ..protocol import LAG_LIMIT
 from ..results import (
     Id, Match, Record, check_verify, match_of, record_of, verified,
     verified_many,
 )
 from ..transactions import is_io
 from . import route
+from .parts import PART_RECORDS
 from .route import fetch
 from .servers import LedgerServer, ShardServer, plan_of
 
@@ -286,8 +287,8 @@ class Cluster:
                              f"{shape} (width {self.plan.width}), got "
                              f"{getattr(fps, 'shape', type(fps).__name__)}")
         batches = []
-        for i in range(0, len(idks), RECORD_CHUNK):
-            j = i + RECORD_CHUNK
+        for i in range(0, len(idks), PART_RECORDS):
+            j = i + PART_RECORDS
             prev, seqs = self._written(self.ledger.commit.remote(
                 self._request(), idks[i:j], fps[i:j], metas[i:j]))
             batches.append((prev, seqs, fps[i:j], None if owners is None else owners[:, i:j]))

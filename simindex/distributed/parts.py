@@ -9,9 +9,12 @@ from ..errors import BadLine, Error, InputError
 from ..fingerprints import fingerprint
 from ..inputs import read_items
 from ..plan import Plan
-from ..protocol import RECORD_CHUNK
 from . import route
 from .route import fetch
+
+# records per map task's chunk of an iterable and per ledger call: the grain of Ray's tasks
+# and objects (the ledger commits each call as one records/ transaction)
+PART_RECORDS = 1 << 18
 
 
 def _columns(items, plan, width):
@@ -22,7 +25,7 @@ def _columns(items, plan, width):
 
 
 @ray.remote
-def parse_file(path, scheme, fmt=None, fp_format="hex", chunk=RECORD_CHUNK, plan=None,
+def parse_file(path, scheme, fmt=None, fp_format="hex", chunk=PART_RECORDS, plan=None,
                width=64):
     """Chunks (id keys, fps, metas, owners) of one TSV/JSONL file, and the first bad line
     or None. Fingerprints are `width` bits (hex of up to width/4 digits), texts are
@@ -58,7 +61,7 @@ def encode(items, offset, plan=None, width=64):
         raise type(e)(f"in the records from number {offset} on: {e}") from None
 
 
-def partitions(inputs, scheme, fmt=None, fp_format="hex", chunk=RECORD_CHUNK, plan=None,
+def partitions(inputs, scheme, fmt=None, fp_format="hex", chunk=PART_RECORDS, plan=None,
                width=64):
     """Object refs of every input partition, in input order: a list of file paths is parsed
     one task per file; any other iterable of records is cut into chunks encoded by tasks.
