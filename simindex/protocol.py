@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -48,7 +49,9 @@ APPLY_CHUNK = 1 << 27
 # builds and writes its shards a group at a time, each group gathering its own entries of
 # every table in one pass over the records (by their shard ids, computed once) and
 # sorting them, in buffers every group fills again (100M records, 10 tables, 8 shards:
-# 8 groups, peak 14 GB with the pass's seqs and fingerprints)
+# 8 groups, peak 14 GB with the pass's seqs and fingerprints). Groups are sized so that two
+# sets of buffers fit this when they can: the next group is then gathered and sorted on a
+# second thread while one is written (100M, 4 tables: 16 s of writes hid 11 s of sorts)
 SORT_ENTRIES = 1 << 27
 # Group commit: add_many commits its records (the durability point) and applies them to
 # the shards only once they lag by this many records, so batches of 1,000 pay one records
@@ -96,7 +99,7 @@ def commit_prepared(txns: Transactions, records_env: Env, plan: Plan, idkeys: li
     PREPARE_MIN records, of more than one pass, that group commit leaves waiting, or of
     wide fingerprints in several groups, is not prepared."""
     n = len(idkeys)
-    group = _group_size(plan, n, jobs)
+    group, sets = _grouping(plan, n, jobs)
     if n < max(PREPARE_MIN, GROUP_LIMIT) or n > max(1, APPLY_CHUNK // plan.words) or \
             (group < plan.shards and not isinstance(plan.permuter, Permuter)):
         commit(txns, records_env, idkeys, fps, metas, replace)
@@ -117,9 +120,9 @@ def commit_prepared(txns: Transactions, records_env: Env, plan: Plan, idkeys: li
         perm = plan.permuter
         assert isinstance(perm, Permuter)            # (wide passes in groups: not prepared)
         split = perm.shard_ids(fps)
-        work = group_buffers(split[1], group)
+        work = group_buffers(split[1], group, sets)
         return Prepared(seqs, fps, split, work,
-                        Entries(plan, seqs, fps, shards=(0, group), split=split, work=work))
+                        Entries(plan, seqs, fps, shards=(0, group), split=split, work=work[0]))
     with ThreadPoolExecutor(max_workers=1) as pool:
         made = pool.submit(prepare)
         chunks = commit(txns, records_env, idkeys, fps, metas, replace)
@@ -144,15 +147,20 @@ class Prepared(NamedTuple):
     seqs: np.ndarray
     fps: np.ndarray
     split: Optional[tuple]           # Permuter.shard_ids(fps), when the pass has groups
-    work: Optional[tuple]            # group_buffers' arrays, when the pass has groups
+    work: Optional[tuple]            # group_buffers' sets, when the pass has groups
     entries: Entries                 # of the first group (of every shard when one group)
 
 
-def _group_size(plan: Plan, n: int, jobs: int) -> int:
-    """Shards a pass of n records builds at once: all, unless their entries exceed
-    SORT_ENTRIES (and at least `jobs`)."""
+def _grouping(plan: Plan, n: int, jobs: int) -> tuple:
+    """(shards a pass of n records builds at once, sets of buffers): all shards when their
+    entries fit SORT_ENTRIES (or `jobs` says so), else groups of at least `jobs` shards,
+    two sets when two groups' entries fit it (one gathered while the other is written)."""
     per_shard = max(1, n * plan.ntables * plan.words // plan.shards)
-    return min(plan.shards, max(jobs, SORT_ENTRIES // per_shard, 1))
+    whole = min(plan.shards, max(jobs, SORT_ENTRIES // per_shard, 1))
+    if whole == plan.shards:
+        return whole, 1
+    group = min(plan.shards, max(jobs, SORT_ENTRIES // 2 // per_shard, 1))
+    return group, 2 if 2 * group * per_shard <= SORT_ENTRIES else 1
 
 
 class Entries:
@@ -165,8 +173,8 @@ class Entries:
                  shards: Optional[tuple] = None, split: Optional[tuple] = None,
                  work: Optional[tuple] = None, lazy: bool = False) -> None:
         """`split`: plan.permuter.shard_ids(fps) when the caller already has it (64-bit);
-        `work`: group_buffers' arrays to fill (a bulk load's groups reuse them). `lazy`
-        (not for a group gathered through `split`): the tables are left to fill()."""
+        `work`: a set of group_buffers' arrays to fill (a bulk load's groups reuse them).
+        `lazy` (not for a group gathered through `split`): the tables are left to fill()."""
         self.plan = plan
         self.first = int(seqs[0]) if len(seqs) else 0
         self.tables: list = [None] * plan.ntables
@@ -218,7 +226,7 @@ class Entries:
         own = counts[:, lo:hi]                      # entries per table and shard
         sizes = own.sum(axis=1) + 1                 # + gather_shards' spare slot
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
-        ak, aq, bk, bq = work if work is not None else group_buffers(own, hi - lo)
+        ak, aq, bk, bq = work if work is not None else group_buffers(own, hi - lo)[0]
         got = perm.gather_shards(fps, seqs, ids, lo, hi, ak, aq, starts)
         if not np.array_equal(got, sizes - 1):
             raise ValueError("shard ids and their counts disagree")
@@ -238,14 +246,16 @@ class Entries:
         return keys[a:b], sq[a:b], None if tails is None else tails[a:b]
 
 
-def group_buffers(counts: np.ndarray, group: int) -> tuple:
-    """Four uint64 arrays (gathered keys and seqs, sorted keys and seqs) big enough for
-    the entries of any `group` consecutive shards (`counts`: shard_ids' second array).
-    A bulk load's groups fill the same pages one after another: fresh arrays per group
-    had the kernel zero 4 GB per group (100M records, 10 tables: 20 s of a 143 s build)."""
+def group_buffers(counts: np.ndarray, group: int, sets: int = 1) -> tuple:
+    """`sets` sets of four uint64 arrays (gathered keys and seqs, sorted keys and seqs),
+    each big enough for the entries of any `group` consecutive shards (`counts`:
+    shard_ids' second array). A bulk load's groups fill the same pages one after another,
+    taking the sets in turn: fresh arrays per group had the kernel zero 4 GB per group
+    (100M records, 10 tables: 20 s of a 143 s build)."""
     ntables, shards = counts.shape
     size = max(int(counts[:, lo:lo + group].sum()) for lo in range(0, shards, group))
-    return tuple(np.empty(size + ntables, dtype=np.uint64) for _ in range(4))
+    return tuple(tuple(np.empty(size + ntables, dtype=np.uint64) for _ in range(4))
+                 for _ in range(sets))
 
 
 def _shard_starts(plan: Plan) -> np.ndarray:
@@ -323,24 +333,33 @@ def _apply_pass(txns, plan, shards, applied, seqs, fps, lag, jobs, ready=None):
     """Apply one pass of records (seqs ascending, fps theirs) to the shards, a group of
     shards at a time; `ready`: the pass as commit_prepared made it."""
     top = int(seqs[-1])
-    group = _group_size(plan, len(seqs), jobs)
+    group, sets = _grouping(plan, len(seqs), jobs)
     # each record's shard in every table, permuted once for all the groups, and the
-    # buffers every group fills again
+    # buffers the groups fill again, taking the sets in turn
     split, work = (ready.split, ready.work) if ready is not None else (None, None)
     if split is None and group < plan.shards and isinstance(plan.permuter, Permuter):
         split = plan.permuter.shard_ids(fps)
-        work = group_buffers(split[1], group)
+        work = group_buffers(split[1], group, sets)
+    ranges = [(lo, min(plan.shards, lo + group)) for lo in range(0, plan.shards, group)]
+
+    def make(i: int) -> Entries:
+        return Entries(plan, seqs, fps, shards=ranges[i], split=split,
+                       work=None if work is None else work[i % len(work)])
     first = ready.entries if ready is not None else None
     del ready
-    for lo in range(0, plan.shards, group):
-        hi = min(plan.shards, lo + group)
-        if first is not None:
-            entries, first = first, None
-        else:
-            entries = Entries(plan, seqs, fps, shards=(lo, hi), split=split, work=work)
-        todo = [s for s in range(lo, hi) if top - applied[s] >= lag]
-        _apply_shards(txns, plan, shards, entries, top, todo, jobs)
-        del entries                  # before the next group's are made
+    # with two sets, group i + 1 is gathered and sorted on a second thread while group i is
+    # written (both release the GIL); group i + 2 takes group i's set once it is written
+    with ThreadPoolExecutor(max_workers=1) if sets > 1 else nullcontext() as pool:
+        ahead = None                 # the Future of the next group's Entries
+        for i, (lo, hi) in enumerate(ranges):
+            if first is not None:
+                entries, first = first, None
+            else:
+                entries = ahead.result() if ahead is not None else make(i)
+            ahead = pool.submit(make, i + 1) if pool and i + 1 < len(ranges) else None
+            todo = [s for s in range(lo, hi) if top - applied[s] >= lag]
+            _apply_shards(txns, plan, shards, entries, top, todo, jobs)
+            del entries              # before the next group's are made
 
 
 def _apply_shards(txns, plan, shards, entries, top, todo, jobs):

@@ -28,8 +28,9 @@ def groups(monkeypatch):
     return seen
 
 
-# (sort budget in entries, shards a group then holds: 16 shards, ~1,750 records, 4 tables)
-BUDGETS = [(None, 16), (1000, 2), (10, 1)]
+# (sort budget in entries, shards a group then holds: 16 shards, ~1,750 records, 4 tables,
+# ~440 entries a shard; groups are sized so that two of them fit the budget when they can)
+BUDGETS = [(None, 16), (2000, 2), (10, 1)]
 
 
 @pytest.mark.parametrize("budget,per_group", BUDGETS)
@@ -265,17 +266,64 @@ def test_sort_entries_sorts_into_given_buffers_and_checks_them():
         sort_entries(buf[:10], keys, buf[10:20], buf[5:15])
 
 
-def test_a_bulk_load_fills_one_set_of_buffers_group_after_group(tmp_path, monkeypatch, groups):
+@pytest.fixture
+def buffers(monkeypatch):
+    """(group, sets) of each group_buffers call."""
     made = []
     real = protocol.group_buffers
-    monkeypatch.setattr(protocol, "group_buffers",
-                        lambda counts, group: made.append(group) or real(counts, group))
+
+    def spy(counts, group, sets=1):
+        made.append((group, sets))
+        return real(counts, group, sets)
+    monkeypatch.setattr(protocol, "group_buffers", spy)
+    return made
+
+
+def test_a_bulk_load_fills_one_set_of_buffers_group_after_group(tmp_path, groups, buffers):
+    """When two groups' entries do not fit the sort budget, one set of buffers serves
+    every group in turn."""
     stored, queries = build_data(3, seed=13)
     with _testing.tuned(sort_entries=10), simindex.Index(tmp_path / "i", k=3, shards=8) as idx:
         idx.add_many(list(stored), np.array(list(stored.values()), dtype=np.uint64))
-        assert made == [1] and groups == [(s, s + 1) for s in range(8)]
+        assert buffers == [(1, 1)] and groups == [(s, s + 1) for s in range(8)]
         assert [{m.id: m.distance for m in ms} for ms in idx.query_many(queries)] == \
             [brute(stored, q, 3) for q in queries]
+
+
+@pytest.mark.parametrize("prepare", [False, True])
+def test_a_bulk_load_sorts_the_next_group_while_it_writes_one(tmp_path, monkeypatch, groups,
+                                                              buffers, prepare):
+    """When two groups' entries fit the sort budget, group i + 1 is gathered and sorted on a
+    second thread while group i is written, in two sets of buffers taken in turn."""
+    import threading
+    events = []
+    make, write = protocol.Entries.__init__, protocol._apply_shards
+
+    def made(self, plan, seqs, fps, shards=None, **kw):
+        events.append(("start", shards[0], threading.current_thread() is threading.main_thread()))
+        make(self, plan, seqs, fps, shards, **kw)
+
+    def wrote(txns, plan, shards, entries, top, todo, jobs):
+        write(txns, plan, shards, entries, top, todo, jobs)
+        events.append(("written", todo[0], True))
+    monkeypatch.setattr(protocol.Entries, "__init__", made)
+    monkeypatch.setattr(protocol, "_apply_shards", wrote)
+    stored, queries = build_data(3, seed=18)           # ~1,800 records, ~900 entries a shard
+    knobs = {"prepare": 1000, "group": 100} if prepare else {}
+    with _testing.tuned(sort_entries=2000, **knobs), \
+            simindex.Index(tmp_path / "i", k=3, shards=8) as idx:
+        idx.add_many(list(stored), np.array(list(stored.values()), dtype=np.uint64))
+        assert buffers == [(1, 2)]
+        assert [e for e in events if e[0] == "written"] == [("written", s, True)
+                                                             for s in range(8)]
+        for s in range(1, 8):               # made on the second thread, before s - 1 is written
+            assert ("start", s, False) in events
+            assert events.index(("start", s, False)) < events.index(("written", s - 1, True))
+        st = idx.stats()
+        assert st["runs"] == st["shards"] * st["tables"] and st["unapplied"] == 0
+        assert exact(idx, stored, queries) and idx.verify() == []
+    with simindex.Index(tmp_path / "i") as idx:
+        assert exact(idx, stored, queries)
 
 
 def prepared():
@@ -290,7 +338,8 @@ def exact(idx, stored, queries):
 
 @pytest.mark.parametrize("budget,want", [
     (None, [None]),                                  # all shards at once, before the commit
-    (3000, [(0, 1), (1, 2), (2, 3), (3, 4)])])       # the first group before the commit
+    (3000, [(0, 1), (1, 2), (2, 3), (3, 4)]),        # the first group before the commit
+    (4000, [(0, 1), (1, 2), (2, 3), (3, 4)])])       # ... and each next one beside a write
 def test_a_bulk_load_sorts_its_entries_while_its_records_commit(tmp_path, monkeypatch,
                                                                  groups, budget, want):
     """From PREPARE_MIN records into an index with nothing waiting, the table entries (of
