@@ -154,14 +154,15 @@ class Prepared(NamedTuple):
 
 def _grouping(plan: Plan, n: int, jobs: int) -> tuple:
     """(shards a pass of n records builds at once, sets of buffers): all shards when their
-    entries fit SORT_ENTRIES (or `jobs` says so), else groups of at least `jobs` shards,
-    two sets when two groups' entries fit it (one gathered while the other is written)."""
+    entries fit SORT_ENTRIES (or `jobs` says so); else groups of at least `jobs` shards,
+    sized so that two sets fit it (one gathered while the other is written) when they can,
+    and as large as one set allows when they cannot."""
     per_shard = max(1, n * plan.ntables * plan.words // plan.shards)
     whole = min(plan.shards, max(jobs, SORT_ENTRIES // per_shard, 1))
     if whole == plan.shards:
         return whole, 1
     group = min(plan.shards, max(jobs, SORT_ENTRIES // 2 // per_shard, 1))
-    return group, 2 if 2 * group * per_shard <= SORT_ENTRIES else 1
+    return (group, 2) if 2 * group * per_shard <= SORT_ENTRIES else (whole, 1)
 
 
 class Entries:
