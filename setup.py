@@ -14,7 +14,8 @@ if platform.machine() in ("x86_64", "AMD64"):
 
 def core(name, libraries=()):
     return Extension(f"simindex.{name}", sources=[f"ext/simindex/{name}.pyx"],
-                     libraries=list(libraries), extra_compile_args=extra)
+                     include_dirs=["ext/simindex"], libraries=list(libraries),
+                     extra_compile_args=extra)
 
 
 modules = [
@@ -28,6 +29,7 @@ modules = [
     # xxh3 comes from the system header (Debian libxxhash-dev), compiled inline; MD5 from
     # OpenSSL (libssl-dev) for the compatibility schemes.
     core("_fingerprint", ["crypto"]),
+    core("_text"),                        # the text pass: tokens, shingles, codes, sketches
 ]
 
 setup(

@@ -1,8 +1,10 @@
-"""Text to fingerprints: simhash over weighted features, with frozen, named schemes.
+"""Text to fingerprints under frozen, named schemes, and simhash over weighted features.
 
-The bit rule, for every scheme: bit i (value 2**i) of the fingerprint is set when the sum,
-over features, of +w (the feature's token hash has bit i set) or -w (it has not) is
-strictly positive. A tie (sum exactly 0) leaves the bit clear.
+The simhash bit rule: bit i (value 2**i) of the fingerprint is set when the sum, over
+features, of +w (the feature's token hash has bit i set) or -w (it has not) is strictly
+positive. A tie (sum exactly 0) leaves the bit clear. The minhash-v1 scheme makes a one-bit
+MinHash code instead, whose Hamming distance estimates the Jaccard similarity of shingle
+sets (see its `bit_rule`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequ
 
 import numpy as np
 
-from . import _fingerprint
+from . import _fingerprint, _text
 from .errors import InputError, InputTypeError, ParameterError
 
 WIDTHS = (64, 128, 256)
@@ -39,19 +41,34 @@ class Scheme(NamedTuple):
 
 
 _BIT_RULE = "bit i set when sum(+w if bit i of the token hash else -w) > 0; ties clear"
+_WORDS = ("NFKC normalization, then str.casefold(); tokens are runs of word characters "
+          "(regex \\w), except that each Han, Hiragana or Katakana character is a token of "
+          "its own")
 
 schemes = MappingProxyType({
     "simindex-v1": Scheme(
-        name="simindex-v1", version=1,
-        tokenizer="NFKC normalization, then str.casefold(); tokens are runs of word "
-                  "characters (regex \\w), except that each Han, Hiragana or Katakana "
-                  "character is a token of its own",
-        shingle_width=3, joiner="single space",
+        name="simindex-v1", version=1, tokenizer=_WORDS, shingle_width=3, joiner="single space",
         hash="of the UTF-8 shingle, as an unsigned integer: xxh3-64 (seed 0) at width 64; "
              "xxh3-128 (seed 0) at 128; at 256, xxh3-128 with seed 0 (the high 128 bits) "
              "then with seed 1 (the low 128 bits)",
         weighting="each shingle occurrence counts 1 (repeats add up)",
         bit_rule=_BIT_RULE,
+        short_text="fewer than 3 tokens: one shingle of all of them; no token: InputError",
+        widths=(64, 128, 256)),
+    "minhash-v1": Scheme(
+        name="minhash-v1", version=1, tokenizer=_WORDS, shingle_width=3,
+        joiner="single space",
+        hash="xxh3-64 (seed 0) of the UTF-8 shingle, as an unsigned integer x",
+        weighting="none: the set of distinct shingles (a repeat changes nothing)",
+        bit_rule="one-bit MinHash with one bin per bit, at width w: in round r = 0, 1, "
+                 "2, ... each shingle's g = splitmix64 output of x + r * 0x9E3779B97F4A7C15 "
+                 "(the state plus that constant, then the xor-shift-multiply finalizer) "
+                 "offers the pair (r, low 64 - log2(w) bits of g) to bin g >> (64 - "
+                 "log2(w)); bit b (value 2**b) is the lowest bit of bin b's smallest pair. "
+                 "Every round-r pair is below every later one, so rounds end once every "
+                 "bin holds one (at most 64 * w rounds; a bin still empty, with probability "
+                 "below w * e**-64, gives 0). Two texts' bits differ with probability "
+                 "(1 - J) / 2, J the Jaccard similarity of their shingle sets",
         short_text="fewer than 3 tokens: one shingle of all of them; no token: InputError",
         widths=(64, 128, 256)),
     "1e0ng": Scheme(
@@ -102,6 +119,7 @@ HASHES = MappingProxyType({
 DEFAULT_HASH = MappingProxyType({64: "xxh3", 128: "xxh3-128", 256: "xxh3-128x2"})
 _MD5, _MD5_FIRST8 = 1, 2                 # hash kinds of the compiled vote loops
 _V1_HASH = {64: 0, 128: 3, 256: 4}
+WORD_SCHEMES = ("simindex-v1", "minhash-v1")   # read by the compiled text pass (_text)
 
 
 def scheme_name(scheme: Union[str, "Scheme"]) -> str:
@@ -119,6 +137,14 @@ def _scheme(scheme: Union[str, "Scheme", None]) -> "Scheme":
             f"unknown fingerprint scheme {scheme!r}; known: {', '.join(schemes)}") from None
 
 
+def pass_args(scheme: str, width: int) -> dict:
+    """The compiled text pass's arguments that make `scheme`'s code at `width` bits (for
+    the schemes in WORD_SCHEMES)."""
+    if scheme == "minhash-v1":
+        return {"mh_words": width // 64}
+    return {"vote_kind": _V1_HASH[width], "vote_words": width // 64}
+
+
 def _utf8(text):
     try:
         return text.encode("utf-8")
@@ -127,7 +153,7 @@ def _utf8(text):
                          f"no UTF-8 form to hash") from None
 
 
-def _text(text):
+def _text_arg(text):
     if not isinstance(text, str):
         raise InputTypeError(f"text must be str, got {type(text).__name__} {text!r:.60}")
     return text
@@ -136,8 +162,8 @@ def _text(text):
 def tokenize(text: str, *, scheme: Union[str, "Scheme"] = DEFAULT_SCHEME) -> list[str]:
     """The tokens a scheme shingles, hashes and votes over (see `schemes`)."""
     s = _scheme(scheme)
-    text = _text(text)
-    if s.name == "simindex-v1":
+    text = _text_arg(text)
+    if s.name in WORD_SCHEMES:
         return _V1_TOKEN.findall(unicodedata.normalize("NFKC", text).casefold())
     if s.name == "1e0ng":
         return list("".join(_1E0NG_TOKEN.findall(text.lower())))
@@ -358,17 +384,16 @@ def fingerprint(text: str, *, scheme: Union[str, "Scheme", None] = DEFAULT_SCHEM
     of the scheme's widths; default its first: 64, or 128 for "memosstilvi")."""
     s = _scheme(scheme)
     words = scheme_width(s, width) // 64
-    if s.name == "simindex-v1":
-        # the compiled pass: tokens, shingles, hashes and votes without a Python object each
-        fp, windows = _fingerprint.word_vote(
-            unicodedata.normalize("NFKC", _text(text)).casefold(), s.shingle_width,
-            _V1_HASH[64 * words], words)
+    if s.name in WORD_SCHEMES:
+        # the compiled pass: tokens, shingles, hashes and the code without a Python object
+        fp, windows, _, _ = _text.signature(_text_arg(text), s.shingle_width,
+                                            **pass_args(s.name, 64 * words))
         if not windows:
-            raise InputError("text has no tokens under scheme 'simindex-v1' (empty, or no "
-                             "word characters): it has no fingerprint")
+            raise InputError(f"text has no tokens under scheme {s.name!r} (empty, or no "
+                             f"word characters): it has no fingerprint")
         return fp
     if s.name == "1e0ng":
-        content = "".join(_1E0NG_TOKEN.findall(_text(text).lower()))
+        content = "".join(_1E0NG_TOKEN.findall(_text_arg(text).lower()))
         if not content:
             raise InputError("text has no tokens under scheme '1e0ng' (empty, or no word "
                              "characters): it has no fingerprint")

@@ -12,13 +12,12 @@ J = 0.5 with SKETCH = 128.
 
 from __future__ import annotations
 
-import unicodedata
 from typing import Union
 
 import numpy as np
 
-from . import _fingerprint
-from .fingerprints import HASHES, Scheme, _scheme, _text, shingles, tokenize
+from . import _fingerprint, _text
+from .fingerprints import HASHES, WORD_SCHEMES, Scheme, _scheme, _text_arg, shingles, tokenize
 
 SKETCH = 128                # values kept per sketch: 512 bytes at most
 _XXH3 = HASHES["xxh3"][0]  # the compiled hash kind of xxh3-64
@@ -28,9 +27,11 @@ def shingle_set(text: str, scheme: Union[str, Scheme]) -> np.ndarray:
     """The sorted distinct 64-bit hashes of a text's shingles under a scheme: xxh3 of each
     shingle's tokens joined by single spaces (no scheme's tokens hold a space)."""
     s = _scheme(scheme)
-    if s.name == "simindex-v1":           # compiled: the tokens word_vote votes over
-        return np.unique(_fingerprint.word_shingle_hashes(
-            unicodedata.normalize("NFKC", _text(text)).casefold(), s.shingle_width))
+    if s.name in WORD_SCHEMES:            # compiled: the pass that makes their codes
+        hashes = _text.signature(_text_arg(text), s.shingle_width, mh_words=1,
+                                 shingles=True)[3]
+        assert hashes is not None
+        return np.unique(hashes)
     items = [" ".join(sh).encode("utf-8", "surrogatepass")
              for sh in shingles(tokenize(text, scheme=s), s.shingle_width)]
     if not items:

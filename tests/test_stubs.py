@@ -12,7 +12,8 @@ pytest.importorskip("mypy")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULES = ["simindex._layout", "simindex._lmdb", "simindex._permute", "simindex._blocks",
-           "simindex._records", "simindex._join", "simindex._query", "simindex._fingerprint"]
+           "simindex._records", "simindex._join", "simindex._query", "simindex._fingerprint",
+           "simindex._text"]
 
 
 def mypy(*args):

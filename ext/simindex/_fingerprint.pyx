@@ -1,11 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The compiled part of fingerprinting: token hashing and the simhash bit vote, at 64, 128
-and 256 bits, and the generator of random hyperplanes.
-
-Python (simindex/fingerprints.py) normalizes and tokenizes text with the regex engine, joins
-the tokens with single spaces and hands the bytes here once per document: this module cuts
-them into shingles, hashes each, and accumulates the votes, so no Python object is made
-per token.
+"""The compiled part of fingerprinting features and of the compatibility schemes: token
+hashing and the simhash bit vote at 64, 128 and 256 bits, the vote over the shingles of
+space-joined tokens or of characters, and the generator of random hyperplanes. (The schemes
+of casefolded words, simindex-v1 and minhash-v1, read their texts in _text.)
 
 A fingerprint of `words` 64-bit words is held most significant word first (word 0 holds bits
 64*(words-1) .. 64*words-1); bit i of the fingerprint has the value 2**i.
@@ -18,9 +15,6 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
 from libc.math cimport sqrt, log, cos
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from cpython.unicode cimport (
-    PyUnicode_KIND, PyUnicode_DATA, PyUnicode_READ, Py_UNICODE_ISALNUM,
-)
 
 cdef extern from *:
     """
@@ -388,125 +382,3 @@ def char_gram_vote(bytes utf8 not None, int width, int kind=1, int words=1):
         _vote(v, words, r)
     free(off)
     return _to_int(r, words), windows
-
-
-cdef inline bint _is_cjk(uint32_t c) noexcept nogil:
-    return (0x3040 <= c <= 0x30FF or 0x3400 <= c <= 0x4DBF or 0x4E00 <= c <= 0x9FFF or
-            0xF900 <= c <= 0xFAFF or 0x20000 <= c <= 0x2FA1F)
-
-
-cdef inline Py_ssize_t _utf8(uint32_t c, char *o) noexcept nogil:
-    if c < 0x80:
-        o[0] = <char>c
-        return 1
-    if c < 0x800:
-        o[0] = <char>(0xC0 | (c >> 6))
-        o[1] = <char>(0x80 | (c & 0x3F))
-        return 2
-    if c < 0x10000:
-        o[0] = <char>(0xE0 | (c >> 12))
-        o[1] = <char>(0x80 | ((c >> 6) & 0x3F))
-        o[2] = <char>(0x80 | (c & 0x3F))
-        return 3
-    o[0] = <char>(0xF0 | (c >> 18))
-    o[1] = <char>(0x80 | ((c >> 12) & 0x3F))
-    o[2] = <char>(0x80 | ((c >> 6) & 0x3F))
-    o[3] = <char>(0x80 | (c & 0x3F))
-    return 4
-
-
-cdef Py_ssize_t _v1_join(str text, char *buf):
-    """simindex-v1's tokens of (normalized) `text` as UTF-8 joined by single spaces, into
-    `buf` (at least 5 * len(text) + 1 bytes); returns the length.
-
-    Tokens are runs of word characters (what regex \\w matches: str.isalnum() or "_"), and
-    each character of the Han/Kana ranges a token of its own, word character or not.
-    """
-    cdef Py_ssize_t n = len(text), i, o = 0
-    cdef int kind = PyUnicode_KIND(text)
-    cdef const void *data = PyUnicode_DATA(text)
-    cdef uint32_t c
-    cdef bint in_word = False, word
-    for i in range(n):
-        c = PyUnicode_READ(kind, data, i)
-        word = Py_UNICODE_ISALNUM(c) or c == 0x5F
-        if _is_cjk(c):                       # every character of these ranges
-            if o:
-                buf[o] = b' '
-                o += 1
-            o += _utf8(c, buf + o)
-            in_word = False
-        elif word:
-            if not in_word and o:
-                buf[o] = b' '
-                o += 1
-            o += _utf8(c, buf + o)
-            in_word = True
-        else:
-            in_word = False
-    return o
-
-
-def word_vote(str text not None, int width, int hash_kind=0, int words=1):
-    """simindex-v1's tokenize + shingle + hash + vote in one pass over normalized text:
-    the tokens of _v1_join, voted on as in shingle_vote() with hash `hash_kind`. Returns
-    (fingerprint, windows).
-    """
-    cdef Py_ssize_t o
-    cdef char *buf
-    cdef uint64_t r[MAXW]
-    cdef Py_ssize_t windows = 0
-    cdef int rc
-    _kind_words(hash_kind, words)
-    buf = <char *>malloc(5 * len(text) + 1)
-    if buf == NULL:
-        raise MemoryError()
-    try:
-        o = _v1_join(text, buf)
-        with nogil:
-            rc = _shingle_vote_buf(buf, o, width, r, &windows, hash_kind, words)
-        if rc:
-            raise MemoryError()
-        return _to_int(r, words), windows
-    finally:
-        free(buf)
-
-
-def word_shingle_hashes(str text not None, int width):
-    """The xxh3-64 hash of every `width`-token window of simindex-v1's tokens of
-    (normalized) `text`, each window its tokens joined by single spaces (fewer tokens than
-    `width` make one window of them all), as a uint64 array in window order."""
-    cdef Py_ssize_t o, t, ntok, nw
-    cdef char *buf
-    cdef Py_ssize_t *start = NULL
-    cdef Py_ssize_t *end = NULL
-    cdef uint64_t h[MAXW]
-    cdef uint64_t[::1] view
-    if width < 1:
-        raise ValueError(f"width must be >= 1, got {width}")
-    buf = <char *>malloc(5 * len(text) + 1)
-    if buf == NULL:
-        raise MemoryError()
-    try:
-        o = _v1_join(text, buf)
-        start = <Py_ssize_t *>malloc((o // 2 + 2) * sizeof(Py_ssize_t))
-        end = <Py_ssize_t *>malloc((o // 2 + 2) * sizeof(Py_ssize_t))
-        if start == NULL or end == NULL:
-            raise MemoryError()
-        ntok = _split(buf, o, start, end)
-        nw = 0 if ntok == 0 else (1 if ntok < width else ntok - width + 1)
-        out = np.empty(nw, dtype=np.uint64)
-        view = out
-        with nogil:
-            if 0 < ntok < width:
-                si_hash(0, buf + start[0], end[ntok - 1] - start[0], h, 1)
-                view[0] = h[0]
-            else:
-                for t in range(nw):
-                    si_hash(0, buf + start[t], end[t + width - 1] - start[t], h, 1)
-                    view[t] = h[0]
-        return out
-    finally:
-        free(buf)
-        free(start)
-        free(end)

@@ -1,0 +1,270 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The compiled text pass (shingles.h) for the schemes whose tokens are casefolded words:
+simindex-v1's simhash and minhash-v1's one-bit MinHash code, with the shingle sketch and the
+shingle hashes of the similarity check made in the same pass.
+
+Python normalizes a text that is not ASCII (NFKC, which returns the same string when it is
+already normalized); everything else runs here without the GIL and without a Python object
+per token.
+"""
+
+import unicodedata
+
+import numpy as np
+
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+from cpython.unicode cimport PyUnicode_KIND, PyUnicode_DATA, PyUnicode_GET_LENGTH
+
+cdef extern from "shingles.h" nogil:
+    ctypedef struct si_tables_t:
+        const uint32_t *nf
+        const uint32_t *fold
+        const uint32_t *seq
+        const uint32_t *astral_cp
+        const uint32_t *astral_to
+        size_t n_astral
+    ctypedef struct si_pass:
+        char *buf
+        uint64_t *xs
+        int64_t windows
+        int oom
+        int needs_nf
+        int normalized
+        int nsk
+        uint32_t sk[128]
+        uint64_t *all
+        size_t nall
+    int SI_MAX_SHINGLE
+    int SI_SKETCH
+    uint32_t SI_MAP_SEQ
+    uint32_t SI_MAP_COMPLEX
+    int si_pass_init(si_pass *s, int width, int vote_kind, int vote_words, int mh_words,
+                     int want_sketch, int want_all)
+    void si_pass_free(si_pass *s)
+    void si_feed(si_pass *s, const si_tables_t *t, int kind, const void *data, size_t n)
+    void si_finish(si_pass *s)
+    void si_vote_bits(const si_pass *s, uint64_t *out)
+    void si_mh_bits(const si_pass *s, uint64_t *out)
+
+# The hash kinds a simhash votes with (as in _fingerprint): xxh3-64, xxh3-128, 2 x xxh3-128.
+VOTE_KINDS = (0, 3, 4)
+SKETCH = SI_SKETCH
+
+cdef si_tables_t _tables
+cdef object _table_arrays = None     # keeps the tables' buffers alive
+
+
+def _trailing():
+    """The characters that compose with a character before them under NFC: the second of
+    every primary composite's two-character canonical decomposition, and the Hangul vowel
+    and final jamo (composed algorithmically)."""
+    out = set(range(0x1161, 0x1176)) | set(range(0x11A8, 0x11C3))
+    for c in range(0x20000):
+        d = unicodedata.decomposition(chr(c))
+        if not d or d.startswith("<"):
+            continue
+        parts = d.split()
+        if len(parts) == 2:
+            a, b = (chr(int(x, 16)) for x in parts)
+            if unicodedata.normalize("NFC", a + b) == chr(c):
+                out.add(ord(b))
+    return out
+
+
+def build_tables():
+    """The tables of shingles.h for every code point above ASCII: (nf, fold, seq,
+    astral_cp, astral_to). `nf` is COMPLEX for a character whose NFKC form can depend on
+    its neighbours: one whose decomposition starts with a combining mark or a character
+    that composes with the one before it."""
+    trailing = _trailing()
+    nf = np.zeros(65536, dtype=np.uint32)
+    fold = np.arange(65536, dtype=np.uint32)
+    seq = [0]
+
+    def mapped(s):
+        if len(s) == 1:
+            return ord(s)
+        seq.append(len(s))
+        seq.extend(map(ord, s))
+        return SI_MAP_SEQ | (len(seq) - 1 - len(s))
+    for c in range(65536):
+        ch = chr(c)
+        if 0xD800 <= c < 0xE000:               # a lone surrogate: no word character
+            nf[c] = c
+            continue
+        f = ch.casefold()
+        if f != ch:
+            fold[c] = mapped(f)
+        d = unicodedata.normalize("NFKD", ch)
+        if unicodedata.combining(d[0]) or ord(d[0]) in trailing:
+            nf[c] = SI_MAP_COMPLEX
+        else:
+            nf[c] = mapped(unicodedata.normalize("NFKC", ch).casefold())
+    astral_cp, astral_to = [], []
+    step = 4096
+    for base in range(0x10000, 0x110000, step):
+        s = np.arange(base, base + step, dtype="<u4").tobytes().decode("utf-32-le")
+        if s.casefold() == s:
+            continue
+        for c in range(base, base + step):
+            f = chr(c).casefold()
+            if f != chr(c):
+                if len(f) != 1:
+                    raise AssertionError(f"U+{c:X} folds to {len(f)} characters")
+                astral_cp.append(c)
+                astral_to.append(ord(f))
+    return (nf, fold, np.array(seq, dtype=np.uint32), np.array(astral_cp, dtype=np.uint32),
+            np.array(astral_to, dtype=np.uint32))
+
+
+cdef int _ensure_tables() except -1:
+    global _table_arrays
+    cdef const uint32_t[::1] nf, fold, seq, ac, at
+    if _table_arrays is not None:
+        return 0
+    arrays = build_tables()
+    nf, fold, seq, ac, at = arrays
+    _tables.nf = &nf[0]
+    _tables.fold = &fold[0]
+    _tables.seq = &seq[0]
+    _tables.n_astral = ac.shape[0]
+    _tables.astral_cp = &ac[0] if ac.shape[0] else NULL
+    _tables.astral_to = &at[0] if at.shape[0] else NULL
+    _table_arrays = arrays
+    return 0
+
+
+cdef int _check(int width, int vote_kind, int vote_words, int mh_words) except -1:
+    if not 1 <= width <= SI_MAX_SHINGLE:
+        raise ValueError(f"shingle width must be 1..{SI_MAX_SHINGLE}, got {width}")
+    if (vote_kind >= 0) == (mh_words > 0):
+        raise ValueError("a pass makes exactly one code: a simhash vote or a MinHash code")
+    if vote_kind >= 0:
+        if vote_kind not in VOTE_KINDS or vote_words not in (1, 2, 4):
+            raise ValueError(f"vote kind {vote_kind} at {vote_words} words is not supported")
+        if (vote_kind == 0) != (vote_words == 1) or (vote_kind == 4) != (vote_words == 4):
+            raise ValueError(f"vote kind {vote_kind} does not make {vote_words} words")
+    elif mh_words not in (1, 2, 4):
+        raise ValueError(f"a MinHash code has 1, 2 or 4 words, not {mh_words}")
+    return 0
+
+
+cdef int _run(si_pass *s, text, int width, int vote_kind, int vote_words, int mh_words,
+             bint sketch, bint shingles) except -1:
+    """Initialize a pass and read one text through it. A text whose characters above ASCII
+    need their neighbours to be normalized is normalized (NFKC) whole and read again."""
+    cdef int kind
+    cdef const void *data
+    cdef size_t n
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    if not text.isascii():
+        _ensure_tables()
+    for normalized in (False, True):
+        if normalized:
+            si_pass_free(s)
+            text = unicodedata.normalize("NFKC", text)
+        if si_pass_init(s, width, vote_kind, vote_words, mh_words, sketch, shingles):
+            raise MemoryError()
+        s.normalized = normalized
+        kind = PyUnicode_KIND(text)
+        data = PyUnicode_DATA(text)
+        n = PyUnicode_GET_LENGTH(text)
+        with nogil:
+            si_feed(s, &_tables, kind, data, n)
+            if not s.needs_nf:
+                si_finish(s)
+        if s.oom:
+            raise MemoryError()
+        if not s.needs_nf:
+            return 0
+    raise AssertionError("a normalized text asked to be normalized")
+
+
+cdef object _code(si_pass *s, int vote_kind, int words):
+    cdef uint64_t r[4]
+    cdef int q
+    if vote_kind >= 0:
+        si_vote_bits(s, r)
+    else:
+        si_mh_bits(s, r)
+    if words == 1:
+        return r[0]
+    v = 0
+    for q in range(words):
+        v = (v << 64) | r[q]
+    return v
+
+
+cdef bytes _sketch(si_pass *s):
+    """The sketch as big-endian u32 values, ascending."""
+    cdef int i
+    cdef uint32_t v
+    out = bytearray(4 * s.nsk)
+    cdef unsigned char[::1] o = out
+    for i in range(s.nsk):
+        v = s.sk[i]
+        o[4 * i] = v >> 24
+        o[4 * i + 1] = (v >> 16) & 0xFF
+        o[4 * i + 2] = (v >> 8) & 0xFF
+        o[4 * i + 3] = v & 0xFF
+    return bytes(out)
+
+
+cdef object _all(si_pass *s):
+    out = np.empty(s.nall, dtype=np.uint64)
+    cdef uint64_t[::1] o = out
+    if s.nall:
+        memcpy(&o[0], s.all, s.nall * sizeof(uint64_t))
+    return out
+
+
+def signature(text, int width, int vote_kind=-1, int vote_words=1, int mh_words=0,
+              bint sketch=False, bint shingles=False):
+    """One text's pass: (code as an int, shingle count, sketch bytes or None, every
+    shingle's xxh3-64 in order or None). The code is the simhash of `vote_kind` at
+    `vote_words` words, or (vote_kind -1) the MinHash code of `mh_words` words; a text
+    without tokens has 0 shingles (and code 0)."""
+    cdef si_pass s
+    _check(width, vote_kind, vote_words, mh_words)
+    s.buf = s.xs = s.all = NULL
+    try:
+        _run(&s, text, width, vote_kind, vote_words, mh_words, sketch, shingles)
+        return (_code(&s, vote_kind, vote_words if vote_kind >= 0 else mh_words), s.windows,
+                _sketch(&s) if sketch else None, _all(&s) if shingles else None)
+    finally:
+        si_pass_free(&s)
+
+
+def signatures(list texts, int width, int vote_kind=-1, int vote_words=1, int mh_words=0,
+               bint sketch=False, bint shingles=False):
+    """The pass of `signature` over many texts: (codes as an (n, words) uint64 array, most
+    significant word first; shingle counts as an int64 array; sketches or None; shingle
+    hash arrays or None). The GIL is released while each text is read."""
+    cdef Py_ssize_t i, n = len(texts)
+    cdef int words = vote_words if vote_kind >= 0 else mh_words
+    cdef si_pass s
+    _check(width, vote_kind, vote_words, mh_words)
+    codes = np.zeros((n, words), dtype=np.uint64)
+    counts = np.zeros(n, dtype=np.int64)
+    cdef uint64_t[:, ::1] c = codes
+    cdef int64_t[::1] w = counts
+    sketches = [] if sketch else None
+    alls = [] if shingles else None
+    for i in range(n):
+        s.buf = s.xs = s.all = NULL
+        try:
+            _run(&s, texts[i], width, vote_kind, vote_words, mh_words, sketch, shingles)
+            if vote_kind >= 0:
+                si_vote_bits(&s, &c[i, 0])
+            else:
+                si_mh_bits(&s, &c[i, 0])
+            w[i] = s.windows
+            if sketch:
+                sketches.append(_sketch(&s))
+            if shingles:
+                alls.append(_all(&s))
+        finally:
+            si_pass_free(&s)
+    return codes, counts, sketches, alls

@@ -1,0 +1,448 @@
+/* One pass over a text, free of the interpreter: its tokens, their shingles, and what the
+ * signatures make of each shingle's hash.
+ *
+ * Tokens are the casefolded runs of word characters (str.isalnum() or "_"), except that each
+ * Han, Hiragana or Katakana character is a token of its own. A shingle is a window of
+ * `width` consecutive tokens joined by single spaces (a text with fewer tokens has one
+ * shingle of them all). The caller normalizes the text (NFKC) first; case folding happens
+ * here, character by character, as str.casefold() does it (it has no context rules).
+ *
+ * The pass keeps only the last `width` tokens' bytes, so its memory does not grow with the
+ * text (except for what the caller asks it to collect). Each shingle's bytes are hashed and
+ * handed to the sinks the caller turned on:
+ *   - the simhash vote (simindex-v1): per bit, how many shingle hashes set it; bit i of the
+ *     fingerprint is set when more than half of the votes set it (the +1/-1 sum is > 0);
+ *   - the one-bit MinHash code (minhash-v1), see si_mh_* below;
+ *   - the bottom-SI_SKETCH sketch: the smallest distinct high 32-bit halves of the xxh3-64
+ *     shingle hashes;
+ *   - every shingle's xxh3-64, in order (for an exact Jaccard check).
+ *
+ * Python's unicode classification (Py_UNICODE_ISALNUM) is a pure table lookup: callable
+ * without the GIL. Normalization and case folding of characters above ASCII come from tables
+ * the caller builds once from unicodedata and str.casefold() (si_tables_t).
+ */
+#ifndef SIMINDEX_SHINGLES_H
+#define SIMINDEX_SHINGLES_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#define SI_MAX_SHINGLE 16        /* tokens per shingle, at most */
+#define SI_MAX_WORDS 4           /* 64-bit words of the widest signature (256 bits) */
+#define SI_SKETCH 128            /* values of a bottom-k sketch */
+#define SI_COMPACT (1 << 16)     /* bytes of token text kept before the oldest is dropped */
+#define SI_GOLDEN 0x9E3779B97F4A7C15ULL
+
+/* ---- tables for characters above ASCII (built by the caller from unicodedata) ------- */
+
+/* What a character becomes, by code point below 65536: one code point, SI_MAP_SEQ | i where
+ * seq[i] is a count followed by the code points, or SI_MAP_COMPLEX. Two tables: `nf` maps a
+ * character of a text not known to be normalized to its NFKC form, case folded, where that
+ * form does not depend on the characters around it (its decomposition starts with a starter
+ * that composes with nothing before it), and says COMPLEX otherwise (the caller normalizes
+ * the whole text and reads it again); `fold` maps a character of a normalized text to its
+ * case folding. Above the BMP, `nf` is COMPLEX and `fold` looks up the sorted astral list. */
+typedef struct {
+    const uint32_t *nf;
+    const uint32_t *fold;
+    const uint32_t *seq;
+    const uint32_t *astral_cp;   /* sorted code points above the BMP that fold ... */
+    const uint32_t *astral_to;   /* ... and what each folds to (one code point) */
+    size_t n_astral;
+} si_tables_t;
+
+#define SI_MAP_SEQ 0x80000000u
+#define SI_MAP_COMPLEX 0x40000000u
+
+/* ---- the pass ------------------------------------------------------------------------ */
+
+typedef struct {
+    /* what to make */
+    int width;                   /* tokens per shingle, 1..SI_MAX_SHINGLE */
+    int vote_kind;               /* -1: no simhash; 0: xxh3-64; 3: xxh3-128; 4: 2 x xxh3-128 */
+    int vote_words;              /* words of the simhash, 1, 2 or 4 */
+    int mh_words;                /* words of the MinHash code, 0 (none), 1, 2 or 4 */
+    int want_sketch;
+    int want_all;
+    int normalized;              /* the text is NFKC already: fold only */
+    int needs_nf;                /* a character needs the whole text normalized first */
+    /* the token window */
+    char *buf;
+    size_t len, cap;
+    size_t start[SI_MAX_SHINGLE], end[SI_MAX_SHINGLE];   /* ring of the last tokens */
+    int64_t ntok;                /* tokens completed */
+    int in_tok;
+    int64_t windows;             /* shingles emitted */
+    /* the simhash vote: byte counters (8 per uint64) flushed into exact counts */
+    uint64_t cnt8[SI_MAX_WORDS * 8];
+    int64_t ones[SI_MAX_WORDS * 64];
+    int pending;
+    /* the MinHash code */
+    int mh_shift;                /* 64 - log2(bins) */
+    int mh_filled;
+    int32_t mh_round[SI_MAX_WORDS * 64];
+    uint64_t mh_val[SI_MAX_WORDS * 64];
+    uint64_t *xs;                /* the shingle hashes, while bins are still empty */
+    size_t nxs, capxs;
+    /* the sketch */
+    uint32_t sk[SI_SKETCH];
+    int nsk;
+    /* every shingle hash */
+    uint64_t *all;
+    size_t nall, capall;
+    int oom;
+} si_pass;
+
+static const uint64_t si_spread[256] = {
+#define SI_S(v) ((uint64_t)((v) & 1) | ((uint64_t)(((v) >> 1) & 1) << 8) | \
+    ((uint64_t)(((v) >> 2) & 1) << 16) | ((uint64_t)(((v) >> 3) & 1) << 24) | \
+    ((uint64_t)(((v) >> 4) & 1) << 32) | ((uint64_t)(((v) >> 5) & 1) << 40) | \
+    ((uint64_t)(((v) >> 6) & 1) << 48) | ((uint64_t)(((v) >> 7) & 1) << 56))
+#define SI_S4(v) SI_S(v), SI_S(v + 1), SI_S(v + 2), SI_S(v + 3)
+#define SI_S16(v) SI_S4(v), SI_S4(v + 4), SI_S4(v + 8), SI_S4(v + 12)
+#define SI_S64(v) SI_S16(v), SI_S16(v + 16), SI_S16(v + 32), SI_S16(v + 48)
+    SI_S64(0), SI_S64(64), SI_S64(128), SI_S64(192)
+#undef SI_S64
+#undef SI_S16
+#undef SI_S4
+#undef SI_S
+};
+
+/* splitmix64's output function at state x + golden: the round hash of the MinHash code */
+static inline uint64_t si_mh_mix(uint64_t x) {
+    x += SI_GOLDEN;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+static inline int si_is_cjk(uint32_t c) {
+    return (0x3040 <= c && c <= 0x30FF) || (0x3400 <= c && c <= 0x4DBF) ||
+           (0x4E00 <= c && c <= 0x9FFF) || (0xF900 <= c && c <= 0xFAFF) ||
+           (0x20000 <= c && c <= 0x2FA1F);
+}
+
+/* 0: not a word character; else its lowercase form (ASCII) */
+static const unsigned char si_ascii[128] = {
+    0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0, 0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,
+    0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0, '0','1','2','3','4','5','6','7','8','9',0,0,0,0,0,0,
+    0,'a','b','c','d','e','f','g','h','i','j','k','l','m','n','o',
+    'p','q','r','s','t','u','v','w','x','y','z',0,0,0,0,'_',
+    0,'a','b','c','d','e','f','g','h','i','j','k','l','m','n','o',
+    'p','q','r','s','t','u','v','w','x','y','z',0,0,0,0,0,
+};
+
+static int si_pass_init(si_pass *s, int width, int vote_kind, int vote_words, int mh_words,
+                        int want_sketch, int want_all) {
+    memset(s, 0, sizeof(*s));
+    s->width = width;
+    s->vote_kind = vote_kind;
+    s->vote_words = vote_words;
+    s->mh_words = mh_words;
+    s->want_sketch = want_sketch;
+    s->want_all = want_all;
+    s->cap = 4096;
+    s->buf = (char *)malloc(s->cap);
+    if (!s->buf) return -1;
+    if (mh_words) {
+        int bins = 64 * mh_words, lg = 0;
+        while ((1 << lg) < bins) lg++;
+        s->mh_shift = 64 - lg;
+        for (int b = 0; b < bins; b++) s->mh_round[b] = -1;
+    }
+    return 0;
+}
+
+static void si_pass_free(si_pass *s) {
+    free(s->buf);
+    free(s->xs);
+    free(s->all);
+    s->buf = NULL; s->xs = NULL; s->all = NULL;
+}
+
+static inline int si_push64(uint64_t **a, size_t *n, size_t *cap, uint64_t v) {
+    if (*n == *cap) {
+        size_t c = *cap ? 2 * *cap : 1024;
+        uint64_t *p = (uint64_t *)realloc(*a, c * sizeof(uint64_t));
+        if (!p) return -1;
+        *a = p; *cap = c;
+    }
+    (*a)[(*n)++] = v;
+    return 0;
+}
+
+static inline void si_vote_flush(si_pass *s) {
+    int n8 = s->vote_words * 8;
+    for (int j = 0; j < n8; j++) {
+        uint64_t c = s->cnt8[j];
+        for (int t = 0; t < 8; t++) s->ones[8 * j + t] += (c >> (8 * t)) & 0xFF;
+        s->cnt8[j] = 0;
+    }
+    s->pending = 0;
+}
+
+/* ones[64 * q + i] counts bit i of hash word q (word 0 the most significant) */
+static inline void si_vote_add(si_pass *s, const uint64_t *h) {
+    for (int q = 0; q < s->vote_words; q++) {
+        uint64_t x = h[q];
+        uint64_t *c = s->cnt8 + 8 * q;
+        for (int j = 0; j < 8; j++) c[j] += si_spread[(x >> (8 * j)) & 0xFF];
+    }
+    if (++s->pending == 255) si_vote_flush(s);
+}
+
+static inline void si_mh_offer(si_pass *s, uint64_t g, int32_t round) {
+    int b = (int)(g >> s->mh_shift);
+    uint64_t v = g & ((~0ULL) >> (64 - s->mh_shift));
+    int32_t r = s->mh_round[b];
+    if (r < 0) {
+        s->mh_round[b] = round;
+        s->mh_val[b] = v;
+        s->mh_filled++;
+    } else if (r == round && v < s->mh_val[b]) {
+        s->mh_val[b] = v;
+    }
+}
+
+static inline void si_sketch_add(si_pass *s, uint32_t v) {
+    int n = s->nsk;
+    if (n == SI_SKETCH && v >= s->sk[n - 1]) return;
+    int lo = 0, hi = n;                  /* first index with sk[i] >= v */
+    while (lo < hi) {
+        int mid = (lo + hi) >> 1;
+        if (s->sk[mid] < v) lo = mid + 1; else hi = mid;
+    }
+    if (lo < n && s->sk[lo] == v) return;
+    int keep = n == SI_SKETCH ? n - 1 : n;
+    memmove(s->sk + lo + 1, s->sk + lo, (size_t)(keep - lo) * sizeof(uint32_t));
+    s->sk[lo] = v;
+    if (n < SI_SKETCH) s->nsk++;
+}
+
+static inline void si_emit(si_pass *s, const char *p, size_t n) {
+    uint64_t h[SI_MAX_WORDS];
+    uint64_t x = 0;
+    s->windows++;
+    if (s->mh_words || s->want_sketch || s->want_all || s->vote_kind == 0)
+        x = (uint64_t)XXH3_64bits(p, n);
+    if (s->vote_kind >= 0) {
+        if (s->vote_kind == 0) {
+            h[0] = x;
+        } else {
+            XXH128_hash_t y = XXH3_128bits_withSeed(p, n, 0);
+            h[0] = y.high64; h[1] = y.low64;
+            if (s->vote_kind == 4) {
+                y = XXH3_128bits_withSeed(p, n, 1);
+                h[2] = y.high64; h[3] = y.low64;
+            }
+        }
+        si_vote_add(s, h);
+    }
+    if (s->mh_words) {
+        si_mh_offer(s, si_mh_mix(x), 0);
+        /* later rounds need the shingles only while a bin is empty */
+        if (s->mh_filled < 64 * s->mh_words && si_push64(&s->xs, &s->nxs, &s->capxs, x))
+            s->oom = 1;
+    }
+    if (s->want_sketch) si_sketch_add(s, (uint32_t)(x >> 32));
+    if (s->want_all && si_push64(&s->all, &s->nall, &s->capall, x)) s->oom = 1;
+}
+
+static inline int si_reserve(si_pass *s, size_t more) {
+    if (s->len + more <= s->cap) return 0;
+    size_t c = s->cap;
+    while (c < s->len + more) c *= 2;
+    char *p = (char *)realloc(s->buf, c);
+    if (!p) { s->oom = 1; return -1; }
+    s->buf = p; s->cap = c;
+    return 0;
+}
+
+/* A token starts: drop the bytes no later shingle needs, then separate it with a space. */
+static inline void si_token_start(si_pass *s) {
+    int keep = s->width - 1;             /* complete tokens the next shingle still needs */
+    if (s->len > SI_COMPACT && s->ntok >= keep) {
+        size_t from = keep ? s->start[(s->ntok - keep) % SI_MAX_SHINGLE] : s->len;
+        memmove(s->buf, s->buf + from, s->len - from);
+        s->len -= from;
+        for (int t = 0; t < SI_MAX_SHINGLE; t++) {
+            s->start[t] = s->start[t] >= from ? s->start[t] - from : 0;
+            s->end[t] = s->end[t] >= from ? s->end[t] - from : 0;
+        }
+    }
+    if (s->len) s->buf[s->len++] = ' ';  /* room: every caller reserved it */
+    s->start[s->ntok % SI_MAX_SHINGLE] = s->len;
+    s->in_tok = 1;
+}
+
+static inline void si_token_end(si_pass *s) {
+    s->end[s->ntok % SI_MAX_SHINGLE] = s->len;
+    s->ntok++;
+    s->in_tok = 0;
+    if (s->ntok >= s->width) {
+        size_t a = s->start[(s->ntok - s->width) % SI_MAX_SHINGLE];
+        si_emit(s, s->buf + a, s->len - a);
+    }
+}
+
+static inline size_t si_utf8(uint32_t c, char *o) {
+    if (c < 0x80) { o[0] = (char)c; return 1; }
+    if (c < 0x800) { o[0] = (char)(0xC0 | (c >> 6)); o[1] = (char)(0x80 | (c & 0x3F)); return 2; }
+    if (c < 0x10000) {
+        o[0] = (char)(0xE0 | (c >> 12)); o[1] = (char)(0x80 | ((c >> 6) & 0x3F));
+        o[2] = (char)(0x80 | (c & 0x3F)); return 3;
+    }
+    o[0] = (char)(0xF0 | (c >> 18)); o[1] = (char)(0x80 | ((c >> 12) & 0x3F));
+    o[2] = (char)(0x80 | ((c >> 6) & 0x3F)); o[3] = (char)(0x80 | (c & 0x3F)); return 4;
+}
+
+/* One character of the folded text (after case folding). */
+static inline void si_folded_char(si_pass *s, uint32_t c) {
+    if (si_reserve(s, 8)) return;
+    if (c < 128) {
+        unsigned char l = si_ascii[c];
+        if (l) {
+            if (!s->in_tok) si_token_start(s);
+            s->buf[s->len++] = (char)l;
+        } else if (s->in_tok) {
+            si_token_end(s);
+        }
+    } else if (si_is_cjk(c)) {
+        if (s->in_tok) si_token_end(s);
+        si_token_start(s);
+        s->len += si_utf8(c, s->buf + s->len);
+        si_token_end(s);
+    } else if (Py_UNICODE_ISALNUM((Py_UCS4)c)) {
+        if (!s->in_tok) si_token_start(s);
+        s->len += si_utf8(c, s->buf + s->len);
+    } else if (s->in_tok) {
+        si_token_end(s);
+    }
+}
+
+/* One character above ASCII: mapped by the tables, then tokenized. */
+static inline void si_wide_char(si_pass *s, const si_tables_t *t, uint32_t c) {
+    uint32_t to;
+    if (c < 0x10000) {
+        to = s->normalized ? t->fold[c] : t->nf[c];
+    } else if (!s->normalized) {
+        to = SI_MAP_COMPLEX;
+    } else {
+        size_t lo = 0, hi = t->n_astral;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (t->astral_cp[mid] < c) lo = mid + 1; else hi = mid;
+        }
+        to = lo < t->n_astral && t->astral_cp[lo] == c ? t->astral_to[lo] : c;
+    }
+    if (to & SI_MAP_COMPLEX) {
+        s->needs_nf = 1;
+    } else if (to & SI_MAP_SEQ) {
+        const uint32_t *e = t->seq + (to & ~SI_MAP_SEQ);
+        for (uint32_t i = 1; i <= e[0]; i++) si_folded_char(s, e[i]);
+    } else {
+        si_folded_char(s, to);
+    }
+}
+
+/* The characters of a PEP 393 string's data, CHAR_T each: ASCII inline, in stretches of
+ * 48 (which write 97 bytes at most: each character its byte and a separating space). The
+ * buffer and its length live in locals inside a stretch (a store through char * could
+ * alias them), written back around every call that reads them. */
+#define SI_FEED_LOOP(CHAR_T)                                                              \
+    do {                                                                                  \
+        const CHAR_T *p = (const CHAR_T *)data;                                           \
+        size_t i = 0;                                                                     \
+        while (i < n && !s->oom && !s->needs_nf) {                                        \
+            if (si_reserve(s, 128)) return;                                               \
+            size_t stop = i + 48 < n ? i + 48 : n;                                        \
+            char *buf = s->buf;                                                           \
+            size_t len = s->len;                                                          \
+            int in_tok = s->in_tok;                                                       \
+            for (; i < stop; i++) {                                                       \
+                uint32_t c = p[i];                                                        \
+                if (c >= 128) break;                                                      \
+                unsigned char l = si_ascii[c];                                            \
+                if (l) {                                                                  \
+                    if (!in_tok) {                                                        \
+                        s->len = len;                                                     \
+                        si_token_start(s);                                                \
+                        len = s->len;                                                     \
+                        in_tok = 1;                                                       \
+                    }                                                                     \
+                    buf[len++] = (char)l;                                                 \
+                } else if (in_tok) {                                                      \
+                    s->len = len;                                                         \
+                    si_token_end(s);                                                      \
+                    in_tok = 0;                                                           \
+                }                                                                         \
+            }                                                                             \
+            s->len = len;                                                                 \
+            s->in_tok = in_tok;                                                           \
+            if (i < stop) {                                                               \
+                si_wide_char(s, t, p[i]);         /* reserves for itself */               \
+                i++;                                                                      \
+            }                                                                             \
+        }                                                                                 \
+    } while (0)
+
+/* Feed a text's characters: kind 1, 2 or 4 bytes each (a PEP 393 string's data). Stops
+ * early, with s->needs_nf set, at a character whose normal form depends on its neighbours
+ * (only when s->normalized is 0). */
+static void si_feed(si_pass *s, const si_tables_t *t, int kind, const void *data, size_t n) {
+    if (kind == 1) SI_FEED_LOOP(uint8_t);
+    else if (kind == 2) SI_FEED_LOOP(uint16_t);
+    else SI_FEED_LOOP(uint32_t);
+}
+
+/* The text ended: close its last token; a text with fewer tokens than the width makes one
+ * shingle of them all. Then finish the MinHash code's rounds and the vote. */
+static void si_finish(si_pass *s) {
+    if (s->in_tok) si_token_end(s);
+    if (s->ntok > 0 && s->ntok < s->width) {
+        size_t a = s->start[0];
+        si_emit(s, s->buf + a, s->end[(s->ntok - 1) % SI_MAX_SHINGLE] - a);
+    }
+    if (s->vote_kind >= 0) si_vote_flush(s);
+    if (s->mh_words && s->windows) {
+        int bins = 64 * s->mh_words;
+        /* Round r offers every shingle again, hashed at x + r * golden, to the bins still
+         * empty when the round began: any round-r entry is smaller than every later one,
+         * so stopping once every bin holds one changes nothing. 64 * bins rounds leave a
+         * bin empty with probability below bins * e**-64. */
+        for (int32_t r = 1; s->mh_filled < bins && r < 64 * bins; r++) {
+            for (size_t i = 0; i < s->nxs; i++) {
+                uint64_t g = si_mh_mix(s->xs[i] + (uint64_t)r * SI_GOLDEN);
+                int b = (int)(g >> s->mh_shift);
+                int32_t br = s->mh_round[b];
+                if (br < 0 || br == r) si_mh_offer(s, g, r);
+            }
+        }
+    }
+}
+
+/* The simhash: bit i set when the vote is positive, i.e. more than half the shingles set
+ * it. out[q] is word q, most significant first. */
+static void si_vote_bits(const si_pass *s, uint64_t *out) {
+    for (int q = 0; q < s->vote_words; q++) {
+        uint64_t r = 0;
+        for (int i = 0; i < 64; i++)
+            if (2 * s->ones[64 * q + i] > s->windows) r |= 1ULL << i;
+        out[q] = r;
+    }
+}
+
+/* The MinHash code: bit b (value 2**b) is the lowest bit of bin b's minimum (0 if empty).
+ * out[q] is word q, most significant first. */
+static void si_mh_bits(const si_pass *s, uint64_t *out) {
+    int words = s->mh_words;
+    for (int q = 0; q < words; q++) out[q] = 0;
+    for (int b = 0; b < 64 * words; b++)
+        if (s->mh_round[b] >= 0 && (s->mh_val[b] & 1))
+            out[words - 1 - b / 64] |= 1ULL << (b % 64);
+}
+
+#endif

@@ -1,0 +1,134 @@
+"""The minhash-v1 scheme: a pure-Python reference of its documented rule, frozen golden
+vectors, and the property it exists for (its bits differ with probability (1 - J) / 2)."""
+
+import math
+import random
+import re
+import unicodedata
+
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import given, settings, strategies as st
+
+import simindex
+from simindex.similarity import shingle_set
+
+CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f"
+GOLDEN = 0x9E3779B97F4A7C15
+M64 = (1 << 64) - 1
+
+
+def ref_tokens(text):
+    t = unicodedata.normalize("NFKC", text).casefold()
+    return re.findall(f"[{CJK}]|[^\\W{CJK}]+", t)
+
+
+def ref_shingles(text):
+    toks = ref_tokens(text)
+    wins = [toks] if len(toks) < 3 else [toks[i:i + 3] for i in range(len(toks) - 2)]
+    return {xxhash.xxh3_64_intdigest(" ".join(w).encode("utf-8", "surrogatepass"))
+            for w in wins if w}
+
+
+def splitmix(x):
+    x = (x + GOLDEN) & M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
+def ref_code(xs, width):
+    """The documented rule over a set of shingle hashes."""
+    shift = 64 - int(math.log2(width))
+    best = {}
+    r = 0
+    while xs and len(best) < width and r < 64 * width:
+        for x in xs:
+            g = splitmix((x + r * GOLDEN) & M64)
+            b, v = g >> shift, g & ((1 << shift) - 1)
+            if b not in best or (r, v) < best[b]:
+                best[b] = (r, v)
+        r += 1
+    return sum(1 << b for b, (_, v) in best.items() if v & 1)
+
+
+def ref_minhash(text, width=64):
+    return ref_code(ref_shingles(text), width)
+
+
+GOLDEN_VECTORS = {   # frozen: a change here is a new scheme
+    ("The quick brown fox jumps over the lazy dog.", 64): 0xf3b938651fe75413,
+    ("The quick brown fox jumps over the lazy dog.", 256):
+        0x74363eba58e79b4941ef20665d99eb0aa4c55ccd291211faae8e825c89d11484,
+}
+
+
+def test_golden_vectors_and_the_reference_agree():
+    texts = ["The quick brown fox jumps over the lazy dog.",
+             "the QUICK brown fox   jumps over the lazy dog",
+             "Ｆｕｌｌｗｉｄｔｈ text and ligatures: ﬁne ﬂow", "你好世界，这是一个测试。",
+             "Straße STRASSE strasse", "a b", "x"]
+    for (text, width), fp in GOLDEN_VECTORS.items():
+        assert simindex.fingerprint(text, scheme="minhash-v1", width=width) == fp
+    for text in texts:
+        for width in (64, 128, 256):
+            assert simindex.fingerprint(text, scheme="minhash-v1", width=width) == \
+                ref_minhash(text, width), (text, width)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(
+    list("abcAB _-.,;\n") + ["ß", "ẞ", "İ", "Σ", "ς", "µ", "Å", "é", "e\u0301", "\u0301",
+                             "ﬁ", "１", "Ａ", "漢", "か", "カ", "・", "\u00a0", "…", "™",
+                             "가", "\u1100", "\u1161", "\u11a8", "𝐀", "\U00010400", "😀",
+                             "\u0915\u093c", "\u0b47", "\u0b3e"]), max_size=60).map("".join),
+       st.sampled_from([64, 128, 256]))
+def test_the_compiled_pass_equals_the_reference(text, width):
+    if not ref_tokens(text):
+        with pytest.raises(simindex.InputError):
+            simindex.fingerprint(text, scheme="minhash-v1", width=width)
+        return
+    assert simindex.fingerprint(text, scheme="minhash-v1", width=width) == \
+        ref_minhash(text, width)
+    assert shingle_set(text, "minhash-v1").tolist() == sorted(ref_shingles(text))
+
+
+def test_the_code_is_of_the_shingle_set_repeats_change_nothing():
+    c = "one two three one two three one two three"
+    assert ref_shingles(c) == ref_shingles("one two three one two three")
+    assert simindex.fingerprint(c, scheme="minhash-v1") == \
+        simindex.fingerprint("one two three one two three", scheme="minhash-v1")
+
+
+@pytest.mark.parametrize("width", [64, 128, 256])
+def test_bits_differ_with_probability_one_minus_jaccard_over_two(width):
+    # two texts of n distinct random tokens sharing their first m share m - 2 of their
+    # n - 2 shingles each; with 40 shingles (the later rounds fill the bins) and with
+    # 2,000, over 200 pairs the mean distance is w(1 - J)/2 within 4 standard errors of a
+    # binomial, and the spread is a binomial's within 25%
+    rnd = random.Random(width)
+    for n, m in [(42, 36), (2002, 1400), (302, 290)]:
+        dist = []
+        for _ in range(200):
+            toks = [f"t{rnd.getrandbits(48):x}" for _ in range(2 * n - m)]
+            a = " ".join(toks[:n])
+            b = " ".join(toks[:m] + toks[n:])
+            dist.append(bin(simindex.fingerprint(a, scheme="minhash-v1", width=width) ^
+                            simindex.fingerprint(b, scheme="minhash-v1", width=width))
+                        .count("1"))
+        j = (m - 2) / (2 * (n - 2) - (m - 2))
+        p = (1 - j) / 2
+        mean, sd = width * p, math.sqrt(width * p * (1 - p))
+        assert abs(np.mean(dist) - mean) < 4 * sd / math.sqrt(len(dist)), (n, m)
+        assert 0.75 * sd < np.std(dist) < 1.25 * sd, (n, m)
+
+
+def test_real_texts_match_the_reference():
+    rnd = random.Random(3)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    for n in (1, 2, 3, 5, 50, 500, 3000):
+        text = " ".join(rnd.choice(words) + str(rnd.randrange(40)) for _ in range(n))
+        for width in (64, 128, 256):
+            assert simindex.fingerprint(text, scheme="minhash-v1", width=width) == \
+                ref_minhash(text, width)
