@@ -436,6 +436,53 @@ def plan(size, k, width, top):
 
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True)
+@click.option("--min-similarity", type=click.FloatRange(0, 1, min_open=True), required=True,
+              help="The similarity threshold: pairs at or above it are the ones to find.")
+@click.option("--recall", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=0.99, show_default=True, help="The share of pairs at the threshold "
+              "each width's k must find.")
+@click.option("--containment", is_flag=True, help="Calibrate for the share of the smaller "
+              "text's shingles found in the other, not the Jaccard similarity.")
+@click.option("--scheme", type=click.Choice(list(schemes)), default="minhash-v1",
+              show_default=True, help="The fingerprint scheme to calibrate.")
+@click.option("--width", type=click.Choice(["64", "128", "256"]), help="Weigh only this "
+              "width (default: every width of the scheme).")
+@click.option("--sample", type=click.IntRange(2), default=2000, show_default=True,
+              help="Rows read from the start of the input.")
+@click.option("--text-field", default="text", show_default=True,
+              help="The column holding each row's text.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet"]),
+              help="Input format (default: from each file's extension).")
+def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample, text_field,
+              fmt):
+    """Print, for each width, the k that finds --recall of the pairs at --min-similarity
+    and what it costs: the model's recall (minhash-v1), the sample's pairs at the threshold
+    and how many that k finds (with a 95% lower bound), the pairs within k per row for the
+    whole input, and the estimated search time per row and run time. The width of least
+    time is marked: it is what `simindex dedup --min-similarity` chooses without --k."""
+    from .datasets import calibrate_inputs
+    try:
+        cal = calibrate_inputs(list(inputs), min_similarity, fmt=fmt, text_field=text_field,
+                               recall=recall, scheme=scheme,
+                               width=None if width is None else int(width),
+                               measure="containment" if containment else "jaccard",
+                               sample=sample)
+    except Error as e:
+        _fail(str(e))
+    click.echo("width\tk\tmodel_recall\tsample_pairs\tfound\trecall_low\tcandidates_per_row"
+               "\tquery_us\tseconds\tchoice")
+    for c in cal.table:
+        model = "" if c.model_recall is None else f"{c.model_recall:.4f}"
+        low = "" if c.recall_low is None else f"{c.recall_low:.4f}"
+        click.echo(f"{c.width}\t{c.k}\t{model}\t{c.pairs}\t{c.found}\t{low}\t"
+                   f"{c.candidates:.3g}\t{c.query_us:.3g}\t{c.seconds:.3g}\t"
+                   f"{'<- chosen' if c.width == cal.width else ''}")
+    click.echo(f"simindex calibrate: {cal.sample_rows} rows read, about {cal.expected_rows:,} "
+               f"in the input; {cal.describe()}", err=True)
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1, required=True)
 @click.option("--output", "-o", required=True, help="Where the kept rows go (written to a "
               "temporary name and renamed when complete). Format: --output-format, else "
               "its extension, else the first input's.")
@@ -445,17 +492,19 @@ def plan(size, k, width, top):
 @click.option("--fingerprint-field", help="A column of precomputed fingerprints (hex or "
               "integer) used instead of the text.")
 @click.option("--k", type=click.IntRange(0, 255), help="Bits of difference that make a "
-              "near-duplicate (default 3; with an existing --index, at most its k).")
+              "near-duplicate (default 3, or calibrated with --min-similarity; with an "
+              "existing --index, at most its k).")
 @click.option("--scheme", type=click.Choice(list(schemes)), help="Fingerprint scheme of a new "
-              "index (default simindex-v1).")
+              "index (default simindex-v1; minhash-v1 with --min-similarity).")
 @click.option("--width", type=click.Choice(["64", "128", "256"]), help="Bits per fingerprint "
-              "of a new index (default 64).")
+              "of a new index (default 64, or calibrated with --min-similarity).")
 @click.option("--index", "index_dir", help="Keep the index here: a later run removes what "
               "duplicates anything kept in this one.")
 @click.option("--against", help="A reference index: rows near any of its records are "
               "removed; nothing is added to it.")
-@click.option("--removed", help="Write each removed row's id, the id it matched and the "
-              "distance here (JSON lines).")
+@click.option("--removed", help="Write each removed row here (JSON lines): id, where, "
+              "match, distance, reference, similarity and evidence (exact or sketch), and "
+              "the run's scheme, width, k and expected recall.")
 @click.option("--clusters", "clusters_out", help="Write every row of a group of two or more "
               "(and the kept record it is known by) with its cluster id and size here (JSON "
               "lines).")
@@ -472,7 +521,15 @@ def plan(size, k, width, top):
               "simindex_cluster_size appended.")
 @click.option("--min-similarity", type=click.FloatRange(0, 1, min_open=True), help="Count a "
               "match only if the Jaccard similarity of the two texts' shingles is at least "
-              "this (exact within a batch, from stored sketches otherwise; see README).")
+              "this (exact for rows of this run, from stored sketches for earlier runs'). "
+              "Without --k, a new index takes the minhash-v1 scheme and the width and k "
+              "calibrated on the input's first rows for --recall (see `simindex calibrate`).")
+@click.option("--recall", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              help="With --min-similarity and no --k: the share of pairs at the threshold "
+              "the chosen k must find (default 0.99).")
+@click.option("--containment", is_flag=True, help="With --min-similarity: the check is the "
+              "share of the row's shingles found in the match (a short page inside a long "
+              "one), not the Jaccard similarity.")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet"]),
               help="Input format (default: from each file's extension).")
 @click.option("--output-format", type=click.Choice(["jsonl", "csv", "parquet"]))
@@ -483,7 +540,7 @@ def plan(size, k, width, top):
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, width,
           index_dir, against, removed, clusters_out, mode, keep, drop_all, annotate,
-          min_similarity, fmt, output_format, jobs, on_error, quiet):
+          min_similarity, recall, containment, fmt, output_format, jobs, on_error, quiet):
     """Write the rows of INPUTS (JSONL, CSV or Parquet, .gz too) that are not near-duplicates
     of a row kept before them to --output: in input order, a row is kept when no kept row
     is within k bits (the crawler's rule, add_unique); each removed row names the kept row
@@ -501,12 +558,15 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
     bar = _progress(quiet, unit="row")
     error = None
     try:
-        outputs = DedupOutputs(output, out_fmt, removed, clusters_out, annotate)
+        if (recall is not None or containment) and min_similarity is None:
+            raise click.UsageError("--recall and --containment need --min-similarity")
+        outputs = DedupOutputs(output, out_fmt, removed, clusters_out, annotate, summary)
         for d in decisions(list(inputs), text_field=text_field, id_field=id_field,
                            fingerprint_field=fingerprint_field, k=k, scheme=scheme,
                            width=None if width is None else int(width), index=index_dir,
                            against=against, fmt=fmt, mode=mode, keep=keep,
                            drop_all=drop_all, min_similarity=min_similarity,
+                           recall=recall, containment=containment,
                            jobs=jobs or os.cpu_count() or 1,
                            on_error=_Skips(quiet) if on_error == "skip" else "stop",
                            summary=summary):

@@ -5,12 +5,19 @@ The rule is the crawler's (`Index.add_unique`): a row is kept when no kept row i
 bits of its fingerprint, and a removed row names the kept one it matched. There is no
 chaining: a row within k of a removed row only is kept.
 
-Rows go in batches: fingerprints (in worker processes with jobs > 1), one query_many of the
-batch against the index (and the reference index), the batch's own pairs (find_all), then
-the kept rows are added in one atomic add_many. Each kept record's meta holds the run's
-token and the row's position, which makes a re-run of a killed run give the output of an
-uninterrupted one: a record this run's earlier process kept at the same position is the row
-itself, and records it kept at later positions are not yet "before" the row.
+Rows go in batches: signatures (the compiled text pass, in `jobs` threads; other schemes in
+worker processes), one query_many of the batch against the index (and the reference index),
+the batch's own pairs (find_all), then the kept rows are added in one atomic add_many. Each
+kept record's meta holds the run's token and the row's position, which makes a re-run of a
+killed run give the output of an uninterrupted one: a record this run's earlier process kept
+at the same position is the row itself, and records it kept at later positions are not yet
+"before" the row.
+
+With a similarity threshold the check decides: a match within k bits counts only when the
+two rows' shingles are similar enough (Jaccard, or containment), computed exactly for rows
+of this run (their shingle sets wait in a temporary file) and estimated from the sketch
+stored in the record for rows of earlier runs. Without k, the radius comes from the data
+(`simindex.calibrate`) and the index keeps it, so later runs judge alike.
 """
 
 from __future__ import annotations
@@ -20,20 +27,27 @@ import os
 import shutil
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Union
 
-from . import manifest
+import numpy as np
+
+from . import _text, manifest
+from .calibrate import DEFAULT_RECALL, MEASURES, SAMPLE_ROWS, Calibration, calibrate
+from .calibrate import DEFAULT_SCHEME as SIMILARITY_SCHEME
 from .codec import check_fp, check_wide_fp
 from .errors import BadLine, Error, InputError, ParameterError
-from .fingerprints import DEFAULT_SCHEME, fingerprint
+from .fingerprints import DEFAULT_SCHEME, WORD_SCHEMES, fingerprint, pass_args, schemes
 from .index import Index
 from .inputs import parse_fp
 from .pairs import find_all
 from .rows import Row, read_rows
-from .similarity import jaccard, shingle_set, sketch, sketch_jaccard
+from .similarity import shingle_set, sketch, sketch_jaccard
 
 BATCH = 4096              # rows judged together: one query_many, one add_many
+# what a run reads to choose its radius when none is given: the model decides k, the
+# sample the width (its pairs within k, the cost of each step)
+RUN_SAMPLE_ROWS, RUN_SAMPLE_BYTES = 1000, 8 << 20
 MODES = ("greedy", "components")
 DEFAULT_K = 3
 
@@ -50,12 +64,14 @@ class Decision(NamedTuple):
     reference: bool = False         # removed: the match is in the --against index
     cluster: Any = None             # the id its group is known by: its kept row's (or,
                                     # with drop_all, the row that would have been kept)
-    similarity: Optional[float] = None  # removed, with min_similarity: the Jaccard of the
-                                        # match (exact, or a sketch estimate), if checked
+    similarity: Optional[float] = None  # removed, with min_similarity: the similarity to
+                                        # the match
+    evidence: Optional[str] = None  # how `similarity` was known: "exact" (both shingle
+                                    # sets) or "sketch" (a stored sketch's estimate)
 
 
 class Summary:
-    """Counts of a run (also printed by the CLI)."""
+    """Counts of a run (also printed by the CLI), and the radius it used."""
 
     def __init__(self) -> None:
         self.rows = 0
@@ -63,6 +79,8 @@ class Summary:
         self.removed = 0
         self.skipped = 0
         self.start = time.perf_counter()
+        self.calibration: Optional[Calibration] = None   # when the radius came from data
+        self.radius: Optional[dict] = None    # scheme, width, k, threshold of the run
 
     @property
     def seconds(self) -> float:
@@ -71,8 +89,16 @@ class Summary:
     def __str__(self) -> str:
         secs = self.seconds
         rate = self.rows / secs if secs > 0 else 0.0
-        return (f"rows in {self.rows}, kept {self.kept}, removed {self.removed}, skipped "
-                f"{self.skipped}, in {secs:.2f} s ({rate:,.0f} rows/s)")
+        out = (f"rows in {self.rows}, kept {self.kept}, removed {self.removed}, skipped "
+               f"{self.skipped}, in {secs:.2f} s ({rate:,.0f} rows/s)")
+        if self.radius is not None:
+            r = self.radius
+            out += f"; {r['scheme']} {r['width']} bits, k={r['k']}"
+            if r.get("min_similarity") is not None:
+                out += f", {r['measure']} >= {r['min_similarity']:g}"
+            if r.get("expected_recall") is not None:
+                out += f", expected recall {r['expected_recall']:.4f}"
+        return out
 
 
 def run_token(inputs: list, text_field: str, id_field: Optional[str],
@@ -86,65 +112,211 @@ def run_token(inputs: list, text_field: str, id_field: Optional[str],
     return h.digest()
 
 
-def _fingerprint_texts(args: tuple) -> list:
-    """Worker: fingerprints of texts (with their shingle sets when `shingled`), or the
-    InputError message of each that has none."""
-    texts, scheme, width, shingled = args
+class Shingles:
+    """A row's shingles for the similarity check: the pass's shingle hashes (made into the
+    sorted distinct set when first needed) and the sketch stored with a kept record."""
+
+    __slots__ = ("_raw", "_set", "sketch")
+
+    def __init__(self, raw: np.ndarray, sketch_: bytes) -> None:
+        self._raw: Optional[np.ndarray] = raw
+        self._set: Optional[np.ndarray] = None
+        self.sketch = sketch_
+
+    @classmethod
+    def of_set(cls, exact: Any) -> "Shingles":
+        """Shingles of a set already sorted and distinct (its sketch made from it)."""
+        sh = cls(None, sketch(exact))        # type: ignore[arg-type]
+        sh._set = exact
+        return sh
+
+    @property
+    def set(self) -> np.ndarray:
+        if self._set is None:
+            assert self._raw is not None
+            self._set = _text.sorted_set(self._raw)
+            self._raw = None
+        return self._set
+
+
+def _signatures(args: tuple) -> list:
+    """One part of a batch: per text, its fingerprint (with its Shingles when `checked`),
+    or the InputError message of a text that has none."""
+    texts, scheme, width, checked = args
     out: list = []
+    if scheme in WORD_SCHEMES:
+        codes, counts, sketches, raws = _text.signatures(
+            texts, schemes[scheme].shingle_width, sketch=checked, shingles=checked,
+            **pass_args(scheme, width))
+        words = width // 64
+        fps = codes[:, 0].tolist() if words == 1 else [
+            int.from_bytes(row.astype(">u8").tobytes(), "big") for row in codes]
+        for i, fp in enumerate(fps):
+            if not counts[i]:
+                out.append(f"text has no tokens under scheme {scheme!r} (empty, or no word "
+                           f"characters): it has no fingerprint")
+            elif checked:
+                out.append((fp, Shingles(raws[i], sketches[i])))    # type: ignore[index]
+            else:
+                out.append(fp)
+        return out
     for t in texts:
         try:
             fp = fingerprint(t, scheme=scheme, width=width)
-            out.append((fp, shingle_set(t, scheme)) if shingled else fp)
+            if checked:
+                sh = shingle_set(t, scheme)
+                out.append((fp, Shingles(sh, sketch(sh))))
+            else:
+                out.append(fp)
         except InputError as e:
             out.append(str(e))
     return out
 
 
-def _similar(a: Any, b: Any, t: float) -> tuple:
-    """(passes, similarity) of two rows' shingle sets (arrays: exact) or sketches (bytes:
-    estimated); a side without either cannot be checked and passes."""
-    if a is None or b is None:
-        return True, None
-    if isinstance(a, bytes) or isinstance(b, bytes):
-        sim = sketch_jaccard(a if isinstance(a, bytes) else sketch(a),
-                             b if isinstance(b, bytes) else sketch(b))
-    else:
-        sim = jaccard(a, b)
-    return sim >= t, round(sim, 4)
+class Spill:
+    """Shingle sets of this run's rows, on disk so memory does not grow with the input: one
+    temporary file holds the sets, another the sorted (position, offset, count) of each,
+    searched by bisection. Positions must be put in increasing order."""
 
+    _ENTRY = np.dtype([("key", "<u8"), ("offset", "<u8"), ("count", "<u8")])
 
-def _sim(a: Optional[bytes], b: Optional[bytes]) -> Optional[float]:
-    """The sketch estimate of two rows' similarity for a report (None when unknown)."""
-    if a is None or b is None:
+    def __init__(self, scratch: str) -> None:
+        self.fds = []
+        for _ in range(2):
+            fd, path = tempfile.mkstemp(prefix="shingles-", dir=scratch)
+            os.unlink(path)
+            self.fds.append(fd)
+        self.end = 0              # bytes of sets written
+        self.entries = 0          # entries in the index file
+        self.last = -1
+
+    @staticmethod
+    def key(pos: list) -> int:
+        return (pos[0] << 40) | pos[1]
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+    def put(self, pos: list, exact: np.ndarray) -> None:
+        key = self.key(pos)
+        if key <= self.last:
+            return                      # already there
+        data = np.ascontiguousarray(exact, dtype=np.uint64).tobytes()
+        os.pwrite(self.fds[0], data, self.end)
+        entry = np.array([(key, self.end, len(exact))], dtype=self._ENTRY).tobytes()
+        os.pwrite(self.fds[1], entry, self.entries * self._ENTRY.itemsize)
+        self.end += len(data)
+        self.entries += 1
+        self.last = key
+
+    def get(self, pos: Any) -> Optional[np.ndarray]:
+        """The set put at `pos`, or None."""
+        try:
+            key = self.key(pos)
+        except (TypeError, IndexError):
+            return None
+        size = self._ENTRY.itemsize
+        lo, hi = 0, self.entries
+        while lo < hi:
+            mid = (lo + hi) // 2
+            e = np.frombuffer(os.pread(self.fds[1], size, mid * size), dtype=self._ENTRY)[0]
+            if int(e["key"]) < key:
+                lo = mid + 1
+            elif int(e["key"]) > key:
+                hi = mid
+            else:
+                raw = os.pread(self.fds[0], 8 * int(e["count"]), int(e["offset"]))
+                return np.frombuffer(raw, dtype=np.uint64)
         return None
-    return round(sketch_jaccard(a, b), 4)
 
 
-def _stored_sketch(meta: Any) -> Optional[bytes]:
-    """The sketch a dedup run stored in a record's meta, if any."""
-    if isinstance(meta, list) and len(meta) == 3 and isinstance(meta[2], bytes):
-        return meta[2]
-    return None
+class Check:
+    """The similarity check of a run: `measure` ("jaccard", or "containment": the share of
+    the judged row's shingles found in the other) at least `t`. Rows of this run are
+    compared exactly (the sets of rows judged in earlier batches wait in a Spill); records
+    of earlier runs and of a reference through the sketch (and set size) they store."""
+
+    def __init__(self, t: float, measure: str, token: bytes, scratch: str) -> None:
+        self.t, self.measure, self.token = t, measure, token
+        self.spill = Spill(scratch)
+
+    def close(self) -> None:
+        self.spill.close()
+
+    def stored(self, sh: Shingles) -> list:
+        """What a kept record stores for later runs' checks: its sketch and set size."""
+        return [sh.sketch, len(sh.set)]
+
+    def recall(self, meta: Any) -> Any:
+        """A stored record's shingles: its exact set when this run judged its row, else its
+        (sketch, set size or None), else None (a record without them cannot be checked)."""
+        if not isinstance(meta, list) or len(meta) not in (3, 4) or \
+                not isinstance(meta[2], bytes):
+            return None
+        if meta[0] == self.token:
+            exact = self.spill.get(meta[1])
+            if exact is not None:
+                return exact
+        size = meta[3] if len(meta) == 4 and isinstance(meta[3], int) else None
+        return (meta[2], size)
+
+    def __call__(self, a: Shingles, b: Any, symmetric: bool = False) -> tuple:
+        """(passes, similarity, evidence) of row `a` against `b`: Shingles or an exact set
+        (exact), a (sketch, size) pair (estimated), or None (unknown: passes). Symmetric
+        containment divides by the smaller set."""
+        if b is None:
+            return True, None, None
+        if isinstance(b, tuple):
+            sk, size = b
+            j = sketch_jaccard(a.sketch, sk)
+            if self.measure == "jaccard":
+                sim = j
+            else:
+                na = len(a.set)
+                nb = na if size is None else size
+                inter = j * (na + nb) / (1 + j)
+                sim = min(1.0, inter / max(min(na, nb) if symmetric else na, 1))
+            evidence = "sketch"
+        else:
+            x = a.set
+            y = b.set if isinstance(b, Shingles) else b
+            inter = _text.intersection_size(x, y)
+            if self.measure == "jaccard":
+                union = len(x) + len(y) - inter
+                sim = inter / union if union else 1.0
+            else:
+                base = min(len(x), len(y)) if symmetric else len(x)
+                sim = inter / base if base else 1.0
+            evidence = "exact"
+        return sim >= self.t, round(sim, 4), evidence
+
+
+def _is_mine(meta: Any, token: bytes) -> bool:
+    return isinstance(meta, list) and len(meta) in (2, 3, 4) and meta[0] == token
 
 
 class _Judge:
     """The greedy decision of batches of rows against an index and a reference."""
 
     def __init__(self, idx: Index, ref: Optional[Index], k: int, token: bytes,
-                 min_similarity: Optional[float] = None) -> None:
+                 check: Optional[Check] = None) -> None:
         self.idx, self.ref, self.k, self.token = idx, ref, k, token
-        self.t = min_similarity
+        self.check = check
 
-    def meta(self, pos: list, sh: Any) -> list:
-        """The meta of a kept record: the run token, the row's position, and with
-        min_similarity the sketch of its shingles."""
-        return [self.token, pos] if self.t is None else [self.token, pos, sketch(sh)]
+    def meta(self, pos: list, sh: Optional[Shingles]) -> list:
+        """The meta of a kept record: the run token, the row's position, and with a check
+        what later checks read."""
+        if self.check is None or sh is None:
+            return [self.token, pos]
+        return [self.token, pos, *self.check.stored(sh)]
 
     def batch(self, rows: list, ids: list, fps: list, positions: list,
               sh: Optional[list] = None) -> list:
         """Decisions for one batch, its kept rows added to the index (atomically). `sh`:
-        the rows' shingle sets (with min_similarity)."""
-        t = self.t
+        the rows' Shingles (with a check)."""
+        check = self.check
         sh = sh if sh is not None else [None] * len(rows)
         k, token = self.k, self.token
         stored = self.idx.query_many(fps, k=k)
@@ -156,11 +328,11 @@ class _Judge:
         kept_here: dict = {}           # batch position -> True for kept rows
         adds = []
         for i, (row, id_, fp, pos) in enumerate(zip(rows, ids, fps, positions)):
-            best = None                # (distance, order, id, reference, similarity)
+            best = None                # (distance, order, id, reference, similarity, how)
             mine = False
             for m in stored[i]:
                 meta = m.meta
-                if isinstance(meta, list) and len(meta) in (2, 3) and meta[0] == token:
+                if _is_mine(meta, token):
                     if meta[1] == pos:
                         mine = True    # kept by this run's earlier (killed) process
                         continue
@@ -168,34 +340,37 @@ class _Judge:
                         continue       # kept later in this run's order: not before it
                 if best is not None and (m.distance, 0) >= best[:2]:
                     continue
-                ok, sim = (True, None) if t is None else \
-                    _similar(sh[i], _stored_sketch(meta), t)
+                ok, sim, how = (True, None, None) if check is None else \
+                    check(sh[i], check.recall(meta))
                 if ok:
-                    best = (m.distance, 0, m.id, False, sim)
+                    best = (m.distance, 0, m.id, False, sim, how)
             for m in refs[i] if refs is not None else ():
                 if best is not None and (m.distance, -1) >= best[:2]:
                     break
-                ok, sim = (True, None) if t is None else \
-                    _similar(sh[i], _stored_sketch(m.meta), t)
+                ok, sim, how = (True, None, None) if check is None else \
+                    check(sh[i], check.recall(m.meta))
                 if ok:
-                    best = (m.distance, -1, m.id, True, sim)
+                    best = (m.distance, -1, m.id, True, sim, how)
                     break
             for j in earlier.get(i, ()):
                 if kept_here.get(j):
                     d = _distance(fps[i], fps[j])
                     if best is not None and (d, 1 + j) >= best[:2]:
                         continue
-                    ok, sim = (True, None) if t is None else _similar(sh[i], sh[j], t)
+                    ok, sim, how = (True, None, None) if check is None else \
+                        check(sh[i], sh[j])
                     if ok:
-                        best = (d, 1 + j, ids[j], False, sim)
+                        best = (d, 1 + j, ids[j], False, sim, how)
             if best is None:
                 kept_here[i] = True
                 if not mine:
                     adds.append((id_, fp, self.meta(pos, sh[i])))
+                if check is not None and sh[i] is not None:
+                    check.spill.put(pos, sh[i].set)
                 out.append(Decision(row, id_, "", fp, True, cluster=id_))
             else:
                 out.append(Decision(row, id_, "", fp, False, best[2], best[0], best[3],
-                                    best[2], best[4]))
+                                    best[2], best[4], best[5]))
         if adds:
             self.add(adds)
         return out
@@ -220,6 +395,7 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
               width: Optional[int] = None, index: Optional[str] = None,
               against: Optional[str] = None, mode: Optional[str] = None, keep: str = "first",
               drop_all: bool = False, min_similarity: Optional[float] = None,
+              recall: Optional[float] = None, containment: bool = False,
               fmt: Optional[str] = None, jobs: int = 1,
               on_error: Union[str, Callable[[BadLine], None]] = "stop",
               summary: Optional[Summary] = None) -> Iterator[Decision]:
@@ -239,27 +415,59 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
         raise ParameterError(f"jobs must be an int >= 1, got {jobs!r}")
     if min_similarity is not None and (isinstance(min_similarity, bool) or not isinstance(
             min_similarity, (int, float)) or not 0 < min_similarity <= 1):
-        raise ParameterError(f"min_similarity must be a Jaccard similarity in (0, 1], got "
+        raise ParameterError(f"min_similarity must be a similarity in (0, 1], got "
                              f"{min_similarity!r}")
+    if recall is not None and (isinstance(recall, bool) or not isinstance(
+            recall, (int, float)) or not 0 < recall < 1):
+        raise ParameterError(f"recall must be a share in (0, 1), got {recall!r}")
     if on_error not in ("stop", "skip") and not callable(on_error):
         raise ParameterError(f"on_error must be 'stop', 'skip' or a callable, got "
                              f"{on_error!r}")
+    measure = MEASURES[1] if containment else MEASURES[0]
     summary = summary if summary is not None else Summary()
-    pool = scratch = ref = idx = None
+    pool: Any = None
+    scratch = ref = idx = check = None
     try:
-        if jobs > 1 and (fingerprint_field is None or min_similarity is not None):
-            pool = ProcessPoolExecutor(jobs)
-            pool.submit(int).result()    # its workers fork now, before an index is open
+        scratch = tempfile.mkdtemp(prefix="simindex-dedup-")
         if index is None:
-            scratch = tempfile.mkdtemp(prefix="simindex-dedup-")
             index = os.path.join(scratch, "index")
-        # a new index is made for k (default DEFAULT_K); an existing one is asked at k,
-        # which must not exceed its own
         new = not os.path.exists(os.path.join(index, manifest.NAME))
+        cal = None
+        if new:
+            if min_similarity is not None and scheme is None:
+                scheme = SIMILARITY_SCHEME
+            if min_similarity is not None and k is None and fingerprint_field is None:
+                # the radius from the data: a sample of the input's first rows
+                cal = calibrate_inputs(paths, min_similarity, fmt=fmt, text_field=text_field,
+                                       recall=recall, scheme=scheme, width=width,
+                                       measure=measure, sample=RUN_SAMPLE_ROWS,
+                                       sample_bytes=RUN_SAMPLE_BYTES, sample_truth=False)
+                summary.calibration = cal
+                scheme, width = cal.scheme, cal.width
+        if pool is None and jobs > 1 and (fingerprint_field is None or
+                                          min_similarity is not None):
+            word = (scheme or DEFAULT_SCHEME) in WORD_SCHEMES if new else None
+            if word is False or (word is None and not _index_reads_words(index)):
+                pool = ProcessPoolExecutor(jobs)
+                pool.submit(int).result()  # its workers fork now, before an index is open
+            else:
+                pool = ThreadPoolExecutor(jobs)
+        # a new index is made for k (default DEFAULT_K, or the calibration's); an existing
+        # one is asked at k, which must not exceed its own, and keeps its calibration
         # batches commit without fsync; the flush at the end makes them durable before
         # the caller renames its outputs into place (a killed process loses nothing)
-        idx = Index(index, k=(DEFAULT_K if k is None else k) if new else None, scheme=scheme,
-                    width=width, sync=False)
+        idx = Index(index, k=(cal.k if cal is not None else DEFAULT_K if k is None else k)
+                    if new else None, scheme=scheme, width=width, sync=False,
+                    calibration=cal.stored() if cal is not None else None)
+        stored = idx.calibration
+        if stored is not None:
+            if min_similarity is not None and (min_similarity != stored["min_similarity"] or
+                                               measure != stored["measure"]):
+                raise ParameterError(
+                    f"the index {index} was calibrated for {stored['measure']} >= "
+                    f"{stored['min_similarity']:g}; give that threshold (or none) so this "
+                    f"run judges as the earlier ones did")
+            min_similarity, measure = stored["min_similarity"], stored["measure"]
         if against is not None:
             ref = Index(against, readonly=True)
             if ref.width != idx.width:
@@ -271,10 +479,16 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
         kk = idx.k if k is None else k
         if kk > idx.k:
             raise ParameterError(f"k ({kk}) is above the index's k ({idx.k})")
+        summary.radius = {"scheme": idx.scheme or DEFAULT_SCHEME, "width": idx.width, "k": kk,
+                          "min_similarity": min_similarity, "measure": measure,
+                          "expected_recall": stored["expected_recall"]
+                          if stored is not None and kk == stored["k"] else None}
+        token = run_token(paths, text_field, id_field, fingerprint_field)
+        if min_similarity is not None:
+            check = Check(float(min_similarity), measure, token, scratch)
         run = _Run(paths, fmt, text_field, id_field, fingerprint_field, keep, pool, on_error,
-                   summary, idx, min_similarity is not None)
-        judge = _Judge(idx, ref, kk, run_token(paths, text_field, id_field,
-                                               fingerprint_field), min_similarity)
+                   summary, idx, check is not None)
+        judge = _Judge(idx, ref, kk, token, check)
         if mode == "greedy":
             for batch in run.batches():
                 yield from run.judged(batch, judge)
@@ -284,12 +498,82 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
+        if check is not None:
+            check.close()
         if ref is not None:
             ref.close()
         if idx is not None:
             idx.close()
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _index_reads_words(index: str) -> bool:
+    """Whether an existing index's scheme is read by the compiled text pass (threads)."""
+    try:
+        m = manifest.read(index)
+    except Error:
+        return True
+    return (m.get("scheme") or DEFAULT_SCHEME) in WORD_SCHEMES
+
+
+def calibrate_inputs(paths: list, t: float, *, fmt: Optional[str] = None,
+                     text_field: str = "text", recall: Optional[float] = None,
+                     scheme: Optional[str] = None, width: Optional[int] = None,
+                     measure: str = "jaccard", sample: int = SAMPLE_ROWS,
+                     sample_bytes: Optional[int] = None,
+                     sample_truth: bool = True) -> Calibration:
+    """The calibration (`simindex.calibrate`) of input files from their first `sample`
+    texts (and at most `sample_bytes` of text, if given), for the rows the files hold
+    (estimated; rows without a text are left to the run itself to report)."""
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 2:
+        raise ParameterError(f"sample must be an int >= 2, got {sample!r}")
+    texts: list = []
+    read = 0
+    limit = sample_bytes if sample_bytes is not None else float("inf")
+    for path in paths:
+        for row in read_rows(path, fmt, lambda e: None):
+            text = row.data.get(text_field)
+            if isinstance(text, str):
+                texts.append(text)
+                read += len(text)
+            if len(texts) >= sample or (read >= limit and len(texts) >= 2):
+                break
+        if len(texts) >= sample or (read >= limit and len(texts) >= 2):
+            break
+    if not texts:
+        raise ParameterError(f"no row of the input has a text in \"{text_field}\" to "
+                             f"calibrate on; give k")
+    rows = estimate_rows(paths, len(texts), read)
+    try:
+        return calibrate(texts, t, recall=DEFAULT_RECALL if recall is None else recall,
+                         scheme=scheme, measure=measure, expected_rows=rows,
+                         widths=None if width is None else [width],
+                         sample_truth=sample_truth)
+    except InputError as e:
+        raise ParameterError(f"cannot calibrate on the input's first rows: {e}") from None
+
+
+def estimate_rows(paths: list, sample_rows: int, sample_bytes: int) -> int:
+    """About how many rows the inputs hold: a Parquet file's own count, else the file's
+    bytes (a gzip file's stored size, modulo 4 GiB) over the sample's bytes per row."""
+    total = 0
+    per_row = max(sample_bytes / max(sample_rows, 1), 1.0)
+    for path in paths:
+        try:
+            if path.endswith((".parquet", ".pq")):
+                import pyarrow.parquet as pq
+                total += pq.ParquetFile(path).metadata.num_rows
+                continue
+            size = os.path.getsize(path)
+            if path.endswith(".gz") and size >= 4:
+                with open(path, "rb") as f:
+                    f.seek(-4, 2)
+                    size = max(size, int.from_bytes(f.read(4), "little"))
+            total += int(size / per_row)
+        except (OSError, ImportError, ValueError):
+            total += sample_rows
+    return max(total, sample_rows)
 
 
 class _Good(NamedTuple):
@@ -421,20 +705,23 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
     a member. A component with such a record keeps none of its rows; otherwise it keeps its
     best row by the keep policy (all of them go with drop_all, when it has two or more).
 
+    With a similarity check, a link counts only when its two rows pass it, and a member is
+    removed only when it passes it against the row or record its component is known by
+    (no removal through a chain alone); a member that does not stays, on its own.
+
     Three passes: read and fingerprint every row (keeping its id, position, fingerprint and
-    rank in memory) and query the index and the reference; join the rows (find_all) and
-    group them; read the rows again and decide. Kept rows are then added to the index.
+    rank in memory, its shingle set in the check's spill) and query the index and the
+    reference; join the rows (find_all) and group them; read the rows again and decide.
+    Kept rows are then added to the index.
     """
-    idx, ref, k, token = judge.idx, judge.ref, judge.k, judge.token
+    idx, ref, k, token, check = judge.idx, judge.ref, judge.k, judge.token, judge.check
     ids: list = []
     fps: list = []
     pos: list = []
     ranks: list = []
-    sketches: list = []                    # with min_similarity: each row's sketch
-    t = judge.t
-    earlier: dict = {}                     # row -> (distance, id, fingerprint, reference,
-                                           #         similarity)
-    present: set = set()                   # rows this run's killed process already added
+    earlier: dict = {}        # row -> (distance, id, fingerprint, reference, similarity,
+                              #         evidence, the record's shingles for the check)
+    present: set = set()      # rows this run's killed process already added
     for good in run.batches():
         if not good:
             continue
@@ -447,23 +734,22 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
             fps.append(g.fp)
             pos.append([g.p, g.row.number])
             ranks.append(g.rank)
-            sk = sketch(g.sh) if t is not None else None
-            sketches.append(sk)
+            if check is not None:
+                check.spill.put(pos[-1], g.sh.set)
             best = None
             for m, isref in [(m, False) for m in stored[i]] + [(m, True) for m in refs[i]]:
                 meta = m.meta
-                if not isref and isinstance(meta, list) and len(meta) in (2, 3) and \
-                        meta[0] == token:
+                if not isref and _is_mine(meta, token):
                     if meta[1] == pos[-1]:
                         present.add(base + i)
                     continue               # this run's own records: judged again here
                 if best is not None and (m.distance > best[0] or m.distance == best[0]
                                          and not isref):
                     continue
-                ok, sim = (True, None) if t is None else \
-                    _similar(sk, _stored_sketch(meta), t)
+                theirs = check.recall(meta) if check is not None else None
+                ok, sim, how = (True, None, None) if check is None else check(g.sh, theirs)
                 if ok:
-                    best = (m.distance, m.id, m.fingerprint, isref, sim)
+                    best = (m.distance, m.id, m.fingerprint, isref, sim, how, theirs)
             if best is not None:
                 earlier[base + i] = best
     n = len(ids)
@@ -474,8 +760,11 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
             parent[x] = parent[parent[x]]
             x = parent[x]
         return x
+
+    def shingles(i: int) -> Shingles:
+        return Shingles.of_set(check.spill.get(pos[i]))      # type: ignore[union-attr]
     for a, b in (find_all(fps, k=k, width=run.width) if n > 1 else []):
-        if t is not None and not _similar(sketches[a], sketches[b], t)[0]:
+        if check is not None and not check(shingles(a), shingles(b), symmetric=True)[0]:
             continue                       # near in bits, not in shingles
         ra, rb = find(a), find(b)
         if ra != rb:
@@ -483,29 +772,46 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
     members: dict = {}
     for i in range(n):
         members.setdefault(find(i), []).append(i)
-    # per row: None (kept, alone) or (match id, distance, reference, cluster id)
+    # per row: None (kept, alone), its own id (kept, the head of its group) or
+    # (match id, distance, reference, cluster id, similarity, evidence)
     verdict: list = [None] * n
     for group in members.values():
         outside = [earlier[i] for i in group if i in earlier]
         if outside:
             first = min(outside, key=lambda e: e[0])
             for i in group:
-                d, mid, mfp, isref, sim = earlier.get(i, first)
-                verdict[i] = (mid, _distance(fps[i], mfp), isref, mid,
-                              sim if i in earlier else _sim(sketches[i], None))
+                if i in earlier:
+                    d, mid, mfp, isref, sim, how, _ = earlier[i]
+                    verdict[i] = (mid, d, isref, mid, sim, how)
+                    continue
+                d, mid, mfp, isref, _, _, theirs = first
+                ok, sim, how = (True, None, None) if check is None else \
+                    check(shingles(i), theirs)
+                if ok:
+                    verdict[i] = (mid, _distance(fps[i], mfp), isref, mid, sim, how)
             continue
         if len(group) == 1:
             continue
         best = group[0] if run.keep == "first" else \
             max(group, key=lambda i: (ranks[i], -i))
+        head = shingles(best) if check is not None else None
+        gone = []
         for i in group:
-            if i != best:
+            if i == best:
+                continue
+            ok, sim, how = (True, None, None) if check is None else check(shingles(i), head)
+            if ok:
                 verdict[i] = (ids[best], _distance(fps[i], fps[best]), False, ids[best],
-                              _sim(sketches[i], sketches[best]))
+                              sim, how)
+                gone.append(i)
+        if not gone:
+            continue                       # nothing passed against the head: all stay
         if drop_all:
-            other = next(i for i in group if i != best)
+            other = gone[0]
+            sim, how = (None, None) if check is None else \
+                check(head, shingles(other))[1:]      # type: ignore[arg-type]
             verdict[best] = (ids[other], _distance(fps[best], fps[other]), False, ids[best],
-                             _sim(sketches[best], sketches[other]))
+                             sim, how)
         else:
             verdict[best] = ids[best]          # kept, the head of its group
     adds: list = []
@@ -517,8 +823,8 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
         if v is None or not isinstance(v, tuple):
             d = Decision(row.data, ids[i], row.where, fps[i], True, cluster=ids[i])
             if i not in present:
-                adds.append((ids[i], fps[i], [token, pos[i]] if t is None else
-                             [token, pos[i], sketches[i]]))
+                adds.append((ids[i], fps[i], judge.meta(pos[i], shingles(i) if check
+                                                        is not None else None)))
                 if len(adds) >= BATCH:
                     judge.add(adds)
                     adds = []
@@ -565,14 +871,14 @@ def _row_fp(row: Row, field: str, width: int) -> int:
 
 
 def _fingerprints(texts: list, scheme, width: int, pool, shingled: bool = False) -> list:
-    """_fingerprint_texts of a batch, in `pool`'s processes when given (in 16 parts, so
+    """_signatures of a batch, in `pool`'s threads or processes when given (in 16 parts, so
     workers stay busy while one takes a long text)."""
     if pool is None:
-        return _fingerprint_texts((texts, scheme, width, shingled))
+        return _signatures((texts, scheme, width, shingled))
     step = max(64, -(-len(texts) // 16))
     parts = [texts[i:i + step] for i in range(0, len(texts), step)]
     out: list = []
-    for got in pool.map(_fingerprint_texts, [(p, scheme, width, shingled) for p in parts]):
+    for got in pool.map(_signatures, [(p, scheme, width, shingled) for p in parts]):
         out += got
     return out
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+from typing import Optional
 
 from . import lmdbfile, manifest
 from ._layout import (
@@ -57,7 +58,7 @@ def _open(index_path, sub, dbs, *, readonly, sync, metasync=True):
     return env
 
 
-def create(path: str, plan: Plan, scheme: str) -> None:
+def create(path: str, plan: Plan, scheme: str, calibration: Optional[dict] = None) -> None:
     """Make a new index at `path` (a missing or empty directory), unless another process
     made it meanwhile. The environments come first and the manifest last: its presence
     marks a complete index, and a creation that crashed is finished by the next one."""
@@ -100,7 +101,7 @@ def create(path: str, plan: Plan, scheme: str) -> None:
         finally:
             for env in envs:
                 env.close()
-        manifest.write(path, manifest.make(plan, scheme))
+        manifest.write(path, manifest.make(plan, scheme, calibration))
     finally:
         os.close(fd)
 

@@ -51,7 +51,8 @@ class Index:
                  blocks: Optional[int] = None, shards: Optional[int] = None,
                  create: bool = True, readonly: bool = False, sync: bool = True,
                  scheme: Optional[str] = None, expected: Optional[int] = None,
-                 prefix_blocks: Optional[int] = None, width: Optional[int] = None) -> None:
+                 prefix_blocks: Optional[int] = None, width: Optional[int] = None,
+                 calibration: Optional[dict] = None) -> None:
         self._store: Optional[Store] = None
         self._readonly = readonly
         self.path: str = os.path.abspath(os.fsdecode(os.fspath(path))) \
@@ -72,7 +73,8 @@ class Index:
                 shards = default_shards(expected)
         self._store = registry.acquire(path, k=k, blocks=blocks, shards=shards, create=create,
                                        readonly=readonly, sync=sync, scheme=scheme,
-                                       prefix_blocks=prefix_blocks, width=width)
+                                       prefix_blocks=prefix_blocks, width=width,
+                                       calibration=calibration)
         self.path = self._store.path
 
     # ------------------------------------------------------------ lifetime
@@ -180,6 +182,13 @@ class Index:
     def scheme(self) -> Optional[str]:
         """The fingerprint scheme the *_text calls use (recorded at creation)."""
         return self._open_store().manifest.get("scheme")
+
+    @property
+    def calibration(self) -> Optional[dict]:
+        """The similarity threshold this index's k was chosen for, and how (see
+        `simindex.calibrate`), or None: recorded at creation, so later runs judge alike."""
+        cal = self._open_store().manifest.get("calibration")
+        return None if cal is None else dict(cal)
 
     def fingerprint(self, text: str) -> int:
         """The fingerprint of `text` under this index's scheme."""

@@ -22,14 +22,17 @@ _LAYOUTS = {LAYOUT_V1: ("block_entries", V1_MAX_ENTRIES), LAYOUT: ("block_bytes"
 _MAX_BYTES = 1 << 16
 
 
-def make(plan, scheme=None) -> dict:
-    """The manifest of a new index with `plan` and fingerprint `scheme`: format 1 for the
-    paper's plans (older versions read it), format 2 with prefix_blocks for plans with
-    flips (older versions refuse it rather than misread its tables)."""
+def make(plan, scheme=None, calibration=None) -> dict:
+    """The manifest of a new index with `plan`, fingerprint `scheme` and the `calibration`
+    of its radius (or None): format 1 for the paper's plans (older versions read it),
+    format 2 with prefix_blocks for plans with flips (older versions refuse it rather than
+    misread its tables)."""
     m = {"magic": MAGIC, "format": FORMAT_CLASSIC, "width": plan.width, "k": plan.k,
          "blocks": plan.blocks, "shards": plan.shards, "tables": plan.ntables,
          "layout": LAYOUT, "block_bytes": BLOCK_BYTES, "scheme": scheme,
          "created_by": f"simindex {_version}"}
+    if calibration is not None:
+        m["calibration"] = dict(calibration)
     if not plan.classic or plan.width != WIDTH:
         m.update(format=FORMAT, prefix_blocks=plan.prefix_blocks)
     return m
@@ -99,12 +102,34 @@ def read(dirpath):
     if scheme is not None and (not isinstance(scheme, str) or scheme not in schemes):
         raise FormatError(f"{path}: the index uses fingerprint scheme {scheme!r}, which this "
                           f"simindex does not know (known: {', '.join(schemes)})")
+    cal = m.get("calibration")
+    if cal is not None and not _calibration_ok(cal, m):
+        raise CorruptError(f"{path}: field 'calibration' is {cal!r:.200}, not the calibration "
+                           f"of this index's radius")
     counts = ("k", "blocks", "shards", "tables") + (("prefix_blocks",) if fmt == FORMAT else ())
     for field in counts:
         v = m.get(field)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise CorruptError(f"{path}: field {field!r} is {v!r}, not a count")
     return m
+
+
+_CALIBRATION = {"scheme": str, "width": int, "k": int, "min_similarity": float,
+                "measure": str, "recall": float, "expected_recall": float}
+
+
+def _calibration_ok(cal, m) -> bool:
+    """A stored calibration has its fields with their types, names the index's own scheme,
+    width and k, and a threshold in (0, 1]."""
+    if not isinstance(cal, dict) or set(cal) != set(_CALIBRATION):
+        return False
+    for name, kind in _CALIBRATION.items():
+        v = cal[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else kind):
+            return False
+    return (cal["scheme"] == m.get("scheme") and cal["width"] == m.get("width") and
+            cal["k"] == m.get("k") and 0 < cal["min_similarity"] <= 1 and
+            cal["measure"] in ("jaccard", "containment"))
 
 
 def check_same(manifest, **given):

@@ -95,10 +95,15 @@ def candidate_plans(k: int, width: int = WIDTH):
     tables and MAX_PROBES probes, fewest tables then probes first."""
     out = []
     for m in range(1, width + 1):
-        for p in range(0, m + 1):
+        # comb(m, p) rises to p = m / 2 and falls after: only the ends can be small
+        low = []
+        for p in range(0, m // 2 + 1):
+            if comb(m, p) > PLANNED_TABLES:
+                break
+            low.append(p)
+        ps = sorted(set(low) | {m - p for p in low})
+        for p in ps:
             tables = comb(m, p)
-            if tables > PLANNED_TABLES:
-                continue
             r = flips_needed(k, m, p)
             widths = block_widths(m, width)
             probes = sum(probe_count(sum(widths[b] for b in c), r)

@@ -31,7 +31,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None,
-            prefix_blocks=None, width=None) -> Store:
+            prefix_blocks=None, width=None, calibration=None) -> Store:
     """The process's store for the index at `path`, opening or creating it if needed."""
     if scheme is not None:
         scheme = scheme_name(scheme)               # a clear error for an unknown name
@@ -51,7 +51,8 @@ def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None,
             store = None
         if store is not None:
             manifest.check_same(store.manifest, k=k, blocks=blocks, shards=shards,
-                                scheme=scheme, prefix_blocks=prefix_blocks, width=width)
+                                scheme=scheme, prefix_blocks=prefix_blocks, width=width,
+                                calibration=calibration)
             if store.readonly and not readonly:
                 raise ParameterError(
                     f"{path} is already open read-only in this process; close it before "
@@ -64,7 +65,7 @@ def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None,
             return store
         store = Store(path, k=k, blocks=blocks, shards=shards, create=create,
                       readonly=readonly, sync=sync, scheme=scheme, prefix_blocks=prefix_blocks,
-                      width=width)
+                      width=width, calibration=calibration)
         _registry[_identity(path)] = store
         return store
 

@@ -28,8 +28,10 @@ class DedupOutputs:
     counts both. Nothing is visible at the outputs' paths until commit()."""
 
     def __init__(self, output: str, fmt: str, removed: Optional[str] = None,
-                 clusters: Optional[str] = None, annotate: bool = False) -> None:
+                 clusters: Optional[str] = None, annotate: bool = False,
+                 summary: Any = None) -> None:
         self.writers: list = []
+        self.summary = summary        # its radius goes into every removed row
         self.annotate = annotate
         self.out = self._writer(output, fmt)
         self.removed = self._writer(removed, "jsonl") if removed else None
@@ -57,9 +59,14 @@ class DedupOutputs:
             if self.clusters is not None:
                 self.members.append((d.id, d.cluster))
             if self.removed is not None:
-                self.removed.write({"id": d.id, "where": d.where, "match": d.match,
-                                    "distance": d.distance, "reference": d.reference,
-                                    "similarity": d.similarity})
+                out = {"id": d.id, "where": d.where, "match": d.match,
+                       "distance": d.distance, "reference": d.reference,
+                       "similarity": d.similarity, "evidence": d.evidence}
+                radius = getattr(self.summary, "radius", None)
+                if radius is not None:
+                    out.update(scheme=radius["scheme"], width=radius["width"],
+                               k=radius["k"], expected_recall=radius["expected_recall"])
+                self.removed.write(out)
         if self.scratch is not None:
             clash = [c for c in ANNOTATIONS if c in d.row]
             if clash:

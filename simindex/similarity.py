@@ -31,7 +31,7 @@ def shingle_set(text: str, scheme: Union[str, Scheme]) -> np.ndarray:
         hashes = _text.signature(_text_arg(text), s.shingle_width, mh_words=1,
                                  shingles=True)[3]
         assert hashes is not None
-        return np.unique(hashes)
+        return _text.sorted_set(hashes)
     items = [" ".join(sh).encode("utf-8", "surrogatepass")
              for sh in shingles(tokenize(text, scheme=s), s.shingle_width)]
     if not items:
@@ -43,7 +43,7 @@ def jaccard(a: np.ndarray, b: np.ndarray) -> float:
     """Exact Jaccard similarity of two shingle sets (sorted distinct arrays)."""
     if not len(a) and not len(b):
         return 1.0
-    inter = len(np.intersect1d(a, b, assume_unique=True))
+    inter = _text.intersection_size(a, b)
     return inter / (len(a) + len(b) - inter)
 
 

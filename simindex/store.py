@@ -40,7 +40,7 @@ class Store:
     def __init__(self, path: str, *, k: Optional[int], blocks: Optional[int],
                  shards: Optional[int], create: bool, readonly: bool, sync: bool,
                  scheme: Optional[str] = None, prefix_blocks: Optional[int] = None,
-                 width: Optional[int] = None) -> None:
+                 width: Optional[int] = None, calibration: Optional[dict] = None) -> None:
         self.path = path
         self.readonly = readonly
         self.sync = sync
@@ -59,12 +59,12 @@ class Store:
                         shards=DEFAULT_SHARDS if shards is None else shards,
                         prefix_blocks=prefix_blocks, width=64 if width is None else width)
             try:
-                environments.create(path, plan, scheme or DEFAULT_SCHEME)
+                environments.create(path, plan, scheme or DEFAULT_SCHEME, calibration)
             except StorageError as e:
                 raise space_error(e, path) from None
         self.manifest = manifest.read(path)
         manifest.check_same(self.manifest, k=k, blocks=blocks, shards=shards, scheme=scheme,
-                            prefix_blocks=prefix_blocks, width=width)
+                            prefix_blocks=prefix_blocks, width=width, calibration=calibration)
         m = self.manifest
         try:
             self.plan = Plan(**manifest.plan_args(m))

@@ -46,6 +46,7 @@ cdef extern from "shingles.h" nogil:
     void si_finish(si_pass *s)
     void si_vote_bits(const si_pass *s, uint64_t *out)
     void si_mh_bits(const si_pass *s, uint64_t *out)
+    void si_mh_add(si_pass *s, uint64_t x)
 
 # The hash kinds a simhash votes with (as in _fingerprint): xxh3-64, xxh3-128, 2 x xxh3-128.
 VOTE_KINDS = (0, 3, 4)
@@ -268,3 +269,97 @@ def signatures(list texts, int width, int vote_kind=-1, int vote_words=1, int mh
         finally:
             si_pass_free(&s)
     return codes, counts, sketches, alls
+
+
+cdef Py_ssize_t _gallop(const uint64_t *a, Py_ssize_t na, const uint64_t *b,
+                        Py_ssize_t nb) noexcept nogil:
+    """|a & b| for sorted distinct arrays, na much smaller than nb: each element of a
+    found in the rest of b by a doubling search, then a binary one."""
+    cdef Py_ssize_t i, lo = 0, hi, step, count = 0, mid
+    cdef uint64_t x
+    for i in range(na):
+        x = a[i]
+        step = 1
+        hi = lo
+        while hi < nb and b[hi] < x:
+            lo = hi + 1
+            hi += step
+            step *= 2
+        if hi > nb:
+            hi = nb
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if b[mid] < x:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < nb and b[lo] == x:
+            count += 1
+            lo += 1
+    return count
+
+
+cdef Py_ssize_t _intersection(const uint64_t *a, Py_ssize_t na, const uint64_t *b,
+                              Py_ssize_t nb) noexcept nogil:
+    cdef Py_ssize_t i = 0, j = 0, count = 0
+    cdef uint64_t x, y
+    if na * 16 < nb:
+        return _gallop(a, na, b, nb)
+    if nb * 16 < na:
+        return _gallop(b, nb, a, na)
+    while i < na and j < nb:
+        x = a[i]
+        y = b[j]
+        count += x == y
+        i += x <= y
+        j += y <= x
+    return count
+
+
+def intersection_size(const uint64_t[::1] a not None, const uint64_t[::1] b not None):
+    """|a & b| of two sorted arrays of distinct values (shingle sets)."""
+    cdef Py_ssize_t n
+    if a.shape[0] == 0 or b.shape[0] == 0:
+        return 0
+    with nogil:
+        n = _intersection(&a[0], a.shape[0], &b[0], b.shape[0])
+    return n
+
+
+def minhash_codes(list sets, int words):
+    """The minhash-v1 code of each shingle set (arrays of xxh3-64 shingle hashes, in any
+    order, repeats allowed) as an (n, words) uint64 array: what `signatures` makes of the
+    texts those sets came from."""
+    cdef Py_ssize_t i, j, n = len(sets)
+    cdef si_pass s
+    cdef const uint64_t[::1] h
+    _check(1, -1, 1, words)
+    codes = np.zeros((n, words), dtype=np.uint64)
+    cdef uint64_t[:, ::1] c = codes
+    for i in range(n):
+        h = sets[i]
+        if si_pass_init(&s, 1, -1, 1, words, 0, 0):
+            raise MemoryError()
+        try:
+            s.windows = h.shape[0]
+            with nogil:
+                for j in range(h.shape[0]):
+                    si_mh_add(&s, h[j])
+                si_finish(&s)
+            if s.oom:
+                raise MemoryError()
+            si_mh_bits(&s, &c[i, 0])
+        finally:
+            si_pass_free(&s)
+    return codes
+
+
+def sorted_set(const uint64_t[::1] raw not None):
+    """The sorted distinct values of an array of shingle hashes."""
+    out = np.sort(np.asarray(raw))
+    if out.shape[0] > 1:
+        keep = np.empty(out.shape[0], dtype=bool)
+        keep[0] = True
+        np.not_equal(out[1:], out[:-1], out=keep[1:])
+        out = out[keep]
+    return out

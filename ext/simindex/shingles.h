@@ -207,6 +207,14 @@ static inline void si_mh_offer(si_pass *s, uint64_t g, int32_t round) {
     }
 }
 
+/* One shingle hash into the MinHash code: round 0 at once; later rounds need the shingle
+ * only while a bin is empty. */
+static inline void si_mh_add(si_pass *s, uint64_t x) {
+    si_mh_offer(s, si_mh_mix(x), 0);
+    if (s->mh_filled < 64 * s->mh_words && si_push64(&s->xs, &s->nxs, &s->capxs, x))
+        s->oom = 1;
+}
+
 static inline void si_sketch_add(si_pass *s, uint32_t v) {
     int n = s->nsk;
     if (n == SI_SKETCH && v >= s->sk[n - 1]) return;
@@ -241,12 +249,7 @@ static inline void si_emit(si_pass *s, const char *p, size_t n) {
         }
         si_vote_add(s, h);
     }
-    if (s->mh_words) {
-        si_mh_offer(s, si_mh_mix(x), 0);
-        /* later rounds need the shingles only while a bin is empty */
-        if (s->mh_filled < 64 * s->mh_words && si_push64(&s->xs, &s->nxs, &s->capxs, x))
-            s->oom = 1;
-    }
+    if (s->mh_words) si_mh_add(s, x);
     if (s->want_sketch) si_sketch_add(s, (uint32_t)(x >> 32));
     if (s->want_all && si_push64(&s->all, &s->nall, &s->capall, x)) s->oom = 1;
 }

@@ -1,0 +1,354 @@
+"""A radius from the data: the signature width and the k that find near-duplicates at a
+similarity threshold ("Jaccard >= t"), with the recall and the cost of each choice.
+
+For minhash-v1 the model decides: two texts' bits differ with probability (1 - J) / 2, so a
+pair at exactly J = t lies within k bits of w with probability P(Binomial(w, (1 - t) / 2)
+<= k), and every pair above t with more. The k chosen at each width is the least whose
+probability reaches the target recall; that holds for every pair, whatever the corpus. For
+the simhash schemes no such model exists: k is the least that finds the target share of
+the sample's own pairs at or above t.
+
+The sample (the first rows of the input) then measures what the model cannot know: how
+many of its pairs at or above t each k finds (with a one-sided Clopper-Pearson lower bound
+at 95%; pairs that share a document are not independent, so read it as a guide), how many
+pairs lie within k bits (the candidates the exact check must read), and the time of each
+step, from which the width of least estimated time is chosen.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from . import _text
+from .errors import InputError, ParameterError
+from .fingerprints import WORD_SCHEMES, pass_args, scheme_width, schemes
+from .plan import default_plan, query_cost
+from .similarity import jaccard, shingle_set
+
+DEFAULT_SCHEME = "minhash-v1"     # the scheme a similarity threshold gets unless told
+DEFAULT_RECALL = 0.99
+SAMPLE_ROWS = 2000                # rows the calibration reads by default
+CONFIDENCE = 0.95
+MEASURES = ("jaccard", "containment")
+
+
+class Choice(NamedTuple):
+    """One row of a calibration's table: a width, its k, and what that costs."""
+    width: int
+    k: int
+    model_recall: Optional[float]   # P(a pair at exactly t is found), minhash-v1 only
+    pairs: int                      # sample pairs at or above t
+    found: int                      # ... within k bits
+    recall_low: Optional[float]     # lower confidence bound of found / pairs
+    candidates: float               # pairs within k bits per row, at the expected size
+    query_us: float                 # estimated search time per row
+    seconds: float                  # estimated time of the whole run
+
+
+class Calibration(NamedTuple):
+    """The signature and radius chosen for a threshold, and the evidence behind them."""
+    scheme: str
+    width: int
+    k: int
+    min_similarity: float
+    measure: str                    # "jaccard" or "containment"
+    recall: float                   # the target
+    expected_recall: float          # the model's (minhash-v1, Jaccard) or the sample's
+    sample_rows: int
+    expected_rows: int
+    table: tuple                    # of Choice, one per width weighed
+
+    @property
+    def chosen(self) -> Choice:
+        return next(c for c in self.table if c.width == self.width)
+
+    def stored(self) -> dict:
+        """What an index keeps of it, so that later runs judge alike."""
+        return {"scheme": self.scheme, "width": self.width, "k": self.k,
+                "min_similarity": self.min_similarity, "measure": self.measure,
+                "recall": self.recall, "expected_recall": self.expected_recall}
+
+    def describe(self) -> str:
+        """One line for a summary."""
+        c = self.chosen
+        sample = (f"{c.found}/{c.pairs} sample pairs found" if c.pairs else
+                  "the model's, at the threshold" if c.model_recall is not None else
+                  "no sample pair at the threshold")
+        return (f"{self.measure} >= {self.min_similarity:g}: {self.scheme} {self.width} "
+                f"bits, k={self.k}, expected recall {self.expected_recall:.4f} ({sample})")
+
+
+def binomial_cdf(k: int, n: int, p: float) -> float:
+    """P(Binomial(n, p) <= k)."""
+    if k < 0:
+        return 0.0
+    if k >= n or p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 0.0
+    lp, lq = math.log(p), math.log1p(-p)
+    total = 0.0
+    for i in range(k + 1):
+        total += math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                          + i * lp + (n - i) * lq)
+    return min(total, 1.0)
+
+
+def model_recall(width: int, k: int, t: float) -> float:
+    """The share of pairs at exactly Jaccard t that minhash-v1 puts within k of w bits."""
+    return binomial_cdf(k, width, (1.0 - t) / 2.0)
+
+
+def model_k(width: int, t: float, recall: float) -> int:
+    """The least k whose model recall at Jaccard t reaches `recall` (at most width - 1)."""
+    for k in range(width):
+        if model_recall(width, k, t) >= recall:
+            return k
+    return width - 1
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b) (Lentz's continued fraction)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                     + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny = 1e-300
+    f, c, d = 1.0, 1.0, 0.0
+    for i in range(1000):
+        m = i // 2
+        if i == 0:
+            num = 1.0
+        elif i % 2 == 0:
+            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1.0 + num * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + num / c
+        c = c if abs(c) > tiny else tiny
+        f *= c * d
+        if abs(1.0 - c * d) < 1e-12:
+            break
+    return front * (f - 1.0)
+
+
+def recall_lower_bound(found: int, pairs: int, confidence: float = CONFIDENCE) -> float:
+    """One-sided Clopper-Pearson lower bound of a share found/pairs (0 without pairs): the p
+    at which P(X >= found) = 1 - confidence, X ~ Binomial(pairs, p)."""
+    if pairs == 0 or found == 0:
+        return 0.0
+    alpha = 1.0 - confidence
+    if found == pairs:
+        return alpha ** (1.0 / pairs)
+    lo, hi = 0.0, found / pairs
+    for _ in range(50):      # P(X >= found | p) = I_p(found, pairs - found + 1) grows with p
+        mid = (lo + hi) / 2
+        if _betainc(found, pairs - found + 1, mid) < alpha:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _check_threshold(t: Any) -> float:
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 1:
+        raise ParameterError(f"min_similarity must be a similarity in (0, 1], got {t!r}")
+    return float(t)
+
+
+def _check_recall(r: Any) -> float:
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < 1:
+        raise ParameterError(f"recall must be a share in (0, 1), got {r!r}")
+    return float(r)
+
+
+COMMON = 32          # a hash bucket in more sample sets than this is common (see sample_pairs)
+
+
+def sample_pairs(sets: Sequence[np.ndarray], t: float, measure: str = "jaccard") -> tuple:
+    """(i, j) arrays of every pair i < j of shingle sets (sorted distinct hashes) whose
+    similarity is at least t: Jaccard |A & B| / |A | B|, or containment |A & B| /
+    min(|A|, |B|) (the share of the smaller set found in the larger).
+
+    A pair needs |A & B| >= m, with m = t * max(|A|, |B|) for Jaccard and t * min(|A|,
+    |B|) for containment. Hashes are counted in 2**20 buckets; a sparse product over the
+    buckets in at most COMMON sets bounds what two sets share there, and h(A), A's hashes
+    in common buckets, bounds the rest by min(h(A), h(B)). Pairs whose bound reaches m are
+    measured exactly: those the product links, and those of sets whose common hashes alone
+    could reach it (boilerplate-heavy ones, taken every pair)."""
+    import scipy.sparse as sp
+    n = len(sets)
+    if n < 2:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    sizes = np.array([len(x) for x in sets], dtype=np.int64)
+    rows_of = np.repeat(np.arange(n), sizes)
+    cols = (np.concatenate(sets) >> np.uint64(44)).astype(np.int64) if sizes.sum() else \
+        np.empty(0, np.int64)
+    X = sp.csr_matrix((np.ones(len(cols), np.int32), (rows_of, cols)), shape=(n, 1 << 20))
+    df = np.bincount(X.indices, minlength=1 << 20)
+    common = df[X.indices] > COMMON
+    h = np.add.reduceat(np.where(common, X.data, 0), X.indptr[:-1]) if X.nnz else \
+        np.zeros(n, np.int64)
+    h[np.diff(X.indptr) == 0] = 0
+    X.data = np.where(common, 0, X.data)
+    X.eliminate_zeros()
+    XT = X.T.tocsr()
+
+    def need(i, j):
+        return t * (np.maximum(sizes[i], sizes[j]) if measure == "jaccard" else
+                    np.minimum(sizes[i], sizes[j])) - 1e-9
+    cand: set = set()
+    for start in range(0, n, 512):
+        inter = (X[start:start + 512] @ XT).tocoo()
+        i, j = inter.row + start, inter.col
+        keep = j > i
+        i, j, a = i[keep], j[keep], inter.data[keep]
+        keep = a + np.minimum(h[i], h[j]) >= need(i, j)
+        cand.update(zip(i[keep].tolist(), j[keep].tolist()))
+    heavy = np.flatnonzero(h >= t * (sizes if measure == "jaccard" else 0) - 1e-9)
+    if measure == "containment":
+        heavy = np.flatnonzero(h > 0)
+    if len(heavy) > 1:
+        hi, hj = np.triu_indices(len(heavy), 1)
+        i, j = heavy[hi], heavy[hj]
+        keep = np.minimum(h[i], h[j]) >= need(i, j)
+        cand.update(zip(i[keep].tolist(), j[keep].tolist()))
+    out_i, out_j = [], []
+    for x, y in sorted(cand):
+        inter_xy = _text.intersection_size(sets[x], sets[y])
+        base = (sizes[x] + sizes[y] - inter_xy) if measure == "jaccard" else \
+            min(sizes[x], sizes[y])
+        if inter_xy >= t * max(base, 1) - 1e-9:
+            out_i.append(x)
+            out_j.append(y)
+    return np.array(out_i, dtype=np.int64), np.array(out_j, dtype=np.int64)
+
+
+_POP8 = np.array([bin(x).count("1") for x in range(256)], dtype=np.uint8)
+
+
+def pair_distances(codes: np.ndarray) -> np.ndarray:
+    """The (n, n) Hamming distances of codes given as (n, words) uint64."""
+    n = len(codes)
+    out = np.zeros((n, n), dtype=np.uint16)
+    for q in range(codes.shape[1]):
+        col = codes[:, q]
+        for start in range(0, n, 256):
+            x = col[start:start + 256, None] ^ col[None, :]
+            if hasattr(np, "bitwise_count"):
+                out[start:start + 256] += np.bitwise_count(x)
+            else:
+                out[start:start + 256] += _POP8[x.view(np.uint8)].reshape(
+                    x.shape + (8,)).sum(axis=2, dtype=np.uint16)
+    return out
+
+
+def _sample(texts: list, scheme: str, widths: list) -> tuple:
+    """(shingle sets, {width: codes as (n, words) uint64}, seconds per text of the pass)
+    of the sample: minhash-v1's codes come from the sets of one pass."""
+    from .fingerprints import fingerprint
+    start = time.perf_counter()
+    if scheme in WORD_SCHEMES:
+        raws = _text.signatures(texts, schemes[scheme].shingle_width, mh_words=1,
+                                shingles=True)[3]
+        assert raws is not None
+        sets = [_text.sorted_set(r) for r in raws]
+    else:
+        sets = [shingle_set(x, scheme) for x in texts]
+    codes = {}
+    for w in widths:
+        if scheme == "minhash-v1":
+            codes[w] = _text.minhash_codes(sets, w // 64)
+        elif scheme in WORD_SCHEMES:
+            codes[w] = _text.signatures(texts, schemes[scheme].shingle_width,
+                                        **pass_args(scheme, w))[0]
+        else:
+            words = w // 64
+            fps = [fingerprint(x, scheme=scheme, width=w) for x in texts]
+            codes[w] = np.array([[(f >> (64 * (words - 1 - q))) & ((1 << 64) - 1)
+                                  for q in range(words)] for f in fps], dtype=np.uint64)
+    return sets, codes, (time.perf_counter() - start) / max(len(texts), 1)
+
+
+def calibrate(texts: Sequence[str], min_similarity: float, *,
+              recall: float = DEFAULT_RECALL, scheme: Optional[str] = None,
+              measure: str = "jaccard", expected_rows: Optional[int] = None,
+              widths: Optional[Sequence[int]] = None,
+              sample_truth: bool = True) -> Calibration:
+    """The width and k of least estimated time that reach `recall` at `min_similarity`
+    (see the module's docstring), from a sample of texts. `expected_rows`: the rows of the
+    whole input (default: the sample's), for the cost of the search and the check.
+    `sample_truth=False` skips measuring the sample's own pairs where the model alone
+    decides (minhash-v1 and Jaccard); elsewhere they are always measured."""
+    t = _check_threshold(min_similarity)
+    recall = _check_recall(recall)
+    scheme = DEFAULT_SCHEME if scheme is None else scheme
+    if scheme not in schemes:
+        raise ParameterError(f"unknown fingerprint scheme {scheme!r}; known: "
+                             f"{', '.join(schemes)}")
+    if measure not in MEASURES:
+        raise ParameterError(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}")
+    texts = [x for x in texts]
+    if not texts:
+        raise InputError("calibration needs at least one text")
+    n = len(texts)
+    rows = max(n, expected_rows or n)
+    widths = list(schemes[scheme].widths if widths is None else widths)
+    for w in widths:
+        scheme_width(scheme, w)
+    sets, codes, pass_s = _sample(texts, scheme, widths)
+    minhash = scheme == "minhash-v1"
+    if sample_truth or not minhash or measure != "jaccard":
+        pi, pj = sample_pairs(sets, t, measure)
+    else:
+        pi = pj = np.empty(0, np.int64)
+    # the exact check's cost per candidate pair, from the sample's own sets
+    probe = min(n - 1, 200)
+    start = time.perf_counter()
+    for a in range(probe):
+        jaccard(sets[a], sets[a + 1])
+    check_s = (time.perf_counter() - start) / max(probe, 1)
+    table = []
+    upper = np.triu_indices(n, 1)
+    for w in widths:
+        dist = pair_distances(codes[w])
+        true_d = np.sort(dist[pi, pj]) if len(pi) else np.empty(0, np.uint16)
+        if minhash:
+            k = model_k(w, t, recall)
+            if measure == "containment" and len(true_d):
+                k = max(k, _sample_k(true_d, recall))
+        else:
+            k = _sample_k(true_d, recall) if len(true_d) else 0
+        k = min(k, w - 1)
+        found = int(np.searchsorted(true_d, k, side="right"))
+        within = float(np.count_nonzero(dist[upper] <= k))
+        share = within / max(len(upper[0]), 1)
+        candidates = share * (rows - 1) / 2          # against the rows kept before it
+        m, p = default_plan(k, expected=max(rows // 2, 1), width=w)
+        query_ns = query_cost(k, m, max(rows // 2, 1), None, p, w)
+        seconds = rows * (pass_s + query_ns * 1e-9 + candidates * check_s)
+        table.append(Choice(w, k, model_recall(w, k, t) if minhash else None, len(true_d),
+                            found, recall_lower_bound(found, len(true_d)) if len(true_d)
+                            else None, candidates, query_ns / 1000, seconds))
+    best = min(table, key=lambda c: (c.seconds, c.width))
+    if minhash and measure == "jaccard":
+        expected = best.model_recall or 0.0
+    else:
+        expected = best.found / best.pairs if best.pairs else 0.0
+    return Calibration(scheme, best.width, best.k, t, measure, recall, expected, n, rows,
+                       tuple(table))
+
+
+def _sample_k(sorted_distances: np.ndarray, recall: float) -> int:
+    """The least k that finds `recall` of pairs with these (sorted) distances."""
+    need = max(1, math.ceil(recall * len(sorted_distances)))
+    return int(sorted_distances[need - 1])
