@@ -252,12 +252,16 @@ def pair_distances(codes: np.ndarray) -> np.ndarray:
     return out
 
 
-def _sample(texts: list, scheme: str, widths: list) -> tuple:
+def _sample(texts: list, scheme: str, widths: list, sets: Optional[list] = None,
+            seconds: Optional[float] = None) -> tuple:
     """(shingle sets, {width: codes as (n, words) uint64}, seconds per text of the pass)
-    of the sample: minhash-v1's codes come from the sets of one pass."""
+    of the sample: minhash-v1's codes come from the sets of one pass (or from `sets`, made
+    by the caller's pass of `seconds`)."""
     from .fingerprints import fingerprint
     start = time.perf_counter()
-    if scheme in WORD_SCHEMES:
+    if sets is not None and scheme == "minhash-v1":
+        start -= seconds or 0.0
+    elif scheme in WORD_SCHEMES:
         raws = _text.signatures(texts, schemes[scheme].shingle_width, mh_words=1,
                                 shingles=True)[3]
         assert raws is not None
@@ -283,12 +287,15 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
               recall: float = DEFAULT_RECALL, scheme: Optional[str] = None,
               measure: str = "jaccard", expected_rows: Optional[int] = None,
               widths: Optional[Sequence[int]] = None,
-              sample_truth: bool = True) -> Calibration:
+              sample_truth: bool = True, sets: Optional[list] = None,
+              pass_seconds: Optional[float] = None) -> Calibration:
     """The width and k of least estimated time that reach `recall` at `min_similarity`
     (see the module's docstring), from a sample of texts. `expected_rows`: the rows of the
     whole input (default: the sample's), for the cost of the search and the check.
     `sample_truth=False` skips measuring the sample's own pairs where the model alone
-    decides (minhash-v1 and Jaccard); elsewhere they are always measured."""
+    decides (minhash-v1 and Jaccard); elsewhere they are always measured. `sets`: the
+    texts' shingle sets (sorted distinct xxh3-64 hashes) when the caller has them, made in
+    `pass_seconds`."""
     t = _check_threshold(min_similarity)
     recall = _check_recall(recall)
     scheme = DEFAULT_SCHEME if scheme is None else scheme
@@ -305,7 +312,7 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
     widths = list(schemes[scheme].widths if widths is None else widths)
     for w in widths:
         scheme_width(scheme, w)
-    sets, codes, pass_s = _sample(texts, scheme, widths)
+    sets, codes, pass_s = _sample(texts, scheme, widths, sets, pass_seconds)
     minhash = scheme == "minhash-v1"
     if sample_truth or not minhash or measure != "jaccard":
         pi, pj = sample_pairs(sets, t, measure)

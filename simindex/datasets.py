@@ -47,7 +47,7 @@ from .similarity import shingle_set, sketch, sketch_jaccard
 BATCH = 4096              # rows judged together: one query_many, one add_many
 # what a run reads to choose its radius when none is given: the model decides k, the
 # sample the width (its pairs within k, the cost of each step)
-RUN_SAMPLE_ROWS, RUN_SAMPLE_BYTES = 1000, 8 << 20
+RUN_SAMPLE_ROWS, RUN_SAMPLE_BYTES = 1000, 4 << 20
 MODES = ("greedy", "components")
 DEFAULT_K = 3
 
@@ -113,20 +113,21 @@ def run_token(inputs: list, text_field: str, id_field: Optional[str],
 
 
 class Shingles:
-    """A row's shingles for the similarity check: the pass's shingle hashes (made into the
-    sorted distinct set when first needed) and the sketch stored with a kept record."""
+    """A row's shingles for the similarity check: the pass's shingle hashes, made into the
+    sorted distinct set, and that set's sketch (stored with a kept record), when first
+    needed."""
 
-    __slots__ = ("_raw", "_set", "sketch")
+    __slots__ = ("_raw", "_set", "_sketch")
 
-    def __init__(self, raw: np.ndarray, sketch_: bytes) -> None:
+    def __init__(self, raw: np.ndarray) -> None:
         self._raw: Optional[np.ndarray] = raw
         self._set: Optional[np.ndarray] = None
-        self.sketch = sketch_
+        self._sketch: Optional[bytes] = None
 
     @classmethod
     def of_set(cls, exact: Any) -> "Shingles":
-        """Shingles of a set already sorted and distinct (its sketch made from it)."""
-        sh = cls(None, sketch(exact))        # type: ignore[arg-type]
+        """Shingles of a set already sorted and distinct."""
+        sh = cls(None)                       # type: ignore[arg-type]
         sh._set = exact
         return sh
 
@@ -138,6 +139,12 @@ class Shingles:
             self._raw = None
         return self._set
 
+    @property
+    def sketch(self) -> bytes:
+        if self._sketch is None:
+            self._sketch = _text.sketch_of_set(self.set)
+        return self._sketch
+
 
 def _signatures(args: tuple) -> list:
     """One part of a batch: per text, its fingerprint (with its Shingles when `checked`),
@@ -145,8 +152,8 @@ def _signatures(args: tuple) -> list:
     texts, scheme, width, checked = args
     out: list = []
     if scheme in WORD_SCHEMES:
-        codes, counts, sketches, raws = _text.signatures(
-            texts, schemes[scheme].shingle_width, sketch=checked, shingles=checked,
+        codes, counts, _, raws = _text.signatures(
+            texts, schemes[scheme].shingle_width, shingles=checked,
             **pass_args(scheme, width))
         words = width // 64
         fps = codes[:, 0].tolist() if words == 1 else [
@@ -156,7 +163,7 @@ def _signatures(args: tuple) -> list:
                 out.append(f"text has no tokens under scheme {scheme!r} (empty, or no word "
                            f"characters): it has no fingerprint")
             elif checked:
-                out.append((fp, Shingles(raws[i], sketches[i])))    # type: ignore[index]
+                out.append((fp, Shingles(raws[i])))                # type: ignore[index]
             else:
                 out.append(fp)
         return out
@@ -164,8 +171,7 @@ def _signatures(args: tuple) -> list:
         try:
             fp = fingerprint(t, scheme=scheme, width=width)
             if checked:
-                sh = shingle_set(t, scheme)
-                out.append((fp, Shingles(sh, sketch(sh))))
+                out.append((fp, Shingles.of_set(shingle_set(t, scheme))))
             else:
                 out.append(fp)
         except InputError as e:
@@ -433,15 +439,16 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
             index = os.path.join(scratch, "index")
         new = not os.path.exists(os.path.join(index, manifest.NAME))
         cal = None
+        made: dict = {}           # rows the calibration already read: their shingle sets
         if new:
             if min_similarity is not None and scheme is None:
                 scheme = SIMILARITY_SCHEME
             if min_similarity is not None and k is None and fingerprint_field is None:
                 # the radius from the data: a sample of the input's first rows
-                cal = calibrate_inputs(paths, min_similarity, fmt=fmt, text_field=text_field,
-                                       recall=recall, scheme=scheme, width=width,
-                                       measure=measure, sample=RUN_SAMPLE_ROWS,
-                                       sample_bytes=RUN_SAMPLE_BYTES, sample_truth=False)
+                cal, made = _calibrate_inputs(
+                    paths, min_similarity, fmt=fmt, text_field=text_field, recall=recall,
+                    scheme=scheme, width=width, measure=measure, sample=RUN_SAMPLE_ROWS,
+                    sample_bytes=RUN_SAMPLE_BYTES, sample_truth=False)
                 summary.calibration = cal
                 scheme, width = cal.scheme, cal.width
         if pool is None and jobs > 1 and (fingerprint_field is None or
@@ -458,7 +465,8 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
         # the caller renames its outputs into place (a killed process loses nothing)
         idx = Index(index, k=(cal.k if cal is not None else DEFAULT_K if k is None else k)
                     if new else None, scheme=scheme, width=width, sync=False,
-                    calibration=cal.stored() if cal is not None else None)
+                    calibration=cal.stored() if cal is not None else None,
+                    expected=cal.expected_rows if cal is not None else None)
         stored = idx.calibration
         if stored is not None:
             if min_similarity is not None and (min_similarity != stored["min_similarity"] or
@@ -487,7 +495,7 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
         if min_similarity is not None:
             check = Check(float(min_similarity), measure, token, scratch)
         run = _Run(paths, fmt, text_field, id_field, fingerprint_field, keep, pool, on_error,
-                   summary, idx, check is not None)
+                   summary, idx, check is not None, made)
         judge = _Judge(idx, ref, kk, token, check)
         if mode == "greedy":
             for batch in run.batches():
@@ -526,16 +534,29 @@ def calibrate_inputs(paths: list, t: float, *, fmt: Optional[str] = None,
     """The calibration (`simindex.calibrate`) of input files from their first `sample`
     texts (and at most `sample_bytes` of text, if given), for the rows the files hold
     (estimated; rows without a text are left to the run itself to report)."""
+    return _calibrate_inputs(paths, t, fmt=fmt, text_field=text_field, recall=recall,
+                             scheme=scheme, width=width, measure=measure, sample=sample,
+                             sample_bytes=sample_bytes, sample_truth=sample_truth)[0]
+
+
+def _calibrate_inputs(paths: list, t: float, *, fmt: Optional[str], text_field: str,
+                      recall: Optional[float], scheme: Optional[str], width: Optional[int],
+                      measure: str, sample: int, sample_bytes: Optional[int],
+                      sample_truth: bool) -> tuple:
+    """calibrate_inputs, and for minhash-v1 the shingle set its pass made of each sampled
+    row, by position, which the run need not make again."""
     if isinstance(sample, bool) or not isinstance(sample, int) or sample < 2:
         raise ParameterError(f"sample must be an int >= 2, got {sample!r}")
     texts: list = []
+    where: list = []
     read = 0
     limit = sample_bytes if sample_bytes is not None else float("inf")
-    for path in paths:
+    for p, path in enumerate(paths):
         for row in read_rows(path, fmt, lambda e: None):
             text = row.data.get(text_field)
             if isinstance(text, str):
                 texts.append(text)
+                where.append((p, row.number))
                 read += len(text)
             if len(texts) >= sample or (read >= limit and len(texts) >= 2):
                 break
@@ -545,13 +566,22 @@ def calibrate_inputs(paths: list, t: float, *, fmt: Optional[str] = None,
         raise ParameterError(f"no row of the input has a text in \"{text_field}\" to "
                              f"calibrate on; give k")
     rows = estimate_rows(paths, len(texts), read)
+    made: dict = {}
+    sets = seconds = None
+    if (scheme or SIMILARITY_SCHEME) == "minhash-v1":
+        start = time.perf_counter()
+        _, counts, _, raws = _text.signatures(texts, 3, mh_words=1, shingles=True)
+        sets = [_text.sorted_set(r) for r in raws]            # type: ignore[union-attr]
+        seconds = time.perf_counter() - start
+        made = {w: x for w, x, c in zip(where, sets, counts) if c}
     try:
-        return calibrate(texts, t, recall=DEFAULT_RECALL if recall is None else recall,
-                         scheme=scheme, measure=measure, expected_rows=rows,
-                         widths=None if width is None else [width],
-                         sample_truth=sample_truth)
+        cal = calibrate(texts, t, recall=DEFAULT_RECALL if recall is None else recall,
+                        scheme=scheme, measure=measure, expected_rows=rows,
+                        widths=None if width is None else [width],
+                        sample_truth=sample_truth, sets=sets, pass_seconds=seconds)
     except InputError as e:
         raise ParameterError(f"cannot calibrate on the input's first rows: {e}") from None
+    return cal, made
 
 
 def estimate_rows(paths: list, sample_rows: int, sample_bytes: int) -> int:
@@ -593,13 +623,14 @@ class _Run:
     def __init__(self, paths: list, fmt: Optional[str], text_field: str,
                  id_field: Optional[str], fingerprint_field: Optional[str], keep: str,
                  pool: Any, on_error: Any, summary: Summary, idx: Index,
-                 shingled: bool = False) -> None:
+                 shingled: bool = False, made: Optional[dict] = None) -> None:
         self.paths, self.fmt = paths, fmt
         self.text_field, self.id_field, self.fingerprint_field = \
             text_field, id_field, fingerprint_field
         self.keep, self.pool, self.on_error, self.summary = keep, pool, on_error, summary
         self.width, self.scheme = idx.width, idx.scheme or DEFAULT_SCHEME
         self.shingled = shingled      # shingle sets too (min_similarity needs the texts)
+        self.made = made or {}        # minhash-v1 rows a calibration read: shingle sets
 
     def rows(self, again: bool = False) -> Iterator[tuple]:
         """(file number, Row) of every input row, in order; a row that breaks its file's
@@ -646,7 +677,7 @@ class _Run:
             except BadLine as e:
                 _bad(e, self.on_error, summary)
         if texts:
-            fps = _fingerprints(texts, self.scheme, width, self.pool, self.shingled)
+            fps = self.signatures(good, texts)
             out = []
             for g, fp in zip(good, fps):
                 if isinstance(fp, str):
@@ -657,6 +688,26 @@ class _Run:
                     out.append(g._replace(fp=fp))
             good = out
         return good
+
+    def signatures(self, good: list, texts: list) -> list:
+        """_signatures of the good rows' texts, made from what the calibration kept for
+        rows it read (a minhash-v1 code is a function of the shingle set)."""
+        made = self.made
+        keys = [(g.p, g.row.number) for g in good] if made else []
+        done = [i for i, key in enumerate(keys) if key in made]
+        if not done:
+            return _fingerprints(texts, self.scheme, self.width, self.pool, self.shingled)
+        out: list = [None] * len(texts)
+        todo = [i for i, key in enumerate(keys) if key not in made]
+        for i, got in zip(todo, _fingerprints([texts[i] for i in todo], self.scheme,
+                                              self.width, self.pool, self.shingled)):
+            out[i] = got
+        sets = [made.pop(keys[i]) for i in done]
+        codes = _text.minhash_codes(sets, self.width // 64)
+        for i, exact, code in zip(done, sets, codes):
+            fp = int.from_bytes(code.astype(">u8").tobytes(), "big")
+            out[i] = (fp, Shingles.of_set(exact)) if self.shingled else fp
+        return out
 
     def rank(self, row: Row, text: Optional[str]) -> Any:
         """What the keep policy maximises for a row (None under "first")."""

@@ -14,6 +14,7 @@ per block probed with flips (multi-index hashing). p = 0 is one table scanned wh
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 from itertools import combinations
 from math import comb
 from typing import Optional
@@ -90,6 +91,20 @@ def block_widths(blocks: int, width: int = WIDTH) -> list:
     return [base + 1 if b < extra else base for b in range(blocks)]
 
 
+def _probes(m: int, p: int, r: int, width: int) -> int:
+    """Probes of all C(m, p) tables at flip radius r: a table's prefix has p * base + j
+    bits when j of its blocks are the wider ones, and C(extra, j) * C(m - extra, p - j)
+    tables do."""
+    base, extra = divmod(width, m)
+    total = 0
+    for j in range(max(0, p - (m - extra)), min(extra, p) + 1):
+        total += comb(extra, j) * comb(m - extra, p - j) * probe_count(p * base + j, r)
+        if total > MAX_PROBES:
+            break
+    return total
+
+
+@lru_cache(maxsize=256)
 def candidate_plans(k: int, width: int = WIDTH):
     """Every (blocks, prefix_blocks) the planner weighs for k: at most PLANNED_TABLES
     tables and MAX_PROBES probes, fewest tables then probes first."""
@@ -101,16 +116,10 @@ def candidate_plans(k: int, width: int = WIDTH):
             if comb(m, p) > PLANNED_TABLES:
                 break
             low.append(p)
-        ps = sorted(set(low) | {m - p for p in low})
-        for p in ps:
-            tables = comb(m, p)
-            r = flips_needed(k, m, p)
-            widths = block_widths(m, width)
-            probes = sum(probe_count(sum(widths[b] for b in c), r)
-                         for c in combinations(range(m), p))
-            if probes > MAX_PROBES:
-                continue
-            out.append((tables, probes, m, p))
+        for p in sorted(set(low) | {m - p for p in low}):
+            probes = _probes(m, p, flips_needed(k, m, p), width)
+            if probes <= MAX_PROBES:
+                out.append((comb(m, p), probes, m, p))
     out.sort()
     plans, scan = [], False
     for tables, probes, m, p in out:
@@ -119,7 +128,7 @@ def candidate_plans(k: int, width: int = WIDTH):
                 continue
             scan = True
         plans.append((m, p))
-    return plans
+    return tuple(plans)
 
 
 def default_plan(k: int, expected: Optional[int] = None,
@@ -166,16 +175,17 @@ def query_cost(k: int, blocks: int, expected: int, memory: Optional[int] = None,
     seek and the candidates of its prefix range; with `memory` (bytes), seeks of a plan too
     big for CACHE_SHARE of it are disk reads."""
     p = blocks - k if prefix_blocks is None else prefix_blocks
-    widths = block_widths(blocks, width)
     r = flips_needed(k, blocks, p)
     seek = SEEK_NS
     if memory and index_bytes(k, blocks, expected, p, width) > CACHE_SHARE * memory:
         seek = DISK_SEEK_NS
+    # C(extra, j) * C(blocks - extra, p - j) tables have j of the wider blocks
+    base, extra = divmod(width, blocks)
     total = 0.0
-    for c in combinations(range(blocks), p):
-        bits = min(sum(widths[b] for b in c), 64)
-        probes = probe_count(bits, r)
-        total += probes * (seek + SCAN_NS * expected / 2 ** bits)
+    for j in range(max(0, p - (blocks - extra)), min(extra, p) + 1):
+        bits = min(p * base + j, 64)
+        tables = comb(extra, j) * comb(blocks - extra, p - j)
+        total += tables * probe_count(bits, r) * (seek + SCAN_NS * expected / 2 ** bits)
     return total
 
 

@@ -32,7 +32,7 @@ cdef extern from "shingles.h" nogil:
         int needs_nf
         int normalized
         int nsk
-        uint32_t sk[128]
+        uint32_t sk[512]
         uint64_t *all
         size_t nall
     int SI_MAX_SHINGLE
@@ -47,6 +47,7 @@ cdef extern from "shingles.h" nogil:
     void si_vote_bits(const si_pass *s, uint64_t *out)
     void si_mh_bits(const si_pass *s, uint64_t *out)
     void si_mh_add(si_pass *s, uint64_t x)
+    size_t si_unique64(uint64_t *a, uint64_t *tmp, size_t n)
 
 # The hash kinds a simhash votes with (as in _fingerprint): xxh3-64, xxh3-128, 2 x xxh3-128.
 VOTE_KINDS = (0, 3, 4)
@@ -356,10 +357,38 @@ def minhash_codes(list sets, int words):
 
 def sorted_set(const uint64_t[::1] raw not None):
     """The sorted distinct values of an array of shingle hashes."""
-    out = np.sort(np.asarray(raw))
-    if out.shape[0] > 1:
-        keep = np.empty(out.shape[0], dtype=bool)
-        keep[0] = True
-        np.not_equal(out[1:], out[:-1], out=keep[1:])
-        out = out[keep]
-    return out
+    cdef Py_ssize_t n = raw.shape[0]
+    cdef size_t m
+    out = np.empty(n, dtype=np.uint64)
+    tmp = np.empty(n, dtype=np.uint64)
+    cdef uint64_t[::1] o = out
+    cdef uint64_t[::1] t = tmp
+    if n == 0:
+        return out
+    memcpy(&o[0], &raw[0], n * sizeof(uint64_t))
+    with nogil:
+        m = si_unique64(&o[0], &t[0], n)
+    return out[:m].copy() if m < <size_t>n else out
+
+
+def sketch_of_set(const uint64_t[::1] exact not None):
+    """The bottom-SKETCH sketch (big-endian u32, ascending) of a sorted distinct set of
+    xxh3-64 shingle hashes: the distinct high halves of its first values."""
+    cdef Py_ssize_t i, n = exact.shape[0]
+    cdef int m = 0
+    cdef uint32_t v, last = 0
+    out = bytearray(4 * SI_SKETCH)
+    cdef unsigned char[::1] o = out
+    for i in range(n):
+        v = <uint32_t>(exact[i] >> 32)
+        if m and v == last:
+            continue
+        o[4 * m] = v >> 24
+        o[4 * m + 1] = (v >> 16) & 0xFF
+        o[4 * m + 2] = (v >> 8) & 0xFF
+        o[4 * m + 3] = v & 0xFF
+        last = v
+        m += 1
+        if m == SI_SKETCH:
+            break
+    return bytes(out[:4 * m])

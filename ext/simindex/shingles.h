@@ -33,6 +33,7 @@
 #define SI_MAX_SHINGLE 16        /* tokens per shingle, at most */
 #define SI_MAX_WORDS 4           /* 64-bit words of the widest signature (256 bits) */
 #define SI_SKETCH 128            /* values of a bottom-k sketch */
+#define SI_SKBUF 512             /* values a sketch gathers before it keeps the smallest */
 #define SI_COMPACT (1 << 16)     /* bytes of token text kept before the oldest is dropped */
 #define SI_GOLDEN 0x9E3779B97F4A7C15ULL
 
@@ -87,9 +88,13 @@ typedef struct {
     uint64_t mh_val[SI_MAX_WORDS * 64];
     uint64_t *xs;                /* the shingle hashes, while bins are still empty */
     size_t nxs, capxs;
-    /* the sketch */
-    uint32_t sk[SI_SKETCH];
+    /* the sketch: values below `sk_thr` wait in sk[] until it holds SI_SKBUF of them, then
+     * the SI_SKETCH smallest distinct stay (and the largest of them becomes the bar) */
+    uint32_t sk[SI_SKBUF];
+    uint32_t sk_tmp[SI_SKBUF];
     int nsk;
+    int sk_full;                 /* sk_thr is a bar: SI_SKETCH distinct values are below it */
+    uint32_t sk_thr;
     /* every shingle hash */
     uint64_t *all;
     size_t nall, capall;
@@ -215,19 +220,65 @@ static inline void si_mh_add(si_pass *s, uint64_t x) {
         s->oom = 1;
 }
 
-static inline void si_sketch_add(si_pass *s, uint32_t v) {
-    int n = s->nsk;
-    if (n == SI_SKETCH && v >= s->sk[n - 1]) return;
-    int lo = 0, hi = n;                  /* first index with sk[i] >= v */
-    while (lo < hi) {
-        int mid = (lo + hi) >> 1;
-        if (s->sk[mid] < v) lo = mid + 1; else hi = mid;
+/* ---- sorting ---------------------------------------------------------------------- */
+
+/* LSD radix sort of n 32- or 64-bit keys, a byte per pass; tmp holds n keys. A pass whose
+ * byte is the same in every key is skipped. */
+#define SI_RADIX_SORT(NAME, T, BYTES)                                                     \
+static void NAME(T *a, T *tmp, size_t n) {                                                \
+    if (n < 2) return;                                                                    \
+    if (n <= 32) {                        /* insertion sort */                            \
+        for (size_t i = 1; i < n; i++) {                                                  \
+            T v = a[i]; size_t j = i;                                                     \
+            while (j > 0 && a[j - 1] > v) { a[j] = a[j - 1]; j--; }                       \
+            a[j] = v;                                                                     \
+        }                                                                                 \
+        return;                                                                           \
+    }                                                                                     \
+    T *src = a, *dst = tmp;                                                               \
+    for (int b = 0; b < BYTES; b++) {                                                     \
+        size_t count[256] = {0};                                                          \
+        int shift = 8 * b;                                                                \
+        for (size_t i = 0; i < n; i++) count[(src[i] >> shift) & 0xFF]++;                 \
+        if (count[(src[0] >> shift) & 0xFF] == n) continue;                               \
+        size_t sum = 0;                                                                   \
+        for (int c = 0; c < 256; c++) { size_t x = count[c]; count[c] = sum; sum += x; }  \
+        for (size_t i = 0; i < n; i++) dst[count[(src[i] >> shift) & 0xFF]++] = src[i];   \
+        T *t = src; src = dst; dst = t;                                                   \
+    }                                                                                     \
+    if (src != a) memcpy(a, src, n * sizeof(T));                                          \
+}
+SI_RADIX_SORT(si_sort32, uint32_t, 4)
+SI_RADIX_SORT(si_sort64, uint64_t, 8)
+
+/* Sort and drop repeats; returns the count left. */
+static size_t si_unique64(uint64_t *a, uint64_t *tmp, size_t n) {
+    si_sort64(a, tmp, n);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (m == 0 || a[i] != a[m - 1]) a[m++] = a[i];
+    return m;
+}
+
+/* ---- the sketch ------------------------------------------------------------------------ */
+
+/* Keep the SI_SKETCH smallest distinct values gathered so far, sorted. */
+static void si_sketch_compact(si_pass *s) {
+    int n = s->nsk, m = 0;
+    si_sort32(s->sk, s->sk_tmp, (size_t)n);
+    for (int i = 0; i < n && m < SI_SKETCH; i++)
+        if (m == 0 || s->sk[i] != s->sk[m - 1]) s->sk[m++] = s->sk[i];
+    s->nsk = m;
+    if (m == SI_SKETCH) {
+        s->sk_full = 1;
+        s->sk_thr = s->sk[m - 1];          /* only values below it can still enter */
     }
-    if (lo < n && s->sk[lo] == v) return;
-    int keep = n == SI_SKETCH ? n - 1 : n;
-    memmove(s->sk + lo + 1, s->sk + lo, (size_t)(keep - lo) * sizeof(uint32_t));
-    s->sk[lo] = v;
-    if (n < SI_SKETCH) s->nsk++;
+}
+
+static inline void si_sketch_add(si_pass *s, uint32_t v) {
+    if (s->sk_full && v >= s->sk_thr) return;
+    s->sk[s->nsk++] = v;
+    if (s->nsk == SI_SKBUF) si_sketch_compact(s);
 }
 
 static inline void si_emit(si_pass *s, const char *p, size_t n) {
@@ -410,6 +461,7 @@ static void si_finish(si_pass *s) {
         si_emit(s, s->buf + a, s->end[(s->ntok - 1) % SI_MAX_SHINGLE] - a);
     }
     if (s->vote_kind >= 0) si_vote_flush(s);
+    if (s->want_sketch) si_sketch_compact(s);
     if (s->mh_words && s->windows) {
         int bins = 64 * s->mh_words;
         /* Round r offers every shingle again, hashed at x + r * golden, to the bins still
