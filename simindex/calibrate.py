@@ -196,9 +196,9 @@ def sample_pairs(sets: Sequence[np.ndarray], t: float, measure: str = "jaccard")
     X = sp.csr_matrix((np.ones(len(cols), np.int32), (rows_of, cols)), shape=(n, 1 << 20))
     df = np.bincount(X.indices, minlength=1 << 20)
     common = df[X.indices] > COMMON
-    h = np.add.reduceat(np.where(common, X.data, 0), X.indptr[:-1]) if X.nnz else \
-        np.zeros(n, np.int64)
-    h[np.diff(X.indptr) == 0] = 0
+    entry_rows = np.repeat(np.arange(n), np.diff(X.indptr))
+    h = np.bincount(entry_rows, weights=np.where(common, X.data, 0),
+                    minlength=n).astype(np.int64)
     X.data = np.where(common, 0, X.data)
     X.eliminate_zeros()
     XT = X.T.tocsr()

@@ -1,0 +1,370 @@
+"""A radius from the data: the calibration's arithmetic on hand-made numbers and sets, its
+recall on planted pairs, and what `simindex dedup --min-similarity` and `simindex
+calibrate` do with it (real files, real CLI processes)."""
+
+import itertools
+import json
+import math
+import random
+import subprocess
+import sys
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import simindex
+from simindex import calibrate as cal
+from simindex import datasets as dedup_module
+from trials import ENV
+
+
+def run(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "simindex", *map(str, args)], env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write_jsonl(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def read_jsonl(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def tokens(rng, n):
+    return [f"w{rng.getrandbits(40):x}" for _ in range(n)]
+
+
+def pair_at(rng, jaccard, n=302):
+    """Two texts of n distinct tokens sharing their first m, so that their word 3-shingle
+    sets (n - 2 each, m - 2 shared) have a Jaccard similarity just at or above `jaccard`;
+    returns the texts and that similarity."""
+    s = n - 2
+    shared = math.ceil(jaccard * 2 * s / (1 + jaccard))
+    toks = tokens(rng, 2 * n - shared - 2)
+    a = toks[:n]
+    b = toks[:shared + 2] + toks[n:]
+    return " ".join(a), " ".join(b), shared / (2 * s - shared)
+
+
+# ---------------------------------------------------------------- the arithmetic
+def exact_cdf(k, n, p):
+    p = Fraction(p)
+    return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1))
+
+
+@pytest.mark.parametrize("k,n,p", [(0, 10, 0.5), (3, 10, 0.25), (8, 64, 0.05),
+                                   (17, 64, 0.15), (52, 256, 0.15), (80, 256, 0.25)])
+def test_binomial_cdf_is_the_exact_sum(k, n, p):
+    assert cal.binomial_cdf(k, n, p) == pytest.approx(float(exact_cdf(k, n, p)), rel=1e-9)
+
+
+@pytest.mark.parametrize("width,t,recall", list(itertools.product(
+    (64, 128, 256), (0.5, 0.7, 0.9), (0.9, 0.99, 0.999))))
+def test_the_model_k_is_the_least_that_reaches_the_recall(width, t, recall):
+    k = cal.model_k(width, t, recall)
+    p = (1 - t) / 2                               # a bit of a pair at exactly J = t differs
+    assert float(exact_cdf(k, width, p)) >= recall
+    assert k == 0 or float(exact_cdf(k - 1, width, p)) < recall
+
+
+def test_known_radii():
+    # at 64 bits a pair at J = 0.9 differs in Binomial(64, 0.05) bits: 99% within 8
+    assert cal.model_k(64, 0.9, 0.99) == 8
+    assert cal.model_k(128, 0.7, 0.99) == 29
+    assert cal.model_k(256, 0.5, 0.99) == 80
+
+
+def test_the_lower_bound_is_clopper_pearsons():
+    assert cal.recall_lower_bound(0, 10) == 0.0 and cal.recall_lower_bound(3, 0) == 0.0
+    assert cal.recall_lower_bound(300, 300) == pytest.approx(0.05 ** (1 / 300))
+    for found, pairs in [(5, 10), (9, 10), (2500, 2527), (98, 100)]:
+        low = cal.recall_lower_bound(found, pairs)
+        # at the bound, seeing `found` or more is exactly 5% likely (the float sum, checked
+        # against exact fractions above, where fractions would grow too large)
+        tail = 1 - (exact_cdf(found - 1, pairs, low) if pairs <= 100 else
+                    cal.binomial_cdf(found - 1, pairs, low))
+        assert float(tail) == pytest.approx(0.05, abs=1e-6), (found, pairs)
+        assert low < found / pairs
+
+
+def brute_pairs(sets, t, measure):
+    out = set()
+    for i, j in itertools.combinations(range(len(sets)), 2):
+        a, b = set(sets[i].tolist()), set(sets[j].tolist())
+        inter = len(a & b)
+        base = len(a | b) if measure == "jaccard" else min(len(a), len(b))
+        if base and inter / base >= t:
+            out.add((i, j))
+    return out
+
+
+@pytest.mark.parametrize("measure", ["jaccard", "containment"])
+def test_sample_pairs_equal_brute_force(measure):
+    rng = np.random.default_rng(5)
+    pool = rng.integers(0, 1 << 63, 400, dtype=np.uint64)
+    common = pool[:40]                         # shared by many sets: boilerplate
+    sets = []
+    for n in range(60):
+        size = int(rng.integers(1, 120))
+        own = rng.choice(pool, size)
+        if n % 3 == 0:
+            own = np.concatenate([own, common])
+        if n % 7 == 1 and sets:                # a near copy of an earlier set
+            own = np.concatenate([sets[-1][: len(sets[-1]) * 9 // 10], own[:3]])
+        sets.append(np.unique(own))
+    sets.append(np.empty(0, np.uint64))
+    for t in (0.3, 0.5, 0.7, 0.9, 1.0):
+        i, j = cal.sample_pairs(sets, t, measure)
+        assert set(zip(i.tolist(), j.tolist())) == brute_pairs(sets, t, measure), t
+
+
+def test_pair_distances_are_popcounts():
+    rng = random.Random(1)
+    for words in (1, 2, 4):
+        codes = np.array([[rng.getrandbits(64) for _ in range(words)] for _ in range(40)],
+                         dtype=np.uint64)
+        d = cal.pair_distances(codes)
+        for i, j in [(0, 1), (5, 39), (7, 7), (39, 0)]:
+            want = sum(bin(int(a) ^ int(b)).count("1") for a, b in zip(codes[i], codes[j]))
+            assert d[i, j] == want
+
+
+def test_a_calibration_reports_its_table_and_choice():
+    rng = random.Random(3)
+    texts = []
+    for _ in range(30):
+        a, b, _ = pair_at(rng, 0.8)
+        texts += [a, b]
+    c = cal.calibrate(texts, 0.7)
+    assert c.scheme == "minhash-v1" and c.min_similarity == 0.7 and c.measure == "jaccard"
+    assert [row.width for row in c.table] == [64, 128, 256]
+    for row in c.table:
+        assert row.k == cal.model_k(row.width, 0.7, 0.99)
+        assert row.pairs == 30 and row.found == 30                  # every planted pair
+        assert row.recall_low == pytest.approx(0.05 ** (1 / 30))
+        assert row.seconds > 0 and row.candidates >= 0
+    assert c.chosen.width == c.width and c.k == c.chosen.k
+    assert c.expected_recall == pytest.approx(cal.model_recall(c.width, c.k, 0.7))
+    assert "minhash-v1" in c.describe() and f"k={c.k}" in c.describe()
+    stored = c.stored()
+    assert stored == {"scheme": "minhash-v1", "width": c.width, "k": c.k,
+                      "min_similarity": 0.7, "measure": "jaccard", "recall": 0.99,
+                      "expected_recall": c.expected_recall}
+
+
+def test_a_simhash_scheme_is_calibrated_on_the_sample_alone():
+    rng = random.Random(4)
+    texts = []
+    for _ in range(40):
+        a, b, _ = pair_at(rng, 0.75)
+        texts += [a, b]
+    c = cal.calibrate(texts, 0.7, scheme="simindex-v1", recall=0.9, widths=[64])
+    [row] = c.table
+    assert row.model_recall is None and row.pairs == 40
+    assert row.found >= 36                      # the least k that finds 90% of them
+    assert c.expected_recall == row.found / row.pairs
+
+
+def test_bad_parameters_are_named():
+    with pytest.raises(simindex.ParameterError, match="min_similarity"):
+        cal.calibrate(["a b c"], 0)
+    with pytest.raises(simindex.ParameterError, match="recall"):
+        cal.calibrate(["a b c"], 0.5, recall=1)
+    with pytest.raises(simindex.ParameterError, match="measure"):
+        cal.calibrate(["a b c"], 0.5, measure="cosine")
+    with pytest.raises(simindex.ParameterError, match="scheme"):
+        cal.calibrate(["a b c"], 0.5, scheme="nope")
+    with pytest.raises(simindex.InputError):
+        cal.calibrate([], 0.5)
+
+
+# ---------------------------------------------------------------- recall on planted pairs
+def test_dedup_finds_planted_pairs_at_the_threshold_and_keeps_those_below(tmp_path):
+    """200 pairs at Jaccard just above 0.7 (the hardest the threshold asks for), 100 pairs
+    at 0.6 and 100 unrelated texts, with the defaults: the check removes nothing below the
+    threshold, and the calibrated radius finds the pairs above it at the model's rate."""
+    rng = random.Random(11)
+    rows, above, below = [], [], []
+    for n in range(200):
+        a, b, j = pair_at(rng, 0.7)
+        assert 0.7 <= j < 0.71
+        rows += [{"id": f"a{n}", "text": a}, {"id": f"b{n}", "text": b}]
+        above.append(f"b{n}")
+    for n in range(100):
+        a, b, j = pair_at(rng, 0.6)
+        rows += [{"id": f"c{n}", "text": a}, {"id": f"d{n}", "text": b}]
+        below.append(f"d{n}")
+    rows += [{"id": f"u{n}", "text": " ".join(tokens(rng, 300))} for n in range(100)]
+    write_jsonl(tmp_path / "in.jsonl", rows)
+    summary = dedup_module.Summary()
+    removed = {d.id for d in simindex.decisions(str(tmp_path / "in.jsonl"), id_field="id",
+                                                 min_similarity=0.7, summary=summary)
+               if not d.kept}
+    r = summary.radius
+    assert r["scheme"] == "minhash-v1" and r["min_similarity"] == 0.7
+    assert r["k"] == cal.model_k(r["width"], 0.7, 0.99)
+    assert removed <= set(above)                 # nothing below the threshold, no chain
+    # each pair is found with probability >= 0.99: 200 pairs miss 2 on average
+    assert len(removed) >= 195, len(removed)
+
+
+# ---------------------------------------------------------------- the command line
+def corpus(tmp_path, rng, name="in.jsonl", pairs=40, others=40):
+    rows = []
+    for n in range(pairs):
+        a, b, _ = pair_at(rng, 0.85)
+        rows += [{"id": f"{name}-a{n}", "text": a}, {"id": f"{name}-b{n}", "text": b}]
+    rows += [{"id": f"{name}-u{n}", "text": " ".join(tokens(rng, 300))} for n in range(others)]
+    write_jsonl(tmp_path / name, rows)
+    return rows
+
+
+def test_cli_dedup_chooses_and_reports_its_radius_and_the_index_keeps_it(tmp_path):
+    rng = random.Random(12)
+    corpus(tmp_path, rng)
+    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--id-field", "id",
+            "--min-similarity", "0.8", "--removed", tmp_path / "rm.jsonl",
+            "--index", tmp_path / "idx")
+    assert r.returncode == 0, r.stderr
+    assert "minhash-v1" in r.stderr and "jaccard >= 0.8" in r.stderr
+    assert "expected recall" in r.stderr
+    rm = read_jsonl(tmp_path / "rm.jsonl")
+    assert len(rm) == 40 and all(x["id"].split("-")[1].startswith("b") for x in rm)
+    with simindex.Index(tmp_path / "idx", readonly=True) as idx:
+        stored = idx.calibration
+    assert stored["min_similarity"] == 0.8 and stored["scheme"] == "minhash-v1"
+    for x in rm:
+        assert x["evidence"] == "exact" and x["similarity"] >= 0.8
+        assert (x["scheme"], x["width"], x["k"]) == \
+            ("minhash-v1", stored["width"], stored["k"])
+        assert x["expected_recall"] == pytest.approx(stored["expected_recall"])
+    # a later run judges alike: the stored threshold, without repeating it
+    corpus(tmp_path, rng, "later.jsonl", pairs=5, others=5)
+    rows = read_jsonl(tmp_path / "in.jsonl")
+    with open(tmp_path / "later.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"id": "again", "text": rows[0]["text"] + " tail"}) + "\n")
+    r = run("dedup", tmp_path / "later.jsonl", "-o", tmp_path / "out2.jsonl", "--id-field",
+            "id", "--index", tmp_path / "idx", "--removed", tmp_path / "rm2.jsonl")
+    assert r.returncode == 0, r.stderr
+    rm2 = {x["id"]: x for x in read_jsonl(tmp_path / "rm2.jsonl")}
+    assert rm2["again"]["match"] == rows[0]["id"] and rm2["again"]["evidence"] == "sketch"
+    assert len(rm2) == 6
+    # another threshold would judge otherwise: refused, naming the stored one
+    r = run("dedup", tmp_path / "later.jsonl", "-o", tmp_path / "out3.jsonl", "--id-field",
+            "id", "--index", tmp_path / "idx", "--min-similarity", "0.5")
+    assert r.returncode == 1 and "calibrated for jaccard >= 0.8" in r.stderr
+    assert not (tmp_path / "out3.jsonl").exists()
+
+
+def test_cli_calibrate_prints_the_trade(tmp_path):
+    corpus(tmp_path, random.Random(13))
+    r = run("calibrate", tmp_path / "in.jsonl", "--min-similarity", "0.8")
+    assert r.returncode == 0, r.stderr
+    lines = [x.split("\t") for x in r.stdout.strip().splitlines()]
+    assert lines[0][:3] == ["width", "k", "model_recall"]
+    table = {int(x[0]): x for x in lines[1:]}
+    assert sorted(table) == [64, 128, 256]
+    for w, x in table.items():
+        assert int(x[1]) == cal.model_k(w, 0.8, 0.99)
+        assert (int(x[3]), int(x[4])) == (40, 40)
+    assert sum(x[-1] == "<- chosen" for x in table.values()) == 1
+    assert "expected recall" in r.stderr
+    r = run("calibrate", tmp_path / "in.jsonl", "--min-similarity", "0.8", "--width", "128",
+            "--recall", "0.9")
+    assert r.returncode == 0 and len(r.stdout.strip().splitlines()) == 2
+    assert r.stdout.splitlines()[1].split("\t")[1] == str(cal.model_k(128, 0.8, 0.9))
+    assert run("calibrate", tmp_path / "in.jsonl").returncode == 2   # the threshold is needed
+
+
+def test_recall_and_containment_need_a_threshold(tmp_path):
+    corpus(tmp_path, random.Random(14), pairs=2, others=2)
+    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o.jsonl", "--recall", "0.9")
+    assert r.returncode == 2 and "--min-similarity" in r.stderr
+
+
+# ---------------------------------------------------------------- the check decides
+def test_checks_across_batches_of_one_run_are_exact(tmp_path, monkeypatch):
+    monkeypatch.setattr(dedup_module, "BATCH", 5)      # most pairs cross a batch boundary
+    rng = random.Random(15)
+    rows = []
+    for n in range(20):
+        a, b, _ = pair_at(rng, 0.9)
+        rows += [{"id": f"a{n}", "text": a}] + [{"id": f"x{n}{m}", "text": " ".join(
+            tokens(rng, 50))} for m in range(3)] + [{"id": f"b{n}", "text": b}]
+    write_jsonl(tmp_path / "in.jsonl", rows)
+    got = [d for d in simindex.decisions(str(tmp_path / "in.jsonl"), id_field="id",
+                                         min_similarity=0.85) if not d.kept]
+    assert sorted(d.id for d in got) == sorted(f"b{n}" for n in range(20))
+    assert all(d.evidence == "exact" and d.match == "a" + d.id[1:] for d in got)
+
+
+def test_a_rerun_after_a_stop_writes_what_one_run_writes(tmp_path, monkeypatch):
+    """A run stopped midway (its kept rows committed) and run again decides every row as an
+    uninterrupted run does, the rows kept before the stop still checked exactly."""
+    monkeypatch.setattr(dedup_module, "BATCH", 4)
+    rng = random.Random(16)
+    rows = []
+    for n in range(12):
+        a, b, _ = pair_at(rng, 0.75)
+        c, d, _ = pair_at(rng, 0.65)
+        rows += [{"id": f"a{n}", "text": a}, {"id": f"c{n}", "text": c},
+                 {"id": f"b{n}", "text": b}, {"id": f"d{n}", "text": d}]
+    write_jsonl(tmp_path / "in.jsonl", rows)
+    opts = dict(id_field="id", min_similarity=0.7, k=40, width=128)
+    whole = [(d.id, d.kept, d.match, d.evidence) for d in simindex.decisions(
+        str(tmp_path / "in.jsonl"), index=str(tmp_path / "one"), **opts)]
+    it = simindex.decisions(str(tmp_path / "in.jsonl"), index=str(tmp_path / "two"), **opts)
+    for _ in range(23):
+        next(it)
+    it.close()                                 # the first batches are in the index
+    again = [(d.id, d.kept, d.match, d.evidence) for d in simindex.decisions(
+        str(tmp_path / "in.jsonl"), index=str(tmp_path / "two"), **opts)]
+    assert again == whole
+    assert sorted(x[0] for x in whole if not x[1]) == sorted(f"b{n}" for n in range(12))
+
+
+def test_containment_removes_a_short_text_inside_a_long_one(tmp_path):
+    rng = random.Random(17)
+    long = tokens(rng, 600)
+    short = " ".join(long[100:200])
+    write_jsonl(tmp_path / "in.jsonl", [{"id": "long", "text": " ".join(long)},
+                                        {"id": "short", "text": short}])
+    path = str(tmp_path / "in.jsonl")
+    # the Jaccard similarity is about 1/6: no radius finds it, no check passes it
+    assert all(d.kept for d in simindex.decisions(path, id_field="id", min_similarity=0.8,
+                                                  k=127, width=128))
+    got = list(simindex.decisions(path, id_field="id", min_similarity=0.8, k=127,
+                                  width=128, containment=True))
+    assert [d.kept for d in got] == [True, False]
+    assert got[1].match == "long" and got[1].similarity == 1.0 and got[1].evidence == "exact"
+    # the other way round, the long text is not inside the short one
+    write_jsonl(tmp_path / "rev.jsonl", [{"id": "short", "text": short},
+                                         {"id": "long", "text": " ".join(long)}])
+    assert all(d.kept for d in simindex.decisions(str(tmp_path / "rev.jsonl"), id_field="id",
+                                                  min_similarity=0.8, k=127, width=128,
+                                                  containment=True))
+
+
+def test_components_remove_only_what_passes_against_the_kept_row(tmp_path):
+    """A ~ B and B ~ C pass the check, A ~ C does not: the component is A, B, C, and A is
+    kept; B goes, C stays (a chain alone removes nothing). Without the check all but A go."""
+    rng = random.Random(18)
+    toks = tokens(rng, 400)
+    a = " ".join(toks[:300])
+    b = " ".join(toks[50:350])
+    c = " ".join(toks[100:400])
+    write_jsonl(tmp_path / "in.jsonl", [{"id": x, "text": t} for x, t in
+                                        zip("ABC", (a, b, c))])
+    path = str(tmp_path / "in.jsonl")
+    got = {d.id: d for d in simindex.decisions(path, id_field="id", mode="components",
+                                               min_similarity=0.6, k=127, width=128)}
+    assert got["A"].kept and not got["B"].kept and got["C"].kept
+    assert got["B"].match == "A" and got["B"].similarity >= 0.6
+    plain = {d.id: d for d in simindex.decisions(path, id_field="id", mode="components",
+                                                 k=127, width=128)}
+    assert plain["A"].kept and not plain["B"].kept and not plain["C"].kept
