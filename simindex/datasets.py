@@ -42,9 +42,10 @@ from .index import Index
 from .inputs import parse_fp
 from .pairs import find_all
 from .rows import Row, read_rows
-from .similarity import shingle_set, sketch, sketch_jaccard
+from .similarity import shingle_set, sketch_jaccard
 
 BATCH = 4096              # rows judged together: one query_many, one add_many
+BATCH_CHARS = 32 << 20    # ... or fewer, when their texts hold this many characters
 # what a run reads to choose its radius when none is given: the model decides k, the
 # sample the width (its pairs within k, the cost of each step)
 RUN_SAMPLE_ROWS, RUN_SAMPLE_BYTES = 1000, 4 << 20
@@ -585,8 +586,9 @@ def _calibrate_inputs(paths: list, t: float, *, fmt: Optional[str], text_field: 
 
 
 def estimate_rows(paths: list, sample_rows: int, sample_bytes: int) -> int:
-    """About how many rows the inputs hold: a Parquet file's own count, else the file's
-    bytes (a gzip file's stored size, modulo 4 GiB) over the sample's bytes per row."""
+    """How many rows the inputs hold: a Parquet file's own count and a plain JSON lines
+    file's lines (counted: a fast read), else about the file's bytes (a gzip file's stored
+    size, modulo 4 GiB) over the sample's bytes per row."""
     total = 0
     per_row = max(sample_bytes / max(sample_rows, 1), 1.0)
     for path in paths:
@@ -594,6 +596,16 @@ def estimate_rows(paths: list, sample_rows: int, sample_bytes: int) -> int:
             if path.endswith((".parquet", ".pq")):
                 import pyarrow.parquet as pq
                 total += pq.ParquetFile(path).metadata.num_rows
+                continue
+            if not path.endswith(".gz") and path.endswith((".jsonl", ".json", ".ndjson")):
+                lines = 0
+                with open(path, "rb") as f:
+                    while True:
+                        chunk = f.read(16 << 20)
+                        if not chunk:
+                            break
+                        lines += chunk.count(b"\n")
+                total += max(lines, 1)
                 continue
             size = os.path.getsize(path)
             if path.endswith(".gz") and size >= 4:
@@ -644,13 +656,19 @@ class _Run:
                 yield p, row
 
     def batches(self) -> Iterator[list]:
-        """Lists of _Good rows, BATCH rows read at a time; bad rows go to on_error."""
+        """Lists of _Good rows, BATCH rows (or BATCH_CHARS characters of text) read at a
+        time; bad rows go to on_error."""
         rows: list = []
+        chars = 0
+        field = self.text_field
         for pr in self.rows():
             rows.append(pr)
-            if len(rows) >= BATCH:
+            text = pr[1].data.get(field)
+            chars += len(text) if isinstance(text, str) else 0
+            if len(rows) >= BATCH or chars >= BATCH_CHARS:
                 yield self.prepare(rows)
                 rows = []
+                chars = 0
         if rows:
             yield self.prepare(rows)
 

@@ -19,6 +19,13 @@ FORMATS = ("jsonl", "csv", "parquet")
 MAX_FIELD = 64 << 20          # CSV fields up to 64 MiB (documents can be long)
 
 
+class JsonRow(dict):
+    """A JSON line's object, with the line it was read from: a JSON lines output writes the
+    line back as it was (every column as read, and no time spent encoding it again)."""
+
+    __slots__ = ("line",)
+
+
 class Row(NamedTuple):
     """One input row: its columns, its 1-based number in its file, and "file:row"."""
     data: dict
@@ -102,7 +109,9 @@ def _jsonl_rows(path):
             if not isinstance(obj, dict):
                 yield BadLine(where, "a JSON line must be an object")
                 continue
-            yield Row(obj, n, where)
+            row = JsonRow(obj)
+            row.line = line.rstrip("\r\n")
+            yield Row(row, n, where)
 
 
 def _csv_rows(path):
@@ -178,7 +187,9 @@ class RowWriter:
     def write(self, row: dict) -> None:
         self.count += 1
         if self.fmt == "jsonl":
-            self._text.write(json.dumps(row, ensure_ascii=False) + "\n")
+            line = row.line if type(row) is JsonRow else None
+            self._text.write((json.dumps(row, ensure_ascii=False) if line is None else line)
+                             + "\n")
         elif self.fmt == "csv":
             if self._csv is None:
                 if self.columns is None:
