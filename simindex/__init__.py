@@ -15,6 +15,7 @@ from .errors import (
 from .fingerprints import (
     HASHES, WIDTHS, Scheme, compute, fingerprint, schemes, shingles, simhash, tokenize,
 )
+from .radius import Calibration, calibrate
 from .datasets import Decision, decisions, dedup
 from .index import Index, hamming
 from .pairs import find_all
@@ -24,7 +25,7 @@ from .vectors import (
 )
 
 __all__ = [
-    "Decision", "decisions", "dedup",
+    "Decision", "decisions", "dedup", "calibrate", "Calibration",
     "Index", "Match", "Record", "find_all", "hamming", "__version__", "FORMAT_VERSION",
     "simhash", "compute", "shingles", "tokenize", "fingerprint", "schemes", "Scheme",
     "HASHES", "WIDTHS", "Hyperplanes", "simhash_rows", "radius_for_cosine",

@@ -33,8 +33,8 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Unio
 import numpy as np
 
 from . import _text, manifest
-from .calibrate import DEFAULT_RECALL, MEASURES, SAMPLE_ROWS, Calibration, calibrate
-from .calibrate import DEFAULT_SCHEME as SIMILARITY_SCHEME
+from .radius import DEFAULT_RECALL, MEASURES, SAMPLE_ROWS, Calibration, calibrate
+from .radius import DEFAULT_SCHEME as SIMILARITY_SCHEME
 from .codec import check_fp, check_wide_fp
 from .errors import BadLine, Error, InputError, ParameterError
 from .fingerprints import DEFAULT_SCHEME, WORD_SCHEMES, fingerprint, pass_args, schemes

@@ -24,6 +24,7 @@ class JsonRow(dict):
     line back as it was (every column as read, and no time spent encoding it again)."""
 
     __slots__ = ("line",)
+    line: str
 
 
 class Row(NamedTuple):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import simindex
-from simindex import calibrate as cal
+from simindex import radius as cal
 from simindex import datasets as dedup_module
 from trials import ENV
 

@@ -86,7 +86,7 @@ def test_the_wheel_carries_lmdb_and_libcrypto(wheel):
         modules = [n for n in z.namelist() if n.endswith(".so") and n.startswith("simindex/")]
     for name in ("liblmdb", "libcrypto"):
         assert any(lib.startswith(name) for lib in libs), libs
-    assert len(modules) == 8                           # the compiled modules, all in it
+    assert len(modules) == 9                           # the compiled modules, all in it
 
 
 def test_the_wheel_works_with_the_system_libraries_hidden(wheel, tmp_path):
