@@ -45,7 +45,7 @@ from .rows import Row, read_rows
 from .similarity import shingle_set, sketch_jaccard
 
 BATCH = 4096              # rows judged together: one query_many, one add_many
-BATCH_CHARS = 32 << 20    # ... or fewer, when their texts hold this many characters
+BATCH_CHARS = 8 << 20      # ... or fewer, when their texts hold this many characters
 # what a run reads to choose its radius when none is given: the model decides k, the
 # sample the width (its pairs within k, the cost of each step)
 RUN_SAMPLE_ROWS, RUN_SAMPLE_BYTES = 1000, 4 << 20

@@ -71,6 +71,9 @@ def main(argv=None):
         "simindex simindex-v1 width 256": lambda x: simindex.fingerprint(x, width=256),
         "simindex 1e0ng width 128": lambda x: simindex.fingerprint(x, scheme="1e0ng", width=128),
         "simindex memosstilvi (128)": lambda x: simindex.fingerprint(x, scheme="memosstilvi"),
+        "simindex minhash-v1": lambda x: simindex.fingerprint(x, scheme="minhash-v1"),
+        "simindex minhash-v1 width 256": lambda x: simindex.fingerprint(x, scheme="minhash-v1",
+                                                                       width=256),
     }
     try:
         import simhash  # noqa: F401

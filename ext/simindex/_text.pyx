@@ -8,6 +8,8 @@ already normalized); everything else runs here without the GIL and without a Pyt
 per token.
 """
 
+import re
+import threading
 import unicodedata
 
 import numpy as np
@@ -55,6 +57,7 @@ SKETCH = SI_SKETCH
 
 cdef si_tables_t _tables
 cdef object _table_arrays = None     # keeps the tables' buffers alive
+_table_lock = threading.Lock()
 
 
 def _trailing():
@@ -121,10 +124,20 @@ def build_tables():
 
 
 cdef int _ensure_tables() except -1:
+    """Build the tables once, under a lock: threads read texts at once, and a second
+    build would free the arrays the first one's readers point into."""
     global _table_arrays
-    cdef const uint32_t[::1] nf, fold, seq, ac, at
     if _table_arrays is not None:
         return 0
+    with _table_lock:
+        if _table_arrays is None:
+            _install_tables()
+    return 0
+
+
+cdef int _install_tables() except -1:
+    global _table_arrays, _complex_run
+    cdef const uint32_t[::1] nf, fold, seq, ac, at
     arrays = build_tables()
     nf, fold, seq, ac, at = arrays
     _tables.nf = &nf[0]
@@ -133,6 +146,7 @@ cdef int _ensure_tables() except -1:
     _tables.n_astral = ac.shape[0]
     _tables.astral_cp = &ac[0] if ac.shape[0] else NULL
     _tables.astral_to = &at[0] if at.shape[0] else NULL
+    _complex_run = _complex_pattern(arrays[0])
     _table_arrays = arrays
     return 0
 
@@ -152,24 +166,67 @@ cdef int _check(int width, int vote_kind, int vote_words, int mh_words) except -
     return 0
 
 
+SEGMENTS = 256       # stretches normalized one by one before the whole text is, instead
+
+cdef object _complex_run = None     # a regex of runs of such characters, made with the tables
+
+
+def _complex_pattern(nf):
+    """A regex of runs of characters whose NFKC form depends on their neighbours: those
+    `nf` marks COMPLEX, and every character above the BMP."""
+    cps = np.flatnonzero((nf & SI_MAP_COMPLEX) != 0)
+    ranges = []
+    start = prev = None
+    for c in cps.tolist():
+        if start is None:
+            start = prev = c
+        elif c == prev + 1:
+            prev = c
+        else:
+            ranges.append((start, prev))
+            start = prev = c
+    if start is not None:
+        ranges.append((start, prev))
+    parts = "".join(f"\\u{a:04x}-\\u{b:04x}" for a, b in ranges)
+    return re.compile(f"[{parts}\\U00010000-\\U0010ffff]+")
+
+
+def normalize_around(text):
+    """The text with NFKC applied to each stretch that needs its neighbours (a run of such
+    characters and the character before it, which may compose with it), as (text, 2); or,
+    past SEGMENTS stretches, to the whole text, as (text, 1). Every stretch ends before,
+    and starts at, a character that composes with nothing before it, so NFKC of the whole
+    is NFKC of the stretches and the characters between them one by one."""
+    _ensure_tables()
+    pieces = []
+    last = 0
+    for n, m in enumerate(_complex_run.finditer(text)):
+        if n == SEGMENTS:
+            return unicodedata.normalize("NFKC", text), 1
+        j = max(m.start() - 1, last)
+        pieces.append(text[last:j])
+        pieces.append(unicodedata.normalize("NFKC", text[j:m.end()]))
+        last = m.end()
+    pieces.append(text[last:])
+    return "".join(pieces), 2
+
+
 cdef int _run(si_pass *s, text, int width, int vote_kind, int vote_words, int mh_words,
              bint sketch, bint shingles) except -1:
-    """Initialize a pass and read one text through it. A text whose characters above ASCII
-    need their neighbours to be normalized is normalized (NFKC) whole and read again."""
-    cdef int kind
+    """Initialize a pass and read one text through it. A text with characters above ASCII
+    whose NFKC form depends on their neighbours is read again, those stretches normalized
+    (see normalize_around)."""
+    cdef int kind, mode = 0
     cdef const void *data
     cdef size_t n
     if not isinstance(text, str):
         raise TypeError(f"text must be str, got {type(text).__name__}")
     if not text.isascii():
         _ensure_tables()
-    for normalized in (False, True):
-        if normalized:
-            si_pass_free(s)
-            text = unicodedata.normalize("NFKC", text)
+    while True:
         if si_pass_init(s, width, vote_kind, vote_words, mh_words, sketch, shingles):
             raise MemoryError()
-        s.normalized = normalized
+        s.normalized = mode
         kind = PyUnicode_KIND(text)
         data = PyUnicode_DATA(text)
         n = PyUnicode_GET_LENGTH(text)
@@ -181,7 +238,10 @@ cdef int _run(si_pass *s, text, int width, int vote_kind, int vote_words, int mh
             raise MemoryError()
         if not s.needs_nf:
             return 0
-    raise AssertionError("a normalized text asked to be normalized")
+        if mode:
+            raise AssertionError("a normalized text asked to be normalized")
+        si_pass_free(s)
+        text, mode = normalize_around(text)
 
 
 cdef object _code(si_pass *s, int vote_kind, int words):

@@ -68,7 +68,10 @@ typedef struct {
     int mh_words;                /* words of the MinHash code, 0 (none), 1, 2 or 4 */
     int want_sketch;
     int want_all;
-    int normalized;              /* the text is NFKC already: fold only */
+    int normalized;              /* 0: read through `nf`, stopping at a character that needs
+                                    its neighbours; 1: the text is NFKC already, `fold`
+                                    only; 2: the stretches around such characters are NFKC
+                                    already: `nf` elsewhere, `fold` for them */
     int needs_nf;                /* a character needs the whole text normalized first */
     /* the token window */
     char *buf;
@@ -381,7 +384,8 @@ static inline void si_folded_char(si_pass *s, uint32_t c) {
 static inline void si_wide_char(si_pass *s, const si_tables_t *t, uint32_t c) {
     uint32_t to;
     if (c < 0x10000) {
-        to = s->normalized ? t->fold[c] : t->nf[c];
+        to = s->normalized == 1 ? t->fold[c] : t->nf[c];
+        if (s->normalized == 2 && (to & SI_MAP_COMPLEX)) to = t->fold[c];
     } else if (!s->normalized) {
         to = SI_MAP_COMPLEX;
     } else {
