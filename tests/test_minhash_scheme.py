@@ -132,3 +132,29 @@ def test_real_texts_match_the_reference():
         for width in (64, 128, 256):
             assert simindex.fingerprint(text, scheme="minhash-v1", width=width) == \
                 ref_minhash(text, width)
+
+
+MARKS = ["a", "b", " ", "e\u0301", "\u0301", "\u0308", "ﬁ", "\u00a0", "가", "\u1161",
+         "\u11a8", "😀", "𝐀", "\u0915\u093c", "\u0e38", "Å", "ß"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(MARKS), max_size=80).map("".join))
+def test_stretches_normalized_alone_normalize_the_whole(text):
+    from simindex import _text
+    out, mode = _text.normalize_around(text)
+    assert unicodedata.normalize("NFKC", out) == unicodedata.normalize("NFKC", text)
+    if mode == 1:
+        assert out == unicodedata.normalize("NFKC", text)
+
+
+def test_many_stretches_normalize_the_whole_text_at_once():
+    from simindex import _text
+    text = " ".join(f"word{i}e\u0301" for i in range(_text.SEGMENTS + 10))
+    out, mode = _text.normalize_around(text)
+    assert mode == 1 and out == unicodedata.normalize("NFKC", text)
+    few = " ".join(f"word{i}e\u0301" for i in range(5))
+    assert _text.normalize_around(few)[1] == 2
+    for t in (text, few):
+        for scheme, ref in (("minhash-v1", ref_minhash(t)),):
+            assert simindex.fingerprint(t, scheme=scheme) == ref

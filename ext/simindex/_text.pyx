@@ -8,7 +8,6 @@ already normalized); everything else runs here without the GIL and without a Pyt
 per token.
 """
 
-import re
 import threading
 import unicodedata
 
@@ -136,7 +135,7 @@ cdef int _ensure_tables() except -1:
 
 
 cdef int _install_tables() except -1:
-    global _table_arrays, _complex_run
+    global _table_arrays
     cdef const uint32_t[::1] nf, fold, seq, ac, at
     arrays = build_tables()
     nf, fold, seq, ac, at = arrays
@@ -146,7 +145,6 @@ cdef int _install_tables() except -1:
     _tables.n_astral = ac.shape[0]
     _tables.astral_cp = &ac[0] if ac.shape[0] else NULL
     _tables.astral_to = &at[0] if at.shape[0] else NULL
-    _complex_run = _complex_pattern(arrays[0])
     _table_arrays = arrays
     return 0
 
@@ -168,27 +166,35 @@ cdef int _check(int width, int vote_kind, int vote_words, int mh_words) except -
 
 SEGMENTS = 256       # stretches normalized one by one before the whole text is, instead
 
-cdef object _complex_run = None     # a regex of runs of such characters, made with the tables
+cdef inline bint _needs_neighbours(uint32_t c) noexcept nogil:
+    return c >= 0x10000 or (c >= 128 and (_tables.nf[c] & SI_MAP_COMPLEX) != 0)
 
 
-def _complex_pattern(nf):
-    """A regex of runs of characters whose NFKC form depends on their neighbours: those
-    `nf` marks COMPLEX, and every character above the BMP."""
-    cps = np.flatnonzero((nf & SI_MAP_COMPLEX) != 0)
-    ranges = []
-    start = prev = None
-    for c in cps.tolist():
-        if start is None:
-            start = prev = c
-        elif c == prev + 1:
-            prev = c
+def complex_runs(str text not None):
+    """The [start, end) of each run of characters whose NFKC form depends on their
+    neighbours: those the tables mark COMPLEX, and every character above the BMP."""
+    cdef Py_ssize_t i, n = PyUnicode_GET_LENGTH(text), start = -1
+    cdef int kind = PyUnicode_KIND(text)
+    cdef const void *data = PyUnicode_DATA(text)
+    cdef uint32_t c
+    _ensure_tables()
+    out = []
+    for i in range(n):
+        if kind == 1:
+            c = (<const unsigned char *>data)[i]
+        elif kind == 2:
+            c = (<const unsigned short *>data)[i]
         else:
-            ranges.append((start, prev))
-            start = prev = c
-    if start is not None:
-        ranges.append((start, prev))
-    parts = "".join(f"\\u{a:04x}-\\u{b:04x}" for a, b in ranges)
-    return re.compile(f"[{parts}\\U00010000-\\U0010ffff]+")
+            c = (<const uint32_t *>data)[i]
+        if _needs_neighbours(c):
+            if start < 0:
+                start = i
+        elif start >= 0:
+            out.append((start, i))
+            start = -1
+    if start >= 0:
+        out.append((start, n))
+    return out
 
 
 def normalize_around(text):
@@ -197,16 +203,16 @@ def normalize_around(text):
     past SEGMENTS stretches, to the whole text, as (text, 1). Every stretch ends before,
     and starts at, a character that composes with nothing before it, so NFKC of the whole
     is NFKC of the stretches and the characters between them one by one."""
-    _ensure_tables()
+    runs = complex_runs(text)
+    if len(runs) > SEGMENTS:
+        return unicodedata.normalize("NFKC", text), 1
     pieces = []
     last = 0
-    for n, m in enumerate(_complex_run.finditer(text)):
-        if n == SEGMENTS:
-            return unicodedata.normalize("NFKC", text), 1
-        j = max(m.start() - 1, last)
+    for start, end in runs:
+        j = max(start - 1, last)
         pieces.append(text[last:j])
-        pieces.append(unicodedata.normalize("NFKC", text[j:m.end()]))
-        last = m.end()
+        pieces.append(unicodedata.normalize("NFKC", text[j:end]))
+        last = end
     pieces.append(text[last:])
     return "".join(pieces), 2
 
