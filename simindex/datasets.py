@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Union
@@ -657,7 +659,47 @@ class _Run:
 
     def batches(self) -> Iterator[list]:
         """Lists of _Good rows, BATCH rows (or BATCH_CHARS characters of text) read at a
-        time; bad rows go to on_error."""
+        time; bad rows go to on_error. With a pool (more than one job), a second thread
+        reads and fingerprints the next batch while this one is judged: one batch ahead
+        at most, so memory stays bounded, and an error reaches the caller in its place."""
+        if self.pool is None:
+            yield from self._batches()
+            return
+        ahead: queue.Queue = queue.Queue(maxsize=1)
+        stop = threading.Event()
+
+        def put(item: tuple) -> bool:
+            while not stop.is_set():
+                try:
+                    ahead.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            try:
+                for batch in self._batches():
+                    if not put(("batch", batch)):
+                        return
+                put(("end", None))
+            except BaseException as e:        # noqa: B902 - handed to the consumer
+                put(("error", e))
+        reader = threading.Thread(target=produce, name="simindex-dedup-reader", daemon=True)
+        reader.start()
+        try:
+            while True:
+                what, item = ahead.get()
+                if what == "end":
+                    return
+                if what == "error":
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            reader.join()
+
+    def _batches(self) -> Iterator[list]:
         rows: list = []
         chars = 0
         field = self.text_field

@@ -368,3 +368,34 @@ def test_components_remove_only_what_passes_against_the_kept_row(tmp_path):
     plain = {d.id: d for d in simindex.decisions(path, id_field="id", mode="components",
                                                  k=127, width=128)}
     assert plain["A"].kept and not plain["B"].kept and not plain["C"].kept
+
+
+def test_a_second_thread_reads_ahead_without_changing_a_decision(tmp_path, monkeypatch):
+    """With jobs > 1 the next batch is read and fingerprinted while one is judged: the
+    decisions are those of one thread, a bad row stops the run in its place, and a caller
+    that stops early leaves no thread behind."""
+    import threading
+    monkeypatch.setattr(dedup_module, "BATCH", 6)
+    rng = random.Random(19)
+    rows = []
+    for n in range(15):
+        a, b, _ = pair_at(rng, 0.8)
+        rows += [{"id": f"a{n}", "text": a}, {"id": f"b{n}", "text": b}]
+    write_jsonl(tmp_path / "in.jsonl", rows)
+    path = str(tmp_path / "in.jsonl")
+    one = [(d.id, d.kept, d.match) for d in simindex.decisions(path, id_field="id",
+                                                              min_similarity=0.7, jobs=1)]
+    two = [(d.id, d.kept, d.match) for d in simindex.decisions(path, id_field="id",
+                                                              min_similarity=0.7, jobs=2)]
+    assert one == two and sum(not x[1] for x in one) == 15
+    with open(tmp_path / "in.jsonl", "a") as f:
+        f.write("not json\n")
+    seen = []
+    with pytest.raises(simindex.BadLine, match=r"in.jsonl:31"):
+        for d in simindex.decisions(path, id_field="id", min_similarity=0.7, jobs=2):
+            seen.append(d.id)
+    assert len(seen) == 30                      # every row before the bad one was judged
+    it = simindex.decisions(path, id_field="id", min_similarity=0.7, jobs=2)
+    next(it)
+    it.close()
+    assert not [t for t in threading.enumerate() if t.name == "simindex-dedup-reader"]
