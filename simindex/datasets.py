@@ -29,8 +29,11 @@ import shutil
 import tempfile
 import threading
 import time
+from contextlib import closing
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Union
+from typing import (
+    Any, Callable, Generator, Iterable, Iterator, NamedTuple, Optional, Union,
+)
 
 import numpy as np
 
@@ -50,7 +53,7 @@ BATCH = 4096              # rows judged together: one query_many, one add_many
 BATCH_CHARS = 8 << 20      # ... or fewer, when their texts hold this many characters
 # what a run reads to choose its radius when none is given: the model decides k, the
 # sample the width (its pairs within k, the cost of each step)
-RUN_SAMPLE_ROWS, RUN_SAMPLE_BYTES = 1000, 4 << 20
+RUN_SAMPLE_ROWS, RUN_SAMPLE_BYTES = 1000, 2 << 20
 MODES = ("greedy", "components")
 DEFAULT_K = 3
 
@@ -454,8 +457,7 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
                     sample_bytes=RUN_SAMPLE_BYTES, sample_truth=False)
                 summary.calibration = cal
                 scheme, width = cal.scheme, cal.width
-        if pool is None and jobs > 1 and (fingerprint_field is None or
-                                          min_similarity is not None):
+        if jobs > 1 and (fingerprint_field is None or min_similarity is not None):
             word = (scheme or DEFAULT_SCHEME) in WORD_SCHEMES if new else None
             if word is False or (word is None and not _index_reads_words(index)):
                 pool = ProcessPoolExecutor(jobs)
@@ -501,8 +503,9 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
                    summary, idx, check is not None, made)
         judge = _Judge(idx, ref, kk, token, check)
         if mode == "greedy":
-            for batch in run.batches():
-                yield from run.judged(batch, judge)
+            with closing(run.batches()) as batches:      # its reader stops before the pool
+                for batch in batches:
+                    yield from run.judged(batch, judge)
         else:
             yield from _components(run, judge, drop_all)
         idx.flush()
@@ -657,7 +660,7 @@ class _Run:
             for row in read_rows(path, self.fmt, None if self.on_error == "stop" else bad):
                 yield p, row
 
-    def batches(self) -> Iterator[list]:
+    def batches(self) -> Generator[list, None, None]:
         """Lists of _Good rows, BATCH rows (or BATCH_CHARS characters of text) read at a
         time; bad rows go to on_error. With a pool (more than one job), a second thread
         reads and fingerprints the next batch while this one is judged: one batch ahead
@@ -810,6 +813,41 @@ class _Run:
             self.summary.removed += 1
 
 
+def _first_pass(good: list, ids: list, fps: list, pos: list, ranks: list, earlier: dict,
+                present: set, idx: Index, ref: Optional[Index], k: int, token: bytes,
+                check: Optional[Check]) -> None:
+    """Components' first pass over one batch: each row's id, fingerprint, position and rank
+    (its shingle set into the check's spill), and its nearest record of the index or the
+    reference that passes the check."""
+    base = len(ids)
+    q = [g.fp for g in good]
+    stored = idx.query_many(q, k=k)
+    refs = ref.query_many(q, k=k) if ref is not None else [[]] * len(q)
+    for i, g in enumerate(good):
+        ids.append(g.id)
+        fps.append(g.fp)
+        pos.append([g.p, g.row.number])
+        ranks.append(g.rank)
+        if check is not None:
+            check.spill.put(pos[-1], g.sh.set)
+        best = None
+        for m, isref in [(m, False) for m in stored[i]] + [(m, True) for m in refs[i]]:
+            meta = m.meta
+            if not isref and _is_mine(meta, token):
+                if meta[1] == pos[-1]:
+                    present.add(base + i)
+                continue               # this run's own records: judged again here
+            if best is not None and (m.distance > best[0] or m.distance == best[0]
+                                     and not isref):
+                continue
+            theirs = check.recall(meta) if check is not None else None
+            ok, sim, how = (True, None, None) if check is None else check(g.sh, theirs)
+            if ok:
+                best = (m.distance, m.id, m.fingerprint, isref, sim, how, theirs)
+        if best is not None:
+            earlier[base + i] = best
+
+
 def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
     """Connected components of the near-duplicate graph of the run's rows (links within k,
     chains included), each joined by any record of the index or the reference within k of
@@ -833,36 +871,12 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
     earlier: dict = {}        # row -> (distance, id, fingerprint, reference, similarity,
                               #         evidence, the record's shingles for the check)
     present: set = set()      # rows this run's killed process already added
-    for good in run.batches():
-        if not good:
-            continue
-        base = len(ids)
-        q = [g.fp for g in good]
-        stored = idx.query_many(q, k=k)
-        refs = ref.query_many(q, k=k) if ref is not None else [[]] * len(q)
-        for i, g in enumerate(good):
-            ids.append(g.id)
-            fps.append(g.fp)
-            pos.append([g.p, g.row.number])
-            ranks.append(g.rank)
-            if check is not None:
-                check.spill.put(pos[-1], g.sh.set)
-            best = None
-            for m, isref in [(m, False) for m in stored[i]] + [(m, True) for m in refs[i]]:
-                meta = m.meta
-                if not isref and _is_mine(meta, token):
-                    if meta[1] == pos[-1]:
-                        present.add(base + i)
-                    continue               # this run's own records: judged again here
-                if best is not None and (m.distance > best[0] or m.distance == best[0]
-                                         and not isref):
-                    continue
-                theirs = check.recall(meta) if check is not None else None
-                ok, sim, how = (True, None, None) if check is None else check(g.sh, theirs)
-                if ok:
-                    best = (m.distance, m.id, m.fingerprint, isref, sim, how, theirs)
-            if best is not None:
-                earlier[base + i] = best
+    with closing(run.batches()) as batches:
+        for good in batches:
+            if not good:
+                continue
+            _first_pass(good, ids, fps, pos, ranks, earlier, present, idx, ref, k, token,
+                        check)
     n = len(ids)
     parent = list(range(n))
 

@@ -79,6 +79,7 @@ def flips_needed(k: int, blocks: int, prefix_blocks: int) -> int:
     return prefix_blocks * q + max(0, prefix_blocks - blocks + rem)
 
 
+@lru_cache(maxsize=4096)
 def probe_count(prefix_bits: int, flips: int) -> int:
     """Prefixes within `flips` bits of one prefix of `prefix_bits` bits (of which a range
     scan uses the first 64)."""
