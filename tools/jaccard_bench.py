@@ -148,12 +148,6 @@ def kernel_docs(roots: list, every: int = 4, min_words: int = 50,
     return out
 
 
-def write_jsonl(docs: list, path: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for id_, text in docs:
-            f.write(json.dumps({"id": id_, "text": text}, ensure_ascii=False) + "\n")
-
-
 def read_jsonl(path: str) -> list:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f]
@@ -263,7 +257,8 @@ def main(argv=None) -> int:
         else:
             ap.error("give --corpus or --jsonl")
         path = os.path.join(work, "corpus.jsonl")
-        write_jsonl(docs, path)
+        import dedup_quality
+        dedup_quality.write_jsonl(docs, path)
     rows = read_jsonl(path)
     mb = os.path.getsize(path) / 1e6
     sets = [shingles(r["text"]) for r in rows]

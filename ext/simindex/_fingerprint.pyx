@@ -10,6 +10,8 @@ A fingerprint of `words` 64-bit words is held most significant word first (word 
 
 import numpy as np
 
+cimport simindex.bits as bits
+
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
@@ -111,15 +113,8 @@ cdef inline void _vote(const int64_t *v, int words, uint64_t *out) noexcept nogi
         out[q] = r
 
 
-cdef object _to_int(const uint64_t *r, int words):
-    """A fingerprint's words, most significant first, as a Python int."""
-    cdef int q
-    if words == 1:
-        return r[0]
-    v = 0
-    for q in range(words):
-        v = (v << 64) | r[q]
-    return v
+cdef inline object _to_int(const uint64_t *r, int words):
+    return bits.words_int(r, words)
 
 
 cdef int _check_words(int words) except -1:

@@ -13,6 +13,8 @@ import unicodedata
 
 import numpy as np
 
+cimport simindex.bits as bits
+
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 from cpython.unicode cimport PyUnicode_KIND, PyUnicode_DATA, PyUnicode_GET_LENGTH
@@ -252,17 +254,11 @@ cdef int _run(si_pass *s, text, int width, int vote_kind, int vote_words, int mh
 
 cdef object _code(si_pass *s, int vote_kind, int words):
     cdef uint64_t r[4]
-    cdef int q
     if vote_kind >= 0:
         si_vote_bits(s, r)
     else:
         si_mh_bits(s, r)
-    if words == 1:
-        return r[0]
-    v = 0
-    for q in range(words):
-        v = (v << 64) | r[q]
-    return v
+    return bits.words_int(r, words)
 
 
 cdef bytes _sketch(si_pass *s):

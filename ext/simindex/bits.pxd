@@ -66,3 +66,14 @@ cdef extern from *:
     void store_be32 "si_store_be32"(void *p, uint32_t v) noexcept nogil
     int popcount "si_popcount"(uint64_t x) noexcept nogil
     int clz64 "si_clz64"(uint64_t x) noexcept nogil
+
+
+cdef inline object words_int(const uint64_t *r, int words):
+    """A fingerprint's words, most significant first, as a Python int."""
+    cdef int q
+    if words == 1:
+        return r[0]
+    v = 0
+    for q in range(words):
+        v = (v << 64) | r[q]
+    return v
