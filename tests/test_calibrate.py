@@ -399,3 +399,43 @@ def test_a_second_thread_reads_ahead_without_changing_a_decision(tmp_path, monke
     next(it)
     it.close()
     assert not [t for t in threading.enumerate() if t.name == "simindex-dedup-reader"]
+
+
+def test_a_damaged_calibration_is_refused_on_open(tmp_path):
+    """The manifest's calibration is checked field by field: one that names another k, a
+    threshold out of range or a missing field makes the index refuse to open."""
+    import msgpack
+    from simindex import manifest
+    rng = random.Random(20)
+    corpus(tmp_path, rng, pairs=3, others=3)
+    assert run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o.jsonl", "--index",
+               tmp_path / "idx", "--min-similarity", "0.8").returncode == 0
+    path = tmp_path / "idx" / manifest.NAME
+    good = msgpack.unpackb(path.read_bytes(), raw=False)
+    for change in ({"k": good["calibration"]["k"] + 1}, {"min_similarity": 1.5},
+                   {"measure": "cosine"}, {"recall": "high"}):
+        bad = dict(good, calibration=dict(good["calibration"], **change))
+        path.write_bytes(msgpack.packb(bad))
+        with pytest.raises(simindex.CorruptError, match="calibration"):
+            simindex.Index(tmp_path / "idx", readonly=True)
+    cal = dict(good["calibration"])
+    del cal["recall"]
+    path.write_bytes(msgpack.packb(dict(good, calibration=cal)))
+    with pytest.raises(simindex.CorruptError, match="calibration"):
+        simindex.Index(tmp_path / "idx", readonly=True)
+    path.write_bytes(msgpack.packb(good))
+    with simindex.Index(tmp_path / "idx", readonly=True) as idx:
+        assert idx.calibration == good["calibration"]
+
+
+def test_kept_json_lines_are_written_back_byte_for_byte(tmp_path):
+    """A kept JSON line goes to the output as it was read: key order, spacing, number
+    forms and escapes included."""
+    lines = ['{"text": "alpha beta gamma delta", "id": 1, "x": 1.50}',
+             '{ "id" : 2 , "text" : "alpha beta gamma delta" }',
+             '{"id": 3, "text": "caf\\u00e9 au lait tout de suite", "n": 1e3}']
+    (tmp_path / "in.jsonl").write_text("\r\n".join(lines) + "\n", encoding="utf-8")
+    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--id-field", "id")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out.jsonl").read_text(encoding="utf-8") == \
+        lines[0] + "\n" + lines[2] + "\n"
