@@ -441,14 +441,15 @@ def plan(size, k, width, top):
 @click.option("--recall", type=click.FloatRange(0, 1, min_open=True, max_open=True),
               default=0.99, show_default=True, help="The share of pairs at the threshold "
               "each width's k must find.")
-@click.option("--containment", is_flag=True, help="Calibrate for the share of the smaller "
-              "text's shingles found in the other, not the Jaccard similarity.")
+@click.option("--containment", is_flag=True, help="Calibrate for the share of a row's "
+              "shingles found in an earlier row, not the Jaccard similarity.")
 @click.option("--scheme", type=click.Choice(list(schemes)), default="minhash-v1",
               show_default=True, help="The fingerprint scheme to calibrate.")
 @click.option("--width", type=click.Choice(["64", "128", "256"]), help="Weigh only this "
               "width (default: every width of the scheme).")
-@click.option("--sample", type=click.IntRange(2), default=2000, show_default=True,
-              help="Rows read from the start of the input.")
+@click.option("--sample", type=click.IntRange(2), help="Rows read from the start of the "
+              "input (default: what dedup reads, 1,000 rows or 2 MB of text, whichever comes "
+              "first; with more, the marked width is that sample's).")
 @click.option("--text-field", default="text", show_default=True,
               help="The column holding each row's text.")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet"]),
@@ -460,13 +461,14 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
     and how many that k finds (with a 95% lower bound), the pairs within k per row for the
     whole input, and the estimated search time per row and run time. The width of least
     time is marked: it is what `simindex dedup --min-similarity` chooses without --k."""
-    from .datasets import calibrate_inputs
+    from .datasets import RUN_SAMPLE_BYTES, RUN_SAMPLE_ROWS, calibrate_inputs
     try:
         cal = calibrate_inputs(list(inputs), min_similarity, fmt=fmt, text_field=text_field,
                                recall=recall, scheme=scheme,
                                width=None if width is None else int(width),
                                measure="containment" if containment else "jaccard",
-                               sample=sample)
+                               sample=RUN_SAMPLE_ROWS if sample is None else sample,
+                               sample_bytes=RUN_SAMPLE_BYTES if sample is None else None)
     except Error as e:
         _fail(str(e))
     click.echo("width\tk\tmodel_recall\tsample_pairs\tfound\trecall_low\tcandidates_per_row"

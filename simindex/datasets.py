@@ -108,12 +108,13 @@ class Summary:
 
 
 def run_token(inputs: list, text_field: str, id_field: Optional[str],
-              fingerprint_field: Optional[str]) -> bytes:
-    """8 bytes naming a run: its inputs (absolute paths) and the fields it reads. A re-run
-    of the same command has the same token (see the module's docstring)."""
+              fingerprint_field: Optional[str], judging: str = "") -> bytes:
+    """8 bytes naming a run: its inputs (absolute paths), the fields it reads and how it
+    judges (`judging`: its mode, k and check). A re-run of the same command has the same
+    token (see the module's docstring); one that judges otherwise is another run."""
     h = hashlib.blake2b(digest_size=8)
     for part in [*map(os.path.abspath, inputs), text_field, id_field or "",
-                 fingerprint_field or ""]:
+                 fingerprint_field or "", judging]:
         h.update(part.encode("utf-8", "surrogateescape") + b"\0")
     return h.digest()
 
@@ -158,7 +159,7 @@ def _signatures(args: tuple) -> list:
     texts, scheme, width, checked = args
     out: list = []
     if scheme in WORD_SCHEMES:
-        codes, counts, _, raws = _text.signatures(
+        codes, counts, raws = _text.signatures(
             texts, schemes[scheme].shingle_width, shingles=checked,
             **pass_args(scheme, width))
         words = width // 64
@@ -264,13 +265,14 @@ class Check:
     def recall(self, meta: Any) -> Any:
         """A stored record's shingles: its exact set when this run judged its row, else its
         (sketch, set size or None), else None (a record without them cannot be checked)."""
-        if not isinstance(meta, list) or len(meta) not in (3, 4) or \
-                not isinstance(meta[2], bytes):
+        if not isinstance(meta, list) or len(meta) not in (2, 3, 4):
             return None
         if meta[0] == self.token:
             exact = self.spill.get(meta[1])
             if exact is not None:
                 return exact
+        if len(meta) < 3 or not isinstance(meta[2], bytes):
+            return None
         size = meta[3] if len(meta) == 4 and isinstance(meta[3], int) else None
         return (meta[2], size)
 
@@ -447,8 +449,8 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
         cal = None
         made: dict = {}           # rows the calibration already read: their shingle sets
         if new:
-            if min_similarity is not None and scheme is None:
-                scheme = SIMILARITY_SCHEME
+            if min_similarity is not None and scheme is None and fingerprint_field is None:
+                scheme = SIMILARITY_SCHEME      # fingerprints read from a column are not
             if min_similarity is not None and k is None and fingerprint_field is None:
                 # the radius from the data: a sample of the input's first rows
                 cal, made = _calibrate_inputs(
@@ -496,7 +498,9 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
                           "min_similarity": min_similarity, "measure": measure,
                           "expected_recall": stored["expected_recall"]
                           if stored is not None and kk == stored["k"] else None}
-        token = run_token(paths, text_field, id_field, fingerprint_field)
+        token = run_token(paths, text_field, id_field, fingerprint_field,
+                          f"{mode} k={kk} {measure} >= {min_similarity}"
+                          if min_similarity is not None else f"{mode} k={kk}")
         if min_similarity is not None:
             check = Check(float(min_similarity), measure, token, scratch)
         run = _Run(paths, fmt, text_field, id_field, fingerprint_field, keep, pool, on_error,
@@ -576,7 +580,7 @@ def _calibrate_inputs(paths: list, t: float, *, fmt: Optional[str], text_field: 
     sets = seconds = None
     if (scheme or SIMILARITY_SCHEME) == "minhash-v1":
         start = time.perf_counter()
-        _, counts, _, raws = _text.signatures(texts, 3, mh_words=1, shingles=True)
+        _, counts, raws = _text.signatures(texts, 3, shingles=True)
         sets = [_text.sorted_set(r) for r in raws]            # type: ignore[union-attr]
         seconds = time.perf_counter() - start
         made = {w: x for w, x, c in zip(where, sets, counts) if c}
@@ -648,14 +652,39 @@ class _Run:
         self.width, self.scheme = idx.width, idx.scheme or DEFAULT_SCHEME
         self.shingled = shingled      # shingle sets too (min_similarity needs the texts)
         self.made = made or {}        # minhash-v1 rows a calibration read: shingle sets
+        self.events: Optional[list] = None   # rows read and rejected on the reader thread
+
+    def counted(self) -> None:
+        """A row was read."""
+        if self.events is not None:
+            self.events.append(None)
+        else:
+            self.summary.rows += 1
+
+    def rejected(self, e: BadLine) -> None:
+        """A bad row: raised under on_error="stop", else counted and reported (by the
+        caller's thread, in its place, when read ahead)."""
+        if self.on_error == "stop":
+            raise e
+        if self.events is not None:
+            self.events.append(e)
+        else:
+            _bad(e, self.on_error, self.summary)
+
+    def replay(self, events: list) -> None:
+        for e in events:
+            if e is None:
+                self.summary.rows += 1
+            else:
+                _bad(e, self.on_error, self.summary)
 
     def rows(self, again: bool = False) -> Iterator[tuple]:
         """(file number, Row) of every input row, in order; a row that breaks its file's
         format goes to on_error (reading `again`, it is skipped silently)."""
         def bad(e: BadLine) -> None:
             if not again:
-                self.summary.rows += 1
-                _bad(e, self.on_error, self.summary)
+                self.counted()
+                self.rejected(e)
         for p, path in enumerate(self.paths):
             for row in read_rows(path, self.fmt, None if self.on_error == "stop" else bad):
                 yield p, row
@@ -664,7 +693,8 @@ class _Run:
         """Lists of _Good rows, BATCH rows (or BATCH_CHARS characters of text) read at a
         time; bad rows go to on_error. With a pool (more than one job), a second thread
         reads and fingerprints the next batch while this one is judged: one batch ahead
-        at most, so memory stays bounded, and an error reaches the caller in its place."""
+        at most, so memory stays bounded; the rows it counts and rejects (on_error) and an
+        error reach the caller's thread in their place."""
         if self.pool is None:
             yield from self._batches()
             return
@@ -681,26 +711,32 @@ class _Run:
             return False
 
         def produce() -> None:
+            self.events = []
             try:
                 for batch in self._batches():
-                    if not put(("batch", batch)):
+                    events, self.events = self.events, []
+                    if not put(("batch", (batch, events))):
                         return
-                put(("end", None))
+                put(("end", self.events))
             except BaseException as e:        # noqa: B902 - handed to the consumer
-                put(("error", e))
+                put(("error", (e, self.events)))
         reader = threading.Thread(target=produce, name="simindex-dedup-reader", daemon=True)
         reader.start()
         try:
             while True:
                 what, item = ahead.get()
                 if what == "end":
+                    self.replay(item)
                     return
                 if what == "error":
-                    raise item
-                yield item
+                    self.replay(item[1])
+                    raise item[0]
+                self.replay(item[1])
+                yield item[0]
         finally:
             stop.set()
             reader.join()
+            self.events = None
 
     def _batches(self) -> Iterator[list]:
         rows: list = []
@@ -719,11 +755,11 @@ class _Run:
 
     def prepare(self, rows: list) -> list:
         """The good rows of a batch of (file number, Row), fingerprinted."""
-        summary, width = self.summary, self.width
+        width = self.width
         good: list = []
         texts: list = []
         for p, row in rows:
-            summary.rows += 1
+            self.counted()
             try:
                 id_ = _row_id(row, self.id_field)
                 text = None
@@ -738,13 +774,13 @@ class _Run:
                     texts.append(text)
                 good.append(_Good(p, row, id_, fp, self.rank(row, text)))
             except BadLine as e:
-                _bad(e, self.on_error, summary)
+                self.rejected(e)
         if texts:
             fps = self.signatures(good, texts)
             out = []
             for g, fp in zip(good, fps):
                 if isinstance(fp, str):
-                    _bad(BadLine(g.row.where, fp), self.on_error, summary)
+                    self.rejected(BadLine(g.row.where, fp))
                 elif self.shingled:
                     out.append(g._replace(fp=fp[0] if g.fp is None else g.fp, sh=fp[1]))
                 else:

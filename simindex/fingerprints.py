@@ -386,11 +386,12 @@ def fingerprint(text: str, *, scheme: Union[str, "Scheme", None] = DEFAULT_SCHEM
     words = scheme_width(s, width) // 64
     if s.name in WORD_SCHEMES:
         # the compiled pass: tokens, shingles, hashes and the code without a Python object
-        fp, windows, _, _ = _text.signature(_text_arg(text), s.shingle_width,
+        fp, windows, _ = _text.signature(_text_arg(text), s.shingle_width,
                                             **pass_args(s.name, 64 * words))
         if not windows:
             raise InputError(f"text has no tokens under scheme {s.name!r} (empty, or no "
                              f"word characters): it has no fingerprint")
+        assert fp is not None
         return fp
     if s.name == "1e0ng":
         content = "".join(_1E0NG_TOKEN.findall(_text_arg(text).lower()))

@@ -120,7 +120,7 @@ _CALIBRATION = {"scheme": str, "width": int, "k": int, "min_similarity": float,
 
 def _calibration_ok(cal, m) -> bool:
     """A stored calibration has its fields with their types, names the index's own scheme,
-    width and k, and a threshold in (0, 1]."""
+    width and k, a threshold in (0, 1] and shares in [0, 1]."""
     if not isinstance(cal, dict) or set(cal) != set(_CALIBRATION):
         return False
     for name, kind in _CALIBRATION.items():
@@ -129,7 +129,19 @@ def _calibration_ok(cal, m) -> bool:
             return False
     return (cal["scheme"] == m.get("scheme") and cal["width"] == m.get("width") and
             cal["k"] == m.get("k") and 0 < cal["min_similarity"] <= 1 and
+            0 < cal["recall"] < 1 and 0 <= cal["expected_recall"] <= 1 and
             cal["measure"] in ("jaccard", "containment"))
+
+
+def check_calibration(calibration, scheme, plan) -> None:
+    """Refuse, before a new index is made, a calibration that is not one of this index's
+    scheme, width and k (a manifest holding it would not open)."""
+    if not _calibration_ok(calibration, {"scheme": scheme, "width": plan.width,
+                                         "k": plan.k}):
+        raise ParameterError(
+            f"calibration={calibration!r:.300} is not a calibration of scheme {scheme!r} at "
+            f"width {plan.width} and k={plan.k} (see simindex.calibrate and "
+            f"Calibration.stored())")
 
 
 def check_same(manifest, **given):

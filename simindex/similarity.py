@@ -28,8 +28,7 @@ def shingle_set(text: str, scheme: Union[str, Scheme]) -> np.ndarray:
     shingle's tokens joined by single spaces (no scheme's tokens hold a space)."""
     s = _scheme(scheme)
     if s.name in WORD_SCHEMES:            # compiled: the pass that makes their codes
-        hashes = _text.signature(_text_arg(text), s.shingle_width, mh_words=1,
-                                 shingles=True)[3]
+        hashes = _text.signature(_text_arg(text), s.shingle_width, shingles=True)[2]
         assert hashes is not None
         return _text.sorted_set(hashes)
     items = [" ".join(sh).encode("utf-8", "surrogatepass")

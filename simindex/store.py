@@ -58,6 +58,8 @@ class Store:
             plan = Plan(k=DEFAULT_K if k is None else k, blocks=blocks,
                         shards=DEFAULT_SHARDS if shards is None else shards,
                         prefix_blocks=prefix_blocks, width=64 if width is None else width)
+            if calibration is not None:
+                manifest.check_calibration(calibration, scheme or DEFAULT_SCHEME, plan)
             try:
                 environments.create(path, plan, scheme or DEFAULT_SCHEME, calibration)
             except StorageError as e:

@@ -97,7 +97,7 @@ def brute_pairs(sets, t, measure):
     for i, j in itertools.combinations(range(len(sets)), 2):
         a, b = set(sets[i].tolist()), set(sets[j].tolist())
         inter = len(a & b)
-        base = len(a | b) if measure == "jaccard" else min(len(a), len(b))
+        base = len(a | b) if measure == "jaccard" else len(b)      # b: the later set
         if base and inter / base >= t:
             out.add((i, j))
     return out
@@ -439,3 +439,95 @@ def test_kept_json_lines_are_written_back_byte_for_byte(tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out.jsonl").read_text(encoding="utf-8") == \
         lines[0] + "\n" + lines[2] + "\n"
+
+
+def test_a_calibration_that_is_not_the_index_s_is_refused_before_anything_is_made(tmp_path):
+    c = cal.calibrate([pair_at(random.Random(21), 0.9)[0]] * 3, 0.8)
+    with pytest.raises(simindex.ParameterError, match="not a calibration of scheme"):
+        simindex.Index(tmp_path / "i", k=c.k, width=c.width, calibration=c.stored())
+    assert not (tmp_path / "i" / "manifest.msgpack").exists()
+    with simindex.Index(tmp_path / "i", k=c.k, width=c.width, scheme="minhash-v1",
+                        calibration=c.stored()) as idx:
+        assert idx.calibration == c.stored()
+
+
+def test_fingerprints_from_a_column_keep_the_default_scheme(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "text": "x y z w", "fp": "1"}])
+    list(simindex.decisions(str(tmp_path / "in.jsonl"), id_field="id", fingerprint_field="fp",
+                            min_similarity=0.8, index=str(tmp_path / "idx")))
+    with simindex.Index(tmp_path / "idx", readonly=True) as idx:
+        assert idx.scheme == "simindex-v1" and idx.k == 3 and idx.calibration is None
+
+
+def test_codes_from_shingle_sets_equal_the_text_pass(tmp_path):
+    """A calibrated run codes its sampled rows from their sets and the rest from the text:
+    both give the same code, and the sketch of the sorted set is similarity's."""
+    from simindex import _text
+    from simindex.similarity import sketch
+    rng = random.Random(22)
+    texts = [" ".join(tokens(rng, n)) for n in (1, 2, 3, 40, 300, 3000)]
+    texts += ["Straße STRASSE ﬁne e\u0301 漢字 😀 " * 20, "short"]
+    raws = _text.signatures(texts, 3, shingles=True)[2]
+    sets = [_text.sorted_set(r) for r in raws]
+    for words in (1, 2, 4):
+        from_text = _text.signatures(texts, 3, mh_words=words)[0]
+        assert (_text.minhash_codes(sets, words) == from_text).all()
+        assert (_text.minhash_codes(raws, words) == from_text).all()
+    for x in sets:
+        assert _text.sketch_of_set(x) == sketch(x)
+
+
+def test_a_text_of_one_shingle_repeated_is_the_code_of_that_shingle():
+    # the later rounds read each distinct shingle once, however often the text repeats it
+    text = "ha " * 300_000
+    for width in (64, 256):
+        assert simindex.fingerprint(text, scheme="minhash-v1", width=width) == \
+            simindex.fingerprint("ha ha ha", scheme="minhash-v1", width=width)
+
+
+def test_bad_rows_read_ahead_are_reported_by_the_caller_s_thread_in_order(tmp_path,
+                                                                          monkeypatch):
+    import threading
+    monkeypatch.setattr(dedup_module, "BATCH", 3)
+    rows = [json.dumps({"id": n, "text": f"alpha beta {n} gamma"}) for n in range(9)]
+    rows[4] = "not json"
+    (tmp_path / "in.jsonl").write_text("\n".join(rows) + "\n")
+    seen = []
+
+    def on_error(e):
+        seen.append(("bad", e.where, threading.current_thread() is threading.main_thread()))
+    summary = dedup_module.Summary()
+    for d in simindex.decisions(str(tmp_path / "in.jsonl"), id_field="id", jobs=2,
+                                on_error=on_error, summary=summary):
+        seen.append(("row", d.id, threading.current_thread() is threading.main_thread()))
+    assert [x[:2] for x in seen] == [("row", 0), ("row", 1), ("row", 2),
+                                     ("bad", f"{tmp_path / 'in.jsonl'}:5"), ("row", 3),
+                                     ("row", 5), ("row", 6), ("row", 7), ("row", 8)]
+    assert all(x[2] for x in seen)
+    assert (summary.rows, summary.skipped, summary.kept) == (9, 1, 8)
+
+
+def test_a_calibrated_run_stopped_and_run_again_with_two_jobs_writes_what_one_run_writes(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(dedup_module, "BATCH", 5)
+    rng = random.Random(23)
+    rows = []
+    for n in range(15):
+        a, b, _ = pair_at(rng, 0.8)
+        rows += [{"id": f"a{n}", "text": a}, {"id": f"u{n}", "text": " ".join(tokens(rng, 60))},
+                 {"id": f"b{n}", "text": b}]
+    write_jsonl(tmp_path / "in.jsonl", rows)
+    path = str(tmp_path / "in.jsonl")
+    opts = dict(id_field="id", min_similarity=0.75, jobs=2)
+    whole = [(d.id, d.kept, d.match, d.evidence) for d in simindex.decisions(
+        path, index=str(tmp_path / "one"), **opts)]
+    it = simindex.decisions(path, index=str(tmp_path / "two"), **opts)
+    for _ in range(22):
+        next(it)
+    it.close()
+    again = [(d.id, d.kept, d.match, d.evidence) for d in simindex.decisions(
+        path, index=str(tmp_path / "two"), id_field="id", jobs=2)]   # the stored threshold
+    assert again == whole
+    with simindex.Index(tmp_path / "one", readonly=True) as a, \
+            simindex.Index(tmp_path / "two", readonly=True) as b:
+        assert a.calibration == b.calibration and a.calibration["min_similarity"] == 0.75

@@ -41,7 +41,7 @@ def make_kernel_corpus(out: str, tree: str) -> None:
     paths = sorted(p for p in glob.glob(os.path.join(tree, "drivers", "**", "*"),
                                         recursive=True)
                    if p.endswith((".c", ".h")) and os.path.isfile(p))
-    _write(out, ((os.path.relpath(p, tree), p) for p in paths))
+    _write(out, ((os.path.relpath(p, tree), _read(p)) for p in paths))
 
 
 def make_mixed_corpus(out: str, trees: list) -> None:
@@ -58,8 +58,13 @@ def make_mixed_corpus(out: str, trees: list) -> None:
         old = trees[0]
         for p in sorted(glob.glob(os.path.join(old, "drivers", "**", "*.c"), recursive=True)):
             if os.path.getsize(p) <= 65536:
-                yield f"{os.path.basename(old)}:{os.path.relpath(p, old)}", p
+                yield f"{os.path.basename(old)}:{os.path.relpath(p, old)}", _read(p)
     _write(out, rows())
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
 
 
 def _write(out: str, rows) -> None:
@@ -68,9 +73,6 @@ def _write(out: str, rows) -> None:
         for id_, text in rows:
             if total >= LIMIT:
                 break
-            if os.path.sep in text[:4096] and os.path.isfile(text):
-                with open(text, encoding="utf-8", errors="replace") as fh:
-                    text = fh.read()
             f.write(json.dumps({"id": id_, "text": text}, ensure_ascii=False) + "\n")
             total += len(text.encode("utf-8", "surrogatepass"))
             n += 1

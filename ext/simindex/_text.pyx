@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The compiled text pass (shingles.h) for the schemes whose tokens are casefolded words:
-simindex-v1's simhash and minhash-v1's one-bit MinHash code, with the shingle sketch and the
-shingle hashes of the similarity check made in the same pass.
+simindex-v1's simhash and minhash-v1's one-bit MinHash code, with the shingle hashes of the
+similarity check made in the same pass; and the set operations of the check.
 
 Python normalizes a text that is not ASCII (NFKC, which returns the same string when it is
 already normalized); everything else runs here without the GIL and without a Python object
@@ -34,16 +34,13 @@ cdef extern from "shingles.h" nogil:
         int oom
         int needs_nf
         int normalized
-        int nsk
-        uint32_t sk[512]
         uint64_t *all
         size_t nall
     int SI_MAX_SHINGLE
-    int SI_SKETCH
     uint32_t SI_MAP_SEQ
     uint32_t SI_MAP_COMPLEX
     int si_pass_init(si_pass *s, int width, int vote_kind, int vote_words, int mh_words,
-                     int want_sketch, int want_all)
+                     int want_all)
     void si_pass_free(si_pass *s)
     void si_feed(si_pass *s, const si_tables_t *t, int kind, const void *data, size_t n)
     void si_finish(si_pass *s)
@@ -54,7 +51,7 @@ cdef extern from "shingles.h" nogil:
 
 # The hash kinds a simhash votes with (as in _fingerprint): xxh3-64, xxh3-128, 2 x xxh3-128.
 VOTE_KINDS = (0, 3, 4)
-SKETCH = SI_SKETCH
+SKETCH = 128                  # values of a bottom-k sketch (simindex.similarity's)
 
 cdef si_tables_t _tables
 cdef object _table_arrays = None     # keeps the tables' buffers alive
@@ -151,11 +148,16 @@ cdef int _install_tables() except -1:
     return 0
 
 
-cdef int _check(int width, int vote_kind, int vote_words, int mh_words) except -1:
+cdef int _check(int width, int vote_kind, int vote_words, int mh_words,
+                bint shingles) except -1:
     if not 1 <= width <= SI_MAX_SHINGLE:
         raise ValueError(f"shingle width must be 1..{SI_MAX_SHINGLE}, got {width}")
-    if (vote_kind >= 0) == (mh_words > 0):
-        raise ValueError("a pass makes exactly one code: a simhash vote or a MinHash code")
+    if vote_kind >= 0 and mh_words > 0:
+        raise ValueError("a pass makes one code at most: a simhash vote or a MinHash code")
+    if vote_kind < 0 and mh_words == 0:
+        if not shingles:
+            raise ValueError("a pass without a code must collect the shingles")
+        return 0
     if vote_kind >= 0:
         if vote_kind not in VOTE_KINDS or vote_words not in (1, 2, 4):
             raise ValueError(f"vote kind {vote_kind} at {vote_words} words is not supported")
@@ -220,7 +222,7 @@ def normalize_around(text):
 
 
 cdef int _run(si_pass *s, text, int width, int vote_kind, int vote_words, int mh_words,
-             bint sketch, bint shingles) except -1:
+             bint shingles) except -1:
     """Initialize a pass and read one text through it. A text with characters above ASCII
     whose NFKC form depends on their neighbours is read again, those stretches normalized
     (see normalize_around)."""
@@ -232,7 +234,7 @@ cdef int _run(si_pass *s, text, int width, int vote_kind, int vote_words, int mh
     if not text.isascii():
         _ensure_tables()
     while True:
-        if si_pass_init(s, width, vote_kind, vote_words, mh_words, sketch, shingles):
+        if si_pass_init(s, width, vote_kind, vote_words, mh_words, shingles):
             raise MemoryError()
         s.normalized = mode
         kind = PyUnicode_KIND(text)
@@ -252,28 +254,17 @@ cdef int _run(si_pass *s, text, int width, int vote_kind, int vote_words, int mh
         text, mode = normalize_around(text)
 
 
-cdef object _code(si_pass *s, int vote_kind, int words):
-    cdef uint64_t r[4]
+cdef int _words(int vote_kind, int vote_words, int mh_words):
+    return vote_words if vote_kind >= 0 else mh_words
+
+
+cdef int _bits(si_pass *s, int vote_kind, int mh_words, uint64_t *out) except -1:
+    """The pass's code into out (nothing without one)."""
     if vote_kind >= 0:
-        si_vote_bits(s, r)
-    else:
-        si_mh_bits(s, r)
-    return bits.words_int(r, words)
-
-
-cdef bytes _sketch(si_pass *s):
-    """The sketch as big-endian u32 values, ascending."""
-    cdef int i
-    cdef uint32_t v
-    out = bytearray(4 * s.nsk)
-    cdef unsigned char[::1] o = out
-    for i in range(s.nsk):
-        v = s.sk[i]
-        o[4 * i] = v >> 24
-        o[4 * i + 1] = (v >> 16) & 0xFF
-        o[4 * i + 2] = (v >> 8) & 0xFF
-        o[4 * i + 3] = v & 0xFF
-    return bytes(out)
+        si_vote_bits(s, out)
+    elif mh_words:
+        si_mh_bits(s, out)
+    return 0
 
 
 cdef object _all(si_pass *s):
@@ -285,53 +276,52 @@ cdef object _all(si_pass *s):
 
 
 def signature(text, int width, int vote_kind=-1, int vote_words=1, int mh_words=0,
-              bint sketch=False, bint shingles=False):
-    """One text's pass: (code as an int, shingle count, sketch bytes or None, every
-    shingle's xxh3-64 in order or None). The code is the simhash of `vote_kind` at
-    `vote_words` words, or (vote_kind -1) the MinHash code of `mh_words` words; a text
-    without tokens has 0 shingles (and code 0)."""
+              bint shingles=False):
+    """One text's pass: (code as an int or None, shingle count, every shingle's xxh3-64 in
+    order or None). The code is the simhash of `vote_kind` at `vote_words` words, or
+    (vote_kind -1) the MinHash code of `mh_words` words, or none (mh_words 0: the shingles
+    alone); a text without tokens has 0 shingles (and code 0)."""
     cdef si_pass s
-    _check(width, vote_kind, vote_words, mh_words)
+    cdef uint64_t r[4]
+    cdef int words = _words(vote_kind, vote_words, mh_words)
+    _check(width, vote_kind, vote_words, mh_words, shingles)
     s.buf = s.xs = s.all = NULL
     try:
-        _run(&s, text, width, vote_kind, vote_words, mh_words, sketch, shingles)
-        return (_code(&s, vote_kind, vote_words if vote_kind >= 0 else mh_words), s.windows,
-                _sketch(&s) if sketch else None, _all(&s) if shingles else None)
+        _run(&s, text, width, vote_kind, vote_words, mh_words, shingles)
+        _bits(&s, vote_kind, mh_words, r)
+        return (bits.words_int(r, words) if words else None, s.windows,
+                _all(&s) if shingles else None)
     finally:
         si_pass_free(&s)
 
 
 def signatures(list texts, int width, int vote_kind=-1, int vote_words=1, int mh_words=0,
-               bint sketch=False, bint shingles=False):
+               bint shingles=False):
     """The pass of `signature` over many texts: (codes as an (n, words) uint64 array, most
-    significant word first; shingle counts as an int64 array; sketches or None; shingle
-    hash arrays or None). The GIL is released while each text is read."""
+    significant word first; shingle counts as an int64 array; shingle hash arrays or
+    None). The GIL is released while each text is read."""
     cdef Py_ssize_t i, n = len(texts)
-    cdef int words = vote_words if vote_kind >= 0 else mh_words
+    cdef int words = _words(vote_kind, vote_words, mh_words)
     cdef si_pass s
-    _check(width, vote_kind, vote_words, mh_words)
+    cdef uint64_t r[4]
+    _check(width, vote_kind, vote_words, mh_words, shingles)
     codes = np.zeros((n, words), dtype=np.uint64)
     counts = np.zeros(n, dtype=np.int64)
     cdef uint64_t[:, ::1] c = codes
     cdef int64_t[::1] w = counts
-    sketches = [] if sketch else None
     alls = [] if shingles else None
     for i in range(n):
         s.buf = s.xs = s.all = NULL
         try:
-            _run(&s, texts[i], width, vote_kind, vote_words, mh_words, sketch, shingles)
-            if vote_kind >= 0:
-                si_vote_bits(&s, &c[i, 0])
-            else:
-                si_mh_bits(&s, &c[i, 0])
+            _run(&s, texts[i], width, vote_kind, vote_words, mh_words, shingles)
+            if words:
+                _bits(&s, vote_kind, mh_words, &c[i, 0])
             w[i] = s.windows
-            if sketch:
-                sketches.append(_sketch(&s))
             if shingles:
                 alls.append(_all(&s))
         finally:
             si_pass_free(&s)
-    return codes, counts, sketches, alls
+    return codes, counts, alls
 
 
 cdef Py_ssize_t _gallop(const uint64_t *a, Py_ssize_t na, const uint64_t *b,
@@ -396,12 +386,12 @@ def minhash_codes(list sets, int words):
     cdef Py_ssize_t i, j, n = len(sets)
     cdef si_pass s
     cdef const uint64_t[::1] h
-    _check(1, -1, 1, words)
+    _check(1, -1, 1, words, False)
     codes = np.zeros((n, words), dtype=np.uint64)
     cdef uint64_t[:, ::1] c = codes
     for i in range(n):
         h = sets[i]
-        if si_pass_init(&s, 1, -1, 1, words, 0, 0):
+        if si_pass_init(&s, 1, -1, 1, words, 0):
             raise MemoryError()
         try:
             s.windows = h.shape[0]
@@ -439,7 +429,7 @@ def sketch_of_set(const uint64_t[::1] exact not None):
     cdef Py_ssize_t i, n = exact.shape[0]
     cdef int m = 0
     cdef uint32_t v, last = 0
-    out = bytearray(4 * SI_SKETCH)
+    out = bytearray(4 * SKETCH)
     cdef unsigned char[::1] o = out
     for i in range(n):
         v = <uint32_t>(exact[i] >> 32)
@@ -451,6 +441,6 @@ def sketch_of_set(const uint64_t[::1] exact not None):
         o[4 * m + 3] = v & 0xFF
         last = v
         m += 1
-        if m == SI_SKETCH:
+        if m == SKETCH:
             break
     return bytes(out[:4 * m])

@@ -13,8 +13,6 @@
  *   - the simhash vote (simindex-v1): per bit, how many shingle hashes set it; bit i of the
  *     fingerprint is set when more than half of the votes set it (the +1/-1 sum is > 0);
  *   - the one-bit MinHash code (minhash-v1), see si_mh_* below;
- *   - the bottom-SI_SKETCH sketch: the smallest distinct high 32-bit halves of the xxh3-64
- *     shingle hashes;
  *   - every shingle's xxh3-64, in order (for an exact Jaccard check).
  *
  * Python's unicode classification (Py_UNICODE_ISALNUM) is a pure table lookup: callable
@@ -32,8 +30,6 @@
 
 #define SI_MAX_SHINGLE 16        /* tokens per shingle, at most */
 #define SI_MAX_WORDS 4           /* 64-bit words of the widest signature (256 bits) */
-#define SI_SKETCH 128            /* values of a bottom-k sketch */
-#define SI_SKBUF 512             /* values a sketch gathers before it keeps the smallest */
 #define SI_COMPACT (1 << 16)     /* bytes of token text kept before the oldest is dropped */
 #define SI_GOLDEN 0x9E3779B97F4A7C15ULL
 
@@ -66,7 +62,6 @@ typedef struct {
     int vote_kind;               /* -1: no simhash; 0: xxh3-64; 3: xxh3-128; 4: 2 x xxh3-128 */
     int vote_words;              /* words of the simhash, 1, 2 or 4 */
     int mh_words;                /* words of the MinHash code, 0 (none), 1, 2 or 4 */
-    int want_sketch;
     int want_all;
     int normalized;              /* 0: read through `nf`, stopping at a character that needs
                                     its neighbours; 1: the text is NFKC already, `fold`
@@ -91,13 +86,6 @@ typedef struct {
     uint64_t mh_val[SI_MAX_WORDS * 64];
     uint64_t *xs;                /* the shingle hashes, while bins are still empty */
     size_t nxs, capxs;
-    /* the sketch: values below `sk_thr` wait in sk[] until it holds SI_SKBUF of them, then
-     * the SI_SKETCH smallest distinct stay (and the largest of them becomes the bar) */
-    uint32_t sk[SI_SKBUF];
-    uint32_t sk_tmp[SI_SKBUF];
-    int nsk;
-    int sk_full;                 /* sk_thr is a bar: SI_SKETCH distinct values are below it */
-    uint32_t sk_thr;
     /* every shingle hash */
     uint64_t *all;
     size_t nall, capall;
@@ -144,13 +132,12 @@ static const unsigned char si_ascii[128] = {
 };
 
 static int si_pass_init(si_pass *s, int width, int vote_kind, int vote_words, int mh_words,
-                        int want_sketch, int want_all) {
+                        int want_all) {
     memset(s, 0, sizeof(*s));
     s->width = width;
     s->vote_kind = vote_kind;
     s->vote_words = vote_words;
     s->mh_words = mh_words;
-    s->want_sketch = want_sketch;
     s->want_all = want_all;
     s->cap = 4096;
     s->buf = (char *)malloc(s->cap);
@@ -225,34 +212,32 @@ static inline void si_mh_add(si_pass *s, uint64_t x) {
 
 /* ---- sorting ---------------------------------------------------------------------- */
 
-/* LSD radix sort of n 32- or 64-bit keys, a byte per pass; tmp holds n keys. A pass whose
- * byte is the same in every key is skipped. */
-#define SI_RADIX_SORT(NAME, T, BYTES)                                                     \
-static void NAME(T *a, T *tmp, size_t n) {                                                \
-    if (n < 2) return;                                                                    \
-    if (n <= 32) {                        /* insertion sort */                            \
-        for (size_t i = 1; i < n; i++) {                                                  \
-            T v = a[i]; size_t j = i;                                                     \
-            while (j > 0 && a[j - 1] > v) { a[j] = a[j - 1]; j--; }                       \
-            a[j] = v;                                                                     \
-        }                                                                                 \
-        return;                                                                           \
-    }                                                                                     \
-    T *src = a, *dst = tmp;                                                               \
-    for (int b = 0; b < BYTES; b++) {                                                     \
-        size_t count[256] = {0};                                                          \
-        int shift = 8 * b;                                                                \
-        for (size_t i = 0; i < n; i++) count[(src[i] >> shift) & 0xFF]++;                 \
-        if (count[(src[0] >> shift) & 0xFF] == n) continue;                               \
-        size_t sum = 0;                                                                   \
-        for (int c = 0; c < 256; c++) { size_t x = count[c]; count[c] = sum; sum += x; }  \
-        for (size_t i = 0; i < n; i++) dst[count[(src[i] >> shift) & 0xFF]++] = src[i];   \
-        T *t = src; src = dst; dst = t;                                                   \
-    }                                                                                     \
-    if (src != a) memcpy(a, src, n * sizeof(T));                                          \
+/* LSD radix sort of n 64-bit keys, a byte per pass; tmp holds n keys. A pass whose byte is
+ * the same in every key is skipped. */
+static void si_sort64(uint64_t *a, uint64_t *tmp, size_t n) {
+    if (n < 2) return;
+    if (n <= 32) {                        /* insertion sort */
+        for (size_t i = 1; i < n; i++) {
+            uint64_t v = a[i];
+            size_t j = i;
+            while (j > 0 && a[j - 1] > v) { a[j] = a[j - 1]; j--; }
+            a[j] = v;
+        }
+        return;
+    }
+    uint64_t *src = a, *dst = tmp;
+    for (int b = 0; b < 8; b++) {
+        size_t count[256] = {0};
+        int shift = 8 * b;
+        for (size_t i = 0; i < n; i++) count[(src[i] >> shift) & 0xFF]++;
+        if (count[(src[0] >> shift) & 0xFF] == n) continue;
+        size_t sum = 0;
+        for (int c = 0; c < 256; c++) { size_t x = count[c]; count[c] = sum; sum += x; }
+        for (size_t i = 0; i < n; i++) dst[count[(src[i] >> shift) & 0xFF]++] = src[i];
+        uint64_t *t = src; src = dst; dst = t;
+    }
+    if (src != a) memcpy(a, src, n * sizeof(uint64_t));
 }
-SI_RADIX_SORT(si_sort32, uint32_t, 4)
-SI_RADIX_SORT(si_sort64, uint64_t, 8)
 
 /* Sort and drop repeats; returns the count left. */
 static size_t si_unique64(uint64_t *a, uint64_t *tmp, size_t n) {
@@ -263,32 +248,11 @@ static size_t si_unique64(uint64_t *a, uint64_t *tmp, size_t n) {
     return m;
 }
 
-/* ---- the sketch ------------------------------------------------------------------------ */
-
-/* Keep the SI_SKETCH smallest distinct values gathered so far, sorted. */
-static void si_sketch_compact(si_pass *s) {
-    int n = s->nsk, m = 0;
-    si_sort32(s->sk, s->sk_tmp, (size_t)n);
-    for (int i = 0; i < n && m < SI_SKETCH; i++)
-        if (m == 0 || s->sk[i] != s->sk[m - 1]) s->sk[m++] = s->sk[i];
-    s->nsk = m;
-    if (m == SI_SKETCH) {
-        s->sk_full = 1;
-        s->sk_thr = s->sk[m - 1];          /* only values below it can still enter */
-    }
-}
-
-static inline void si_sketch_add(si_pass *s, uint32_t v) {
-    if (s->sk_full && v >= s->sk_thr) return;
-    s->sk[s->nsk++] = v;
-    if (s->nsk == SI_SKBUF) si_sketch_compact(s);
-}
-
 static inline void si_emit(si_pass *s, const char *p, size_t n) {
     uint64_t h[SI_MAX_WORDS];
     uint64_t x = 0;
     s->windows++;
-    if (s->mh_words || s->want_sketch || s->want_all || s->vote_kind == 0)
+    if (s->mh_words || s->want_all || s->vote_kind == 0)
         x = (uint64_t)XXH3_64bits(p, n);
     if (s->vote_kind >= 0) {
         if (s->vote_kind == 0) {
@@ -304,7 +268,6 @@ static inline void si_emit(si_pass *s, const char *p, size_t n) {
         si_vote_add(s, h);
     }
     if (s->mh_words) si_mh_add(s, x);
-    if (s->want_sketch) si_sketch_add(s, (uint32_t)(x >> 32));
     if (s->want_all && si_push64(&s->all, &s->nall, &s->capall, x)) s->oom = 1;
 }
 
@@ -465,9 +428,14 @@ static void si_finish(si_pass *s) {
         si_emit(s, s->buf + a, s->end[(s->ntok - 1) % SI_MAX_SHINGLE] - a);
     }
     if (s->vote_kind >= 0) si_vote_flush(s);
-    if (s->want_sketch) si_sketch_compact(s);
-    if (s->mh_words && s->windows) {
+    if (s->mh_words && s->windows && s->mh_filled < 64 * s->mh_words) {
         int bins = 64 * s->mh_words;
+        /* the rounds read every distinct shingle once (a text of few distinct shingles
+         * repeated would otherwise have every repeat read in every round) */
+        uint64_t *tmp = (uint64_t *)malloc((s->nxs ? s->nxs : 1) * sizeof(uint64_t));
+        if (!tmp) { s->oom = 1; return; }
+        s->nxs = si_unique64(s->xs, tmp, s->nxs);
+        free(tmp);
         /* Round r offers every shingle again, hashed at x + r * golden, to the bins still
          * empty when the round began: any round-r entry is smaller than every later one,
          * so stopping once every bin holds one changes nothing. 64 * bins rounds leave a
