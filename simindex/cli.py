@@ -536,7 +536,8 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
               help="Input format (default: from each file's extension).")
 @click.option("--output-format", type=click.Choice(["jsonl", "csv", "parquet"]))
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), default=None,
-              help="Fingerprinting processes (default: every core).")
+              help="Fingerprinting threads (processes for the compatibility schemes), and "
+              "with more than one a reader one batch ahead (default: every core).")
 @click.option("--on-error", type=click.Choice(["stop", "skip"]), default="stop",
               show_default=True, help="A bad row: stop (writing no output) or skip it.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
