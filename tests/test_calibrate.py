@@ -134,13 +134,13 @@ def test_pair_distances_are_popcounts():
             assert d[i, j] == want
 
 
+def planted_texts(rng, pairs, jaccard):
+    """The texts of `pairs` pairs at (just above) `jaccard`, each pair's texts in turn."""
+    return [text for _ in range(pairs) for text in pair_at(rng, jaccard)[:2]]
+
+
 def test_a_calibration_reports_its_table_and_choice():
-    rng = random.Random(3)
-    texts = []
-    for _ in range(30):
-        a, b, _ = pair_at(rng, 0.8)
-        texts += [a, b]
-    c = cal.calibrate(texts, 0.7)
+    c = cal.calibrate(planted_texts(random.Random(3), 30, 0.8), 0.7)
     assert c.scheme == "minhash-v1" and c.min_similarity == 0.7 and c.measure == "jaccard"
     assert [row.width for row in c.table] == [64, 128, 256]
     for row in c.table:
@@ -158,12 +158,8 @@ def test_a_calibration_reports_its_table_and_choice():
 
 
 def test_a_simhash_scheme_is_calibrated_on_the_sample_alone():
-    rng = random.Random(4)
-    texts = []
-    for _ in range(40):
-        a, b, _ = pair_at(rng, 0.75)
-        texts += [a, b]
-    c = cal.calibrate(texts, 0.7, scheme="simindex-v1", recall=0.9, widths=[64])
+    c = cal.calibrate(planted_texts(random.Random(4), 40, 0.75), 0.7, scheme="simindex-v1",
+                      recall=0.9, widths=[64])
     [row] = c.table
     assert row.model_recall is None and row.pairs == 40
     assert row.found >= 36                      # the least k that finds 90% of them
