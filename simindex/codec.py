@@ -211,14 +211,33 @@ def encode_records(items, fingerprints=None, width=64):
     return idks, np.array(fpl, dtype=np.uint64), metas
 
 
-def pack_meta(meta, id_=None):
-    if meta is None:
+# A meta value stored with its text's sketch (simindex/similarity.py) for the similarity
+# check of later text calls: msgpack extension SKETCH_EXT holding msgpack [sketch, shingle
+# count] followed by the packed meta value. unpack() hands back the meta value alone.
+SKETCH_EXT = 83
+
+
+class Packed(bytes):
+    """A meta value already packed (with its text's sketch) by Index.text_record."""
+
+
+def pack_meta(meta, id_=None, sketch=None):
+    """The stored bytes of a meta value; `sketch`: (sketch bytes, shingle count) kept with
+    it (see SKETCH_EXT)."""
+    if type(meta) is Packed:
+        return bytes(meta)
+    if type(meta) is msgpack.ExtType and meta.code == SKETCH_EXT:
+        raise InputError(f"meta may not be a msgpack extension of type {SKETCH_EXT}: "
+                         f"simindex keeps text sketches in it")
+    if meta is None and sketch is None:
         return _NONE
     try:
         b = msgpack.packb(meta, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as e:
         who = "" if id_ is None else f" of id {id_!r:.60}"
         raise InputError(f"meta{who} cannot be stored as msgpack: {e}") from None
+    if sketch is not None:
+        b = msgpack.packb(msgpack.ExtType(SKETCH_EXT, msgpack.packb(list(sketch)) + b))
     if len(b) > MAX_META_BYTES:
         raise InputError(f"meta is {len(b)} bytes packed; the limit is {MAX_META_BYTES}")
     return b
@@ -229,9 +248,44 @@ def unpack(b, what="value"):
     if b == _NONE:
         return None
     try:
-        return msgpack.unpackb(b, raw=False, strict_map_key=False)
+        v = msgpack.unpackb(b, raw=False, strict_map_key=False)
+        if type(v) is msgpack.ExtType and v.code == SKETCH_EXT:
+            return _sketched(v.data)[2]
+        return v
     except Exception as e:  # msgpack raises several unrelated types on damage
         raise CorruptError(f"a stored {what} cannot be decoded: {e}") from None
+
+
+def _sketched(data):
+    """(sketch, shingle count, meta value) of a SKETCH_EXT extension's data."""
+    u = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(data) + 1)
+    u.feed(data)
+    head = u.unpack()
+    meta = u.unpack()
+    if not (type(head) is list and len(head) == 2 and type(head[0]) is bytes and
+            len(head[0]) % 4 == 0 and type(head[1]) is int and head[1] >= 0):
+        raise ValueError("its text sketch is not [sketch, shingle count]")
+    if u.tell() != len(data):
+        raise ValueError("bytes follow its meta value")
+    return head[0], head[1], meta
+
+
+def stored_sketch(b):
+    """(sketch, shingle count or None) kept with a stored meta value, or None: a value
+    packed with a sketch (SKETCH_EXT), or the [run, row, sketch, count] of a row `simindex
+    dedup` kept with a similarity check."""
+    if b is None or b == _NONE:
+        return None
+    try:
+        v = msgpack.unpackb(b, raw=False, strict_map_key=False)
+        if type(v) is msgpack.ExtType and v.code == SKETCH_EXT:
+            return _sketched(v.data)[:2]
+    except Exception as e:  # msgpack raises several unrelated types on damage
+        raise CorruptError(f"a stored meta value cannot be decoded: {e}") from None
+    if type(v) is list and len(v) in (3, 4) and type(v[0]) is bytes and len(v[0]) == 8 and \
+            type(v[2]) is bytes and (len(v) == 3 or type(v[3]) is int):
+        return v[2], (v[3] if len(v) == 4 else None)
+    return None
 
 
 def pack(value):

@@ -40,14 +40,15 @@ import numpy as np
 from . import _text, manifest
 from .radius import DEFAULT_RECALL, MEASURES, SAMPLE_ROWS, Calibration, calibrate
 from .radius import DEFAULT_SCHEME as SIMILARITY_SCHEME
-from .codec import check_fp, check_wide_fp
+from .codec import check_fp, check_wide_fp, stored_sketch, unpack
 from .errors import BadLine, Error, InputError, ParameterError
 from .fingerprints import DEFAULT_SCHEME, WORD_SCHEMES, fingerprint, pass_args, schemes
 from .index import Index
 from .inputs import parse_fp
 from .pairs import find_all
+from .results import Match
 from .rows import Row, read_rows
-from .similarity import shingle_set, sketch_jaccard
+from .similarity import estimate, shingle_set
 
 BATCH = 4096              # rows judged together: one query_many, one add_many
 BATCH_CHARS = 8 << 20      # ... or fewer, when their texts hold this many characters
@@ -262,19 +263,15 @@ class Check:
         """What a kept record stores for later runs' checks: its sketch and set size."""
         return [sh.sketch, len(sh.set)]
 
-    def recall(self, meta: Any) -> Any:
-        """A stored record's shingles: its exact set when this run judged its row, else its
-        (sketch, set size or None), else None (a record without them cannot be checked)."""
-        if not isinstance(meta, list) or len(meta) not in (2, 3, 4):
-            return None
-        if meta[0] == self.token:
+    def recall(self, meta: Any, sketch: Optional[tuple]) -> Any:
+        """A stored record's shingles: its exact set when this run judged its row, else the
+        (sketch, set size or None) stored with it, else None (a record without them cannot
+        be checked)."""
+        if _is_mine(meta, self.token):
             exact = self.spill.get(meta[1])
             if exact is not None:
                 return exact
-        if len(meta) < 3 or not isinstance(meta[2], bytes):
-            return None
-        size = meta[3] if len(meta) == 4 and isinstance(meta[3], int) else None
-        return (meta[2], size)
+        return sketch
 
     def __call__(self, a: Shingles, b: Any, symmetric: bool = False) -> tuple:
         """(passes, similarity, evidence) of row `a` against `b`: Shingles or an exact set
@@ -283,15 +280,7 @@ class Check:
         if b is None:
             return True, None, None
         if isinstance(b, tuple):
-            sk, size = b
-            j = sketch_jaccard(a.sketch, sk)
-            if self.measure == "jaccard":
-                sim = j
-            else:
-                na = len(a.set)
-                nb = na if size is None else size
-                inter = j * (na + nb) / (1 + j)
-                sim = min(1.0, inter / max(min(na, nb) if symmetric else na, 1))
+            sim = estimate(self.measure, a.sketch, len(a.set), b[0], b[1], symmetric)
             evidence = "sketch"
         else:
             x = a.set
@@ -305,6 +294,15 @@ class Check:
                 sim = inter / base if base else 1.0
             evidence = "exact"
         return sim >= self.t, round(sim, 4), evidence
+
+
+def _matches(index: Index, fps: list, k: int, check: Optional[Check]) -> list:
+    """Per fingerprint, its (Match, stored sketch or None) in `index`: with a check, the
+    sketches come from the stored meta bytes (dedup's kept rows and the text calls')."""
+    if check is None:
+        return [[(m, None) for m in ms] for ms in index.query_many(fps, k=k)]
+    return [[(Match(h[3], h[1], h[0], None if h[4] is None else unpack(h[4], "meta value")),
+              stored_sketch(h[4])) for h in hits] for hits in index._hits_many(fps, k=k)]
 
 
 def _is_mine(meta: Any, token: bytes) -> bool:
@@ -333,8 +331,8 @@ class _Judge:
         check = self.check
         sh = sh if sh is not None else [None] * len(rows)
         k, token = self.k, self.token
-        stored = self.idx.query_many(fps, k=k)
-        refs = self.ref.query_many(fps, k=k) if self.ref is not None else None
+        stored = _matches(self.idx, fps, k, check)
+        refs = _matches(self.ref, fps, k, check) if self.ref is not None else None
         earlier: dict = {}
         for a, b in (find_all(fps, k=k, width=self.idx.width) if len(fps) > 1 else []):
             earlier.setdefault(b, []).append(a)
@@ -344,7 +342,7 @@ class _Judge:
         for i, (row, id_, fp, pos) in enumerate(zip(rows, ids, fps, positions)):
             best = None                # (distance, order, id, reference, similarity, how)
             mine = False
-            for m in stored[i]:
+            for m, sketch in stored[i]:
                 meta = m.meta
                 if _is_mine(meta, token):
                     if meta[1] == pos:
@@ -355,14 +353,14 @@ class _Judge:
                 if best is not None and (m.distance, 0) >= best[:2]:
                     continue
                 ok, sim, how = (True, None, None) if check is None else \
-                    check(sh[i], check.recall(meta))
+                    check(sh[i], check.recall(meta, sketch))
                 if ok:
                     best = (m.distance, 0, m.id, False, sim, how)
-            for m in refs[i] if refs is not None else ():
+            for m, sketch in refs[i] if refs is not None else ():
                 if best is not None and (m.distance, -1) >= best[:2]:
                     break
                 ok, sim, how = (True, None, None) if check is None else \
-                    check(sh[i], check.recall(m.meta))
+                    check(sh[i], check.recall(m.meta, sketch))
                 if ok:
                     best = (m.distance, -1, m.id, True, sim, how)
                     break
@@ -857,8 +855,8 @@ def _first_pass(good: list, ids: list, fps: list, pos: list, ranks: list, earlie
     reference that passes the check."""
     base = len(ids)
     q = [g.fp for g in good]
-    stored = idx.query_many(q, k=k)
-    refs = ref.query_many(q, k=k) if ref is not None else [[]] * len(q)
+    stored = _matches(idx, q, k, check)
+    refs = _matches(ref, q, k, check) if ref is not None else [[]] * len(q)
     for i, g in enumerate(good):
         ids.append(g.id)
         fps.append(g.fp)
@@ -867,7 +865,7 @@ def _first_pass(good: list, ids: list, fps: list, pos: list, ranks: list, earlie
         if check is not None:
             check.spill.put(pos[-1], g.sh.set)
         best = None
-        for m, isref in [(m, False) for m in stored[i]] + [(m, True) for m in refs[i]]:
+        for (m, sketch), isref in [(x, False) for x in stored[i]] + [(x, True) for x in refs[i]]:
             meta = m.meta
             if not isref and _is_mine(meta, token):
                 if meta[1] == pos[-1]:
@@ -876,7 +874,7 @@ def _first_pass(good: list, ids: list, fps: list, pos: list, ranks: list, earlie
             if best is not None and (m.distance > best[0] or m.distance == best[0]
                                      and not isref):
                 continue
-            theirs = check.recall(meta) if check is not None else None
+            theirs = check.recall(meta, sketch) if check is not None else None
             ok, sim, how = (True, None, None) if check is None else check(g.sh, theirs)
             if ok:
                 best = (m.distance, m.id, m.fingerprint, isref, sim, how, theirs)

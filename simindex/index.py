@@ -12,17 +12,20 @@ from ._join import hamming as _hamming
 from ._layout import DB_IDS, MANIFEST
 from ._query import ReadContext
 from .codec import (
-    MAX_FP, check_fp, check_wide_fp, encode_id, encode_records, fp_array, pack_meta,
+    MAX_FP, Packed, check_fp, check_wide_fp, encode_id, encode_records, fp_array, pack_meta,
     words_array,
 )
 from .errors import InputError, InputTypeError, ParameterError, ReadOnlyError, closed_error
 from .fingerprints import fingerprint as _fingerprint
 from .pairs import group_pairs, stored_pairs
 from .plan import DEFAULT_K, Plan, default_plan, default_shards
+from .radius import Calibration
 from .records import last_seq, stale
 from .results import Id, Match, Record, match_of, record_of, verified, verified_many
 from .shard import load_state
+from .similarity import fingerprint_and_set
 from .store import Store
+from .textcheck import TextCheck, keeps_sketches, sketch_of, text_check
 
 Fingerprints = Union[Iterable[int], np.ndarray]
 _query_one = ReadContext.query_one
@@ -42,7 +45,9 @@ class Index:
     """A persistent, sharded, exact near-duplicate index of 64-bit fingerprints.
 
     `Index(path)` opens (or creates) the index in directory `path`. Parameters come from the
-    manifest on reopen; one given that differs from the stored value raises. Use it as a
+    manifest on reopen; one given that differs from the stored value raises. A new index
+    made with `calibration=simindex.calibrate(texts, t)` takes its scheme, width and k, and
+    its text calls judge at that threshold (see query_text). Use it as a
     context manager or call close(). Safe to share between threads; open it again in a child
     process after fork().
     """
@@ -52,8 +57,17 @@ class Index:
                  create: bool = True, readonly: bool = False, sync: bool = True,
                  scheme: Optional[str] = None, expected: Optional[int] = None,
                  prefix_blocks: Optional[int] = None, width: Optional[int] = None,
-                 calibration: Optional[dict] = None) -> None:
+                 calibration: Union[Calibration, dict, None] = None) -> None:
         self._store: Optional[Store] = None
+        if isinstance(calibration, Calibration) and isinstance(path, (str, bytes, os.PathLike)) \
+                and not os.path.exists(os.path.join(os.fsdecode(os.fspath(path)), MANIFEST)):
+            # a new index made for the calibration's scheme, width, k and expected rows
+            scheme = calibration.scheme if scheme is None else scheme
+            width = calibration.width if width is None else width
+            k = calibration.k if k is None else k
+            expected = calibration.expected_rows if expected is None else expected
+        if isinstance(calibration, Calibration):
+            calibration = calibration.stored()
         self._readonly = readonly
         self.path: str = os.path.abspath(os.fsdecode(os.fspath(path))) \
             if isinstance(path, (str, bytes, os.PathLike)) else repr(path)
@@ -326,22 +340,100 @@ class Index:
         st.fold()
         return verified_many(st.query(q, k), verify)
 
+    def _hits_many(self, fingerprints: Fingerprints, k: Optional[int] = None) -> list:
+        """query_many()'s matches as the core finds them: per fingerprint, (distance,
+        fingerprint, seq, id, meta bytes or None) tuples (for the callers that read what
+        the meta bytes hold besides the meta value, such as a text's sketch)."""
+        st = self._open_store()
+        k = self._k(k)
+        q = fp_array(fingerprints) if st.plan.width == 64 else \
+            words_array(fingerprints, st.plan.width)
+        st.fold()
+        return st.query(q, k, matches=False)
+
     # ------------------------------------------------------------ text
+    def text_check(self, min_similarity: Optional[float] = None,
+                   k: Optional[int] = None) -> Optional[TextCheck]:
+        """The check text calls make with `min_similarity` (default: the calibration's):
+        its radius k, threshold t and measure; None when they judge by distance alone.
+        Raises ParameterError when no radius is known for the threshold."""
+        st = self._open_store()
+        return self._text_check(st, k, min_similarity)
+
+    def _text_check(self, st: Store, k: Optional[int],
+                    min_similarity: Optional[float]) -> Optional[TextCheck]:
+        return text_check(st.manifest.get("scheme"), st.plan.width, st.plan.k,
+                          st.manifest.get("calibration"), min_similarity,
+                          None if k is None else self._k(k, st))
+
+    def _sketched(self, st: Store, text: str) -> tuple:
+        """(fingerprint, (sketch, shingle count)) of `text` under the index's scheme."""
+        fp, shingle_set = fingerprint_and_set(text, st.manifest.get("scheme"), st.plan.width)
+        return fp, sketch_of(shingle_set)
+
+    def text_record(self, text: str, meta: Any = None, id: Optional[Id] = None) -> tuple:
+        """(fingerprint, meta) to store for `text`: add(id, *text_record(text, meta)) and
+        add_many([(id, *text_record(text, meta)), ...]) store what add_text stores (the
+        meta then holds the text's sketch where the index keeps sketches)."""
+        st = self._open_store()
+        if not keeps_sketches(st.manifest.get("scheme"), st.manifest.get("calibration")):
+            return self.fingerprint(text), meta
+        fp, sketch = self._sketched(st, text)
+        return fp, Packed(pack_meta(meta, id, sketch))
+
     def add_text(self, id: Id, text: str, meta: Any = None) -> int:
-        """add() the fingerprint of `text` under the index's scheme; returns it."""
-        fp = self.fingerprint(text)
-        self.add(id, fp, meta)
+        """add() the fingerprint of `text` under the index's scheme; returns it. Under
+        minhash-v1, or in a calibrated index, the text's sketch is kept with the record for
+        the similarity check of later text calls."""
+        fp, stored = self.text_record(text, meta, id)
+        self.add(id, fp, stored)
         return fp
 
     def query_text(self, text: str, k: Optional[int] = None,
-                   verify: Optional[Callable[[Match], bool]] = None) -> list[Match]:
-        """query() with the fingerprint of `text` under the index's scheme."""
-        return self.query(self.fingerprint(text), k=k, verify=verify)
+                   verify: Optional[Callable[[Match], bool]] = None,
+                   min_similarity: Optional[float] = None) -> list[Match]:
+        """query() with the fingerprint of `text` under the index's scheme.
+
+        With `min_similarity` (or in a calibrated index, at its threshold), only records
+        whose stored text is that similar pass (estimated from their sketches), searched at
+        the radius that finds them (see simindex/textcheck.py); records stored without a
+        sketch count on their distance alone.
+        """
+        st = self._open_store()
+        check = self._text_check(st, k, min_similarity)
+        if check is None:
+            return self.query(self.fingerprint(text), k=k, verify=verify)
+        fp, (sketch, size) = self._sketched(st, text)
+        q = np.array([fp], dtype=np.uint64) if st.plan.width == 64 else \
+            words_array([fp], st.plan.width)
+        st.fold()
+        hits = st.query(q, check.k, matches=False)[0]
+        return verified([match_of(h) for h in check.passing(sketch, size, hits)], verify)
 
     def add_unique_text(self, id: Id, text: str, meta: Any = None,
-                        k: Optional[int] = None) -> list[Match]:
-        """add_unique() with the fingerprint of `text` under the index's scheme."""
-        return self.add_unique(id, self.fingerprint(text), meta=meta, k=k)
+                        k: Optional[int] = None,
+                        min_similarity: Optional[float] = None) -> list[Match]:
+        """add_unique() with the fingerprint of `text` under the index's scheme.
+
+        With `min_similarity` (or in a calibrated index), a stored record blocks the insert
+        only if its text passes the similarity check (see query_text); the check is made
+        inside the atomic section, so of two similar texts added at once exactly one goes
+        in. The text's sketch is kept as add_text keeps it (and always with a threshold).
+        """
+        st = self._writable_store()
+        check = self._text_check(st, k, min_similarity)
+        if check is None and not keeps_sketches(st.manifest.get("scheme"),
+                                                st.manifest.get("calibration")):
+            return self.add_unique(id, self.fingerprint(text), meta=meta, k=k)
+        idk = encode_id(id)
+        fp, (sketch, size) = self._sketched(st, text)
+        mb = pack_meta(meta, id, (sketch, size))
+        st.fold()
+        if check is None:
+            return [match_of(h) for h in st.add_unique(idk, fp, mb, self._k(k, st))]
+        hits = st.add_unique(idk, fp, mb, check.k,
+                             lambda found: check.passing(sketch, size, found))
+        return [match_of(h) for h in hits]
 
     # ------------------------------------------------------------ all pairs
     def pairs(self, k: Optional[int] = None) -> Iterator[tuple[Id, Id, int]]:

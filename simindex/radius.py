@@ -32,6 +32,7 @@ from .similarity import shingle_set
 DEFAULT_SCHEME = "minhash-v1"     # the scheme a similarity threshold gets unless told
 DEFAULT_RECALL = 0.99
 SAMPLE_ROWS = 2000                # rows the calibration reads by default
+MODEL_ROWS = 1_000_000            # rows a calibration without a sample is made for
 CONFIDENCE = 0.95
 MEASURES = ("jaccard", "containment")
 
@@ -292,7 +293,8 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
     `sample_truth=False` skips measuring the sample's own pairs where the model alone
     decides (minhash-v1 and Jaccard); elsewhere they are always measured. `sets`: the
     texts' shingle sets (sorted distinct xxh3-64 hashes) when the caller has them, made in
-    `pass_seconds`."""
+    `pass_seconds`. With no texts (a crawl that has none yet), minhash-v1 and Jaccard are
+    calibrated from the model alone, for `expected_rows` (default MODEL_ROWS) rows."""
     t = _check_threshold(min_similarity)
     recall = _check_recall(recall)
     scheme = DEFAULT_SCHEME if scheme is None else scheme
@@ -303,7 +305,11 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
         raise ParameterError(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}")
     texts = [x for x in texts]
     if not texts:
-        raise InputError("calibration needs at least one text")
+        if scheme != "minhash-v1" or measure != "jaccard":
+            raise InputError(f"calibrating {scheme} for {measure} needs a sample of texts; "
+                             f"only minhash-v1 and Jaccard have a model to go without")
+        return _model_calibration(t, recall, expected_rows or MODEL_ROWS,
+                                  list(schemes[scheme].widths if widths is None else widths))
     n = len(texts)
     rows = max(n, expected_rows or n)
     widths = list(schemes[scheme].widths if widths is None else widths)
@@ -348,6 +354,25 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
         expected = best.found / best.pairs if best.pairs else 0.0
     return Calibration(scheme, best.width, best.k, t, measure, recall, expected, n, rows,
                        tuple(table))
+
+
+def _model_calibration(t: float, recall: float, rows: int, widths: list) -> Calibration:
+    """calibrate() without a sample: minhash-v1's k from the model, and the width of least
+    estimated time taking unrelated texts as sharing no shingle (their bits differ with
+    probability 1/2) and the pass's time as the same at every width."""
+    table = []
+    for w in widths:
+        scheme_width("minhash-v1", w)
+        k = model_k(w, t, recall)
+        candidates = binomial_cdf(k, w, 0.5) * (rows - 1) / 2
+        m, p = default_plan(k, expected=max(rows // 2, 1), width=w)
+        query_ns = query_cost(k, m, max(rows // 2, 1), None, p, w)
+        seconds = rows * (query_ns + candidates * CHECK_NS) * 1e-9
+        table.append(Choice(w, k, model_recall(w, k, t), 0, 0, None, candidates,
+                            query_ns / 1000, seconds))
+    best = min(table, key=lambda c: (c.seconds, c.width))
+    return Calibration("minhash-v1", best.width, best.k, t, "jaccard", recall,
+                       best.model_recall or 0.0, 0, rows, tuple(table))
 
 
 def _sample_k(sorted_distances: np.ndarray, recall: float) -> int:

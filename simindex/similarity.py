@@ -12,12 +12,16 @@ J = 0.5 with SKETCH = 128.
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import numpy as np
 
 from . import _fingerprint, _text
-from .fingerprints import HASHES, WORD_SCHEMES, Scheme, _scheme, _text_arg, shingles, tokenize
+from .errors import InputError
+from .fingerprints import (
+    HASHES, WORD_SCHEMES, Scheme, _scheme, _text_arg, fingerprint, pass_args, scheme_width,
+    shingles, tokenize,
+)
 
 SKETCH = 128                # values kept per sketch: 512 bytes at most
 _XXH3 = HASHES["xxh3"][0]  # the compiled hash kind of xxh3-64
@@ -36,6 +40,33 @@ def shingle_set(text: str, scheme: Union[str, Scheme]) -> np.ndarray:
     if not items:
         return np.empty(0, dtype=np.uint64)
     return np.unique(_fingerprint.hash_many(items, _XXH3, 1).reshape(-1))
+
+
+def fingerprint_and_set(text: str, scheme: Union[str, Scheme], width: int) -> tuple:
+    """(fingerprint, shingle set) of a text, from one pass for the compiled schemes."""
+    s = _scheme(scheme)
+    if s.name not in WORD_SCHEMES:
+        return fingerprint(text, scheme=s, width=width), shingle_set(text, s)
+    fp, windows, hashes = _text.signature(_text_arg(text), s.shingle_width, shingles=True,
+                                          **pass_args(s.name, scheme_width(s, width)))
+    if not windows:
+        raise InputError(f"text has no tokens under scheme {s.name!r} (empty, or no word "
+                         f"characters): it has no fingerprint")
+    assert hashes is not None
+    return fp, _text.sorted_set(hashes)
+
+
+def estimate(measure: str, a_sketch: bytes, a_size: int, b_sketch: bytes,
+             b_size: Optional[int], symmetric: bool = False) -> float:
+    """A text's similarity to a stored one from their sketches: Jaccard, or ("containment")
+    the share of the text's shingles found in the other (of the smaller set's, symmetric),
+    derived from the Jaccard estimate and the set sizes (b_size None: taken as a_size)."""
+    j = sketch_jaccard(a_sketch, b_sketch)
+    if measure == "jaccard":
+        return j
+    nb = a_size if b_size is None else b_size
+    inter = j * (a_size + nb) / (1 + j)
+    return min(1.0, inter / max(min(a_size, nb) if symmetric else a_size, 1))
 
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:

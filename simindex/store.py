@@ -225,16 +225,20 @@ class Store:
                                                 fps, metas, replace, jobs)
             self.catch_up(lag=protocol.GROUP_LIMIT, jobs=jobs, prepared=prepared)
 
-    def add_unique(self, idkey: bytes, fp: int, meta: bytes, k: int) -> list:
-        """Insert unless a stored record is within k bits; the core's hits of those that
-        are. The records write transaction is held while the index is queried, so of two
-        near-identical records added at once by any processes exactly one goes in."""
+    def add_unique(self, idkey: bytes, fp: int, meta: bytes, k: int,
+                   passing: Optional[Callable[[list], list]] = None) -> list:
+        """Insert unless a stored record is within k bits (and, with `passing`, among the
+        hits it returns); the core's hits of those that are. The records write transaction
+        is held while the index is queried and the hits judged, so of two near-identical
+        records added at once by any processes exactly one goes in."""
         self.check_writable()
         q = np.array([fp], dtype=np.uint64) if self.plan.width == 64 else \
             words_array([fp], self.plan.width)
 
         def admit(txn):
             hits = self.read(lambda ctx: ctx.query(self.plan.permuter, q, k, txn))[0]
+            if hits and passing is not None:
+                hits = passing(hits)
             if not hits:
                 records.put(txn, [idkey], q, [meta])
             return hits

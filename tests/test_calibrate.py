@@ -16,6 +16,7 @@ import pytest
 import simindex
 from simindex import radius as cal
 from simindex import datasets as dedup_module
+from textpairs import pair_at, tokens
 from trials import ENV
 
 
@@ -33,22 +34,6 @@ def write_jsonl(path, rows):
 def read_jsonl(path):
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f]
-
-
-def tokens(rng, n):
-    return [f"w{rng.getrandbits(40):x}" for _ in range(n)]
-
-
-def pair_at(rng, jaccard, n=302):
-    """Two texts of n distinct tokens sharing their first m, so that their word 3-shingle
-    sets (n - 2 each, m - 2 shared) have a Jaccard similarity just at or above `jaccard`;
-    returns the texts and that similarity."""
-    s = n - 2
-    shared = math.ceil(jaccard * 2 * s / (1 + jaccard))
-    toks = tokens(rng, 2 * n - shared - 2)
-    a = toks[:n]
-    b = toks[:shared + 2] + toks[n:]
-    return " ".join(a), " ".join(b), shared / (2 * s - shared)
 
 
 # ---------------------------------------------------------------- the arithmetic
@@ -175,8 +160,26 @@ def test_bad_parameters_are_named():
         cal.calibrate(["a b c"], 0.5, measure="cosine")
     with pytest.raises(simindex.ParameterError, match="scheme"):
         cal.calibrate(["a b c"], 0.5, scheme="nope")
-    with pytest.raises(simindex.InputError):
-        cal.calibrate([], 0.5)
+    with pytest.raises(simindex.InputError, match="needs a sample"):
+        cal.calibrate([], 0.5, scheme="simindex-v1")
+    with pytest.raises(simindex.InputError, match="needs a sample"):
+        cal.calibrate([], 0.5, measure="containment")
+
+
+def test_without_a_sample_the_model_alone_decides():
+    """No texts: minhash-v1's k is the model's at each width, and the width is the one of
+    least modelled time for the rows it is made for."""
+    for t in (0.5, 0.7, 0.9):
+        c = cal.calibrate([], t, recall=0.99)
+        assert c.sample_rows == 0 and c.expected_rows == cal.MODEL_ROWS
+        for choice in c.table:
+            assert choice.k == cal.model_k(choice.width, t, 0.99)
+            assert choice.model_recall >= 0.99 > cal.model_recall(choice.width, choice.k - 1, t)
+            assert choice.pairs == 0 and choice.recall_low is None
+        assert c.chosen == min(c.table, key=lambda x: (x.seconds, x.width))
+        assert c.expected_recall == c.chosen.model_recall
+    # unrelated texts (bits differ with probability 1/2) within k make 64 bits costly at 0.5
+    assert cal.calibrate([], 0.5).width > 64
 
 
 # ---------------------------------------------------------------- recall on planted pairs

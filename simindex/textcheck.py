@@ -1,0 +1,87 @@
+"""The similarity check of an index's text calls: `query_text` and `add_unique_text` with a
+threshold ("Jaccard >= t") find candidates within a radius of bits, then keep only those
+whose stored sketch passes the threshold.
+
+The radius: the calibration's k when the index has one for this measure and a threshold at
+most t (a pair at a higher similarity differs in fewer bits); else, for minhash-v1 and
+Jaccard, the model's k at the calibration's target recall (or DEFAULT_RECALL); else the
+caller must give k. A candidate stored without a sketch (added by `add`, or as text under
+a scheme and index that keep none) cannot be checked and counts on its distance alone, as
+`simindex dedup` counts it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+from . import _text
+from .codec import stored_sketch
+from .errors import ParameterError
+from .radius import DEFAULT_RECALL, DEFAULT_SCHEME as SIMILARITY_SCHEME, model_k
+from .similarity import estimate
+
+
+class TextCheck(NamedTuple):
+    """A threshold `t` on `measure` ("jaccard" or "containment"), searched at radius `k`."""
+    k: int
+    t: float
+    measure: str
+
+    def passing(self, sketch: bytes, size: int, hits: list) -> list:
+        """The core's hits (distance, fingerprint, seq, id, meta bytes) whose stored text
+        passes against a text of this sketch and shingle count."""
+        out = []
+        for h in hits:
+            theirs = stored_sketch(h[4])
+            if theirs is None or estimate(self.measure, sketch, size, theirs[0],
+                                          theirs[1]) >= self.t:
+                out.append(h)
+        return out
+
+
+def keeps_sketches(scheme: Optional[str], calibration: Optional[dict]) -> bool:
+    """Whether the text calls store each text's sketch with its record: under the
+    similarity scheme, or in an index calibrated for a threshold."""
+    return scheme == SIMILARITY_SCHEME or calibration is not None
+
+
+def sketch_of(shingle_set: Any) -> tuple:
+    """(sketch, shingle count) of a shingle set, as a record keeps them."""
+    return _text.sketch_of_set(shingle_set), len(shingle_set)
+
+
+def text_check(scheme: Optional[str], width: int, index_k: int,
+               calibration: Optional[dict], min_similarity: Any,
+               k: Optional[int]) -> Optional[TextCheck]:
+    """The check a text call makes: None when it has no threshold (none given and no
+    calibration), else the threshold and the radius that finds it (see the module's
+    docstring). `k`, when given, is the radius (already checked against the index's)."""
+    if min_similarity is None and calibration is None:
+        return None
+    measure = calibration["measure"] if calibration is not None else "jaccard"
+    if min_similarity is None:
+        t = float(calibration["min_similarity"])       # type: ignore[index]
+    elif isinstance(min_similarity, bool) or not isinstance(min_similarity, (int, float)) \
+            or not 0 < min_similarity <= 1:
+        raise ParameterError(f"min_similarity must be a similarity in (0, 1], got "
+                             f"{min_similarity!r}")
+    else:
+        t = float(min_similarity)
+    if k is not None:
+        return TextCheck(k, t, measure)
+    if calibration is not None and t >= calibration["min_similarity"]:
+        return TextCheck(min(calibration["k"], index_k), t, measure)
+    if scheme == SIMILARITY_SCHEME and measure == "jaccard":
+        recall = calibration["recall"] if calibration is not None else DEFAULT_RECALL
+        need = model_k(width, t, recall)
+        if need > index_k:
+            raise ParameterError(
+                f"Jaccard >= {t:g} at recall {recall:g} needs k={need} at {width} bits; this "
+                f"index's tables reach k={index_k} (pass a smaller k to search less, or make "
+                f"the index for this threshold)")
+        return TextCheck(need, t, measure)
+    made = (f"was calibrated for {measure} >= {calibration['min_similarity']:g}"
+            if calibration is not None else f"has no calibration and scheme {scheme}")
+    raise ParameterError(
+        f"no radius is known for {measure} >= {t:g}: the index {made} (pass k, or make the "
+        f"index with Index(path, calibration=simindex.calibrate(sample_texts, {t:g})))")

@@ -1,0 +1,21 @@
+"""Texts at a chosen Jaccard similarity of their word 3-shingles, for the tests of the
+similarity check."""
+
+import math
+
+
+def tokens(rng, n):
+    """n distinct random words."""
+    return [f"w{rng.getrandbits(40):x}" for _ in range(n)]
+
+
+def pair_at(rng, jaccard, n=302):
+    """Two texts of n distinct tokens sharing their first m, so that their word 3-shingle
+    sets (n - 2 each, m - 2 shared) have a Jaccard similarity just at or above `jaccard`;
+    returns the texts and that similarity."""
+    s = n - 2
+    shared = math.ceil(jaccard * 2 * s / (1 + jaccard))
+    toks = tokens(rng, 2 * n - shared - 2)
+    a = toks[:n]
+    b = toks[:shared + 2] + toks[n:]
+    return " ".join(a), " ".join(b), shared / (2 * s - shared)
