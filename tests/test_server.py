@@ -21,6 +21,7 @@ from hypothesis import given, settings, strategies as st
 
 import simindex
 from conftest import brute, fp_of
+from textpairs import pair_at
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -250,6 +251,38 @@ BAD = [
     ("GET", "/no/such/endpoint", b'', 404, None),
     ("DELETE", "/query", b'', 405, None),
 ]
+
+
+def test_text_calls_judge_by_the_similarity_threshold(tmp_path, serve):
+    """A calibrated index served: text bodies are judged at its threshold (or the body's
+    min_similarity), as the library's text calls judge them."""
+    rng = random.Random(4)
+    a, b, _ = pair_at(rng, 0.8, n=60)
+    far_a, far_b, _ = pair_at(rng, 0.3, n=60)
+    path = tmp_path / "idx"
+    simindex.Index(str(path), calibration=simindex.calibrate([], 0.7)).close()
+    s = serve(path)
+    with s.client() as c:
+        assert c.post("/add", json={"id": "a", "text": a}).status_code == 200
+        assert c.post("/add/batch", json={"records": [{"id": "f", "text": far_a}]}).json() \
+            == {"added": 1}
+        dup = c.post("/add-unique", json={"id": "b", "text": b}).json()
+        assert (dup["added"], [m["id"] for m in dup["matches"]]) == (False, ["a"])
+        assert c.post("/add-unique", json={"id": "g", "text": far_b}).json()["added"]
+        assert [m["id"] for m in c.post("/query", json={"text": b}).json()["matches"]] == ["a"]
+        assert c.post("/query", json={"text": b, "min_similarity": 0.95}).json()["matches"] \
+            == []
+        for body, field in [({"fingerprint": "0" * 32, "min_similarity": 0.8}, "min_similarity"),
+                            ({"text": b, "min_similarity": 0}, "min_similarity"),
+                            ({"text": b, "min_similarity": "high"}, "min_similarity"),
+                            ({"text": b, "min_similarity": 0.3}, "min_similarity")]:
+            r = c.post("/query", json=body)
+            assert (r.status_code, r.json()["field"]) == (400, field), r.text
+    s.stop()
+    with simindex.Index(str(path), readonly=True) as idx:
+        assert sorted(r.id for r in [idx.get("a"), idx.get("f"), idx.get("g")]) == \
+            ["a", "f", "g"]
+        assert idx.get("b") is None
 
 
 def test_bad_input_answers_4xx_json_naming_the_field_never_500(tmp_path, serve):

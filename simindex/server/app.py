@@ -226,12 +226,37 @@ class Api:
         return bodies.record_id(raw, "id")
 
     # -------------------------------------------------------------- reads
+    def text_call(self, obj: dict[str, Any], call: Callable[..., Any], k: Optional[int],
+                  *args: Any) -> Callable[[], Any]:
+        """A text body's call to the index's text method (which judges by a similarity
+        threshold: the body's min_similarity, or the index's calibration)."""
+        ms = bodies.similarity(obj.get("min_similarity"))
+
+        def run() -> Any:
+            try:
+                return call(*args, k=k, min_similarity=ms)
+            except ParameterError as e:
+                raise BadRequest(str(e), "min_similarity" if ms is not None else "k") from None
+            except InputError as e:
+                raise BadRequest(str(e), "text") from None
+        return run
+
+    def check_similarity(self, obj: dict[str, Any]) -> None:
+        if "min_similarity" in obj and "text" not in obj:
+            raise BadRequest("needs text: the check compares the texts' shingles",
+                             "min_similarity")
+
     async def query(self, call: Call) -> Any:
-        obj = await self.json(call, (), ("fingerprint", "text", "k"))
+        obj = await self.json(call, (), ("fingerprint", "text", "k", "min_similarity"))
         idx = self.idx
+        self.check_similarity(obj)
         fp = self.fingerprint_of(obj)
         k = bodies.radius(obj.get("k"), self.k)
-        return {"fingerprint": format(fp, self.hexes), "matches": self.matches(idx.query(fp, k))}
+        if "text" in obj:
+            found = self.text_call(obj, idx.query_text, k, obj["text"])()
+        else:
+            found = idx.query(fp, k)
+        return {"fingerprint": format(fp, self.hexes), "matches": self.matches(found)}
 
     async def query_batch(self, call: Call) -> Any:
         obj = await self.json(call, ("fingerprints",), ("k",))
@@ -287,7 +312,11 @@ class Api:
         rid = bodies.record_id(obj["id"], "id")
         fp = self.fingerprint_of(obj)
         meta = bodies.meta(obj.get("meta"), "meta")
-        await self.write(partial(self.idx.add, rid, fp, meta))
+        if "text" in obj:      # its sketch is kept as add_text keeps it
+            await self.write(partial(self.idx.add, rid, *self.idx.text_record(
+                obj["text"], meta, rid)))
+        else:
+            await self.write(partial(self.idx.add, rid, fp, meta))
         return {"id": rid, "fingerprint": format(fp, self.hexes)}
 
     async def add_batch(self, call: Call) -> Any:
@@ -298,8 +327,11 @@ class Api:
         for i, r in enumerate(raw):
             where = f"records[{i}]"
             r = bodies.fields(r, where, ("id",), ("fingerprint", "text", "meta"))
-            items.append((bodies.record_id(r["id"], f"{where}.id"), self.fingerprint_of(r, where),
-                          bodies.meta(r.get("meta"), f"{where}.meta")))
+            rid = bodies.record_id(r["id"], f"{where}.id")
+            fp = self.fingerprint_of(r, where)
+            meta = bodies.meta(r.get("meta"), f"{where}.meta")
+            items.append((rid, *self.idx.text_record(r["text"], meta, rid))
+                         if "text" in r else (rid, fp, meta))
         if items:
             try:
                 await self.write(partial(self.idx.add_many, items, replace=replace))
@@ -310,13 +342,19 @@ class Api:
         return {"added": len(items)}
 
     async def add_unique(self, call: Call) -> Any:
-        obj = await self.json(call, ("id",), ("fingerprint", "text", "meta", "k"))
+        obj = await self.json(call, ("id",), ("fingerprint", "text", "meta", "k",
+                                              "min_similarity"))
         idx = self.idx
+        self.check_similarity(obj)
         rid = bodies.record_id(obj["id"], "id")
         fp = self.fingerprint_of(obj)
         meta = bodies.meta(obj.get("meta"), "meta")
         k = bodies.radius(obj.get("k"), self.k)
-        found = await self.write(partial(idx.add_unique, rid, fp, meta, k))
+        if "text" in obj:
+            found = await self.write(self.text_call(obj, idx.add_unique_text, k, rid,
+                                                    obj["text"], meta))
+        else:
+            found = await self.write(partial(idx.add_unique, rid, fp, meta, k))
         return {"added": not found, "id": rid, "fingerprint": format(fp, self.hexes),
                 "matches": self.matches(found)}
 

@@ -134,6 +134,17 @@ def radius(v: Any, k_max: int, field: str = "k") -> Optional[int]:
     return v
 
 
+def similarity(v: Any, field: str = "min_similarity") -> Optional[float]:
+    """An optional similarity threshold: a number in (0, 1]."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise BadRequest(f"must be a number, got {_kind(v)}", field)
+    if not 0 < v <= 1:
+        raise BadRequest(f"{v!r:.40} is outside (0, 1]", field)
+    return float(v)
+
+
 def text(v: Any, field: str) -> str:
     if not isinstance(v, str):
         raise BadRequest(f"must be a string, got {_kind(v)}", field)

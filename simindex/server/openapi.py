@@ -52,6 +52,9 @@ def document(width: int) -> dict[str, Any]:
     ref = {n: {"$ref": f"#/components/schemas/{n}"} for n in ("Match", "Fingerprint", "Id")}
     matches = {"type": "array", "items": ref["Match"]}
     source = {"fingerprint": ref["Fingerprint"], "text": {"type": "string"}}
+    similar = {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
+               "description": "with text: only records whose stored text is this similar "
+                              "(Jaccard of shingles; default: the index's calibration)"}
     one_source = [{"required": ["fingerprint"]}, {"required": ["text"]}]
     id_param = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}},
                 {"name": "type", "in": "query", "required": False,
@@ -91,7 +94,8 @@ def document(width: int) -> dict[str, Any]:
                 "Stored fingerprints within k bits of one fingerprint or text",
                 _obj(["fingerprint", "matches"], {"fingerprint": {"type": "string"},
                                                   "matches": matches}),
-                _obj([], {**source, "k": k}, oneOf=one_source))},
+                _obj([], {**source, "k": k, "min_similarity": similar},
+                     oneOf=one_source))},
             "/query/batch": {"post": _op(
                 "query for each fingerprint of a batch",
                 _obj(["results"], {"results": {"type": "array", "items": matches}}),
@@ -123,7 +127,8 @@ def document(width: int) -> dict[str, Any]:
                 _obj(["added", "id", "fingerprint", "matches"], {
                     "added": {"type": "boolean"}, "id": ref["Id"],
                     "fingerprint": {"type": "string"}, "matches": matches}),
-                _obj(["id"], {"id": ref["Id"], **source, "meta": {}, "k": k},
+                _obj(["id"], {"id": ref["Id"], **source, "meta": {}, "k": k,
+                              "min_similarity": similar},
                      oneOf=one_source), errors=(400, 403, 507))},
         },
     }
