@@ -2,10 +2,13 @@
 
 `NearDuplicatePipeline` drops an item whose text is within k bits of one already kept;
 `NearDuplicateMiddleware` ignores a downloaded page whose body is, before the spider parses
-it (so a near-copy's links are never followed). Both call `Index.add_unique_text`, which
-checks and inserts atomically, so crawler processes sharing one index admit exactly one page
-of a group of near-identical ones, and a resumed crawl (JOBDIR) remembers what it kept.
-Install with `pip install 'simindex[scrapy]'`; the core package never imports Scrapy.
+it (so a near-copy's links are never followed). With SIMINDEX_MIN_SIMILARITY = t a
+near-copy is one of Jaccard similarity t or more (a new index is made for t from the model,
+see simindex.calibrate; SIMINDEX_RECALL sets its target recall). Both call
+`Index.add_unique_text`, which checks and inserts atomically, so crawler processes sharing
+one index admit exactly one page of a group of near-identical ones, and a resumed crawl
+(JOBDIR) remembers what it kept. Install with `pip install 'simindex[scrapy]'`; the core
+package never imports Scrapy.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from ._layout import MANIFEST
 from .errors import Error, InputError, ParameterError, ParameterTypeError
 from .fingerprints import schemes
 from .index import Index
+from .radius import DEFAULT_RECALL, calibrate
 from .results import Id, Match
 
 if TYPE_CHECKING:
@@ -81,6 +85,21 @@ def _k(settings: BaseSettings) -> Optional[int]:
     return k
 
 
+def _share(settings: BaseSettings, name: str, low_open: bool = True) -> Optional[float]:
+    """A setting that is a share: in (0, 1] (low_open) or in (0, 1)."""
+    value = settings.get(name)
+    if value is None:
+        return None
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = -1.0
+    if isinstance(value, bool) or not (0 < v <= 1 if low_open else 0 < v < 1):
+        raise ParameterError(f"{name} must be a number in (0, {'1]' if low_open else '1)'}, "
+                             f"got {value!r:.60}")
+    return v
+
+
 def _scheme(settings: BaseSettings) -> Optional[str]:
     value = settings.get("SIMINDEX_SCHEME")
     if value is not None and value not in schemes:
@@ -105,6 +124,11 @@ class _Checker:
         self.path = index_path(settings, name)
         self.k = _k(settings)
         self.scheme = _scheme(settings)
+        self.min_similarity = _share(settings, "SIMINDEX_MIN_SIMILARITY")
+        self.recall = _share(settings, "SIMINDEX_RECALL", low_open=False)
+        if self.recall is not None and self.min_similarity is None:
+            raise ParameterError("SIMINDEX_RECALL is the recall of SIMINDEX_MIN_SIMILARITY, "
+                                 "which is not set")
         self.reset = settings.getbool("SIMINDEX_RESET", False)
         self.debug = settings.getbool("SIMINDEX_DEBUG", False)
         self.prefix = stats_prefix
@@ -118,17 +142,31 @@ class _Checker:
             shutil.rmtree(self.path)           # only ever a directory holding an index
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         existed = os.path.exists(os.path.join(self.path, MANIFEST))
+        names = "SIMINDEX_K / SIMINDEX_SCHEME" + (" / SIMINDEX_MIN_SIMILARITY"
+                                                  if self.min_similarity is not None else "")
         try:
-            self.index = Index(self.path, k=self.k, scheme=self.scheme)
-        except ParameterError as e:
+            cal = None
+            if not existed and self.min_similarity is not None and self.k is None:
+                # a new index made for the threshold from the model (no page is known yet)
+                cal = calibrate([], self.min_similarity, scheme=self.scheme,
+                                recall=DEFAULT_RECALL if self.recall is None else self.recall)
+            self.index = Index(self.path, k=self.k, scheme=self.scheme, calibration=cal)
+            self.index.text_check(self.min_similarity)    # its radius is known
+        except (ParameterError, InputError) as e:
+            if self.index is not None:
+                self.index.close()
+                self.index = None
             if not existed:
-                raise ParameterError(f"SIMINDEX_K / SIMINDEX_SCHEME: {e}") from e
+                raise ParameterError(f"{names}: {e}") from e
             raise ParameterError(
-                f"SIMINDEX_K / SIMINDEX_SCHEME do not fit the index at {self.path}: {e} "
-                f"(leave them unset to use the index's, or set SIMINDEX_RESET = True to "
-                f"start from an empty index)") from e
-        logger.info("simindex: opened %s (k=%d, scheme %s, %d records)", self.path,
-                    self.index.k, self.index.scheme, len(self.index))
+                f"{names} do not fit the index at {self.path}: {e} (leave them unset to use "
+                f"the index's, or set SIMINDEX_RESET = True to start from an empty "
+                f"index)") from e
+        check = self.index.text_check(self.min_similarity)
+        judge = "" if check is None else f"{check.measure} >= {check.t:g} at "
+        logger.info("simindex: opened %s (%sk=%d, scheme %s, %d records)", self.path, judge,
+                    self.index.k if check is None else check.k, self.index.scheme,
+                    len(self.index))
 
     def close(self) -> None:
         if self.index is not None:
@@ -147,7 +185,7 @@ class _Checker:
             self.inc("errors")
             return None
         try:
-            found = self.index.add_unique_text(id, text)
+            found = self.index.add_unique_text(id, text, min_similarity=self.min_similarity)
         except InputError as e:                # no token in the text, an id too long ...
             logger.debug("simindex: %r not checked: %s", id, e)
             self.inc("errors")
@@ -159,8 +197,12 @@ class _Checker:
         return found[0]
 
     def describe(self, match: Match) -> str:
-        k = self.index.k if self.index is not None else self.k
-        return f"a near-copy of {_show(match.id)} ({match.distance} bits apart, k={k})"
+        if self.index is None:
+            return f"a near-copy of {_show(match.id)} ({match.distance} bits apart)"
+        check = self.index.text_check(self.min_similarity)
+        judge = "" if check is None else f"{check.measure} >= {check.t:g}, "
+        k = self.index.k if check is None else check.k
+        return f"a near-copy of {_show(match.id)} ({judge}{match.distance} bits apart, k={k})"
 
     def quiet(self) -> tuple[bool, str]:
         """(log this one in full, a note to append): every one with SIMINDEX_DEBUG, else

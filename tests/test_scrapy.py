@@ -17,6 +17,7 @@ import pytest
 scrapy = pytest.importorskip("scrapy")
 
 import simindex  # noqa: E402
+from simindex.similarity import jaccard, shingle_set  # noqa: E402
 from conftest import ROOT  # noqa: E402
 
 K = 8                 # the radius of every crawl here; the fixture is checked against it
@@ -379,6 +380,33 @@ def test_middleware_ignores_near_copy_pages_and_never_follows_their_links(tmp_pa
     assert site.original[copy[len(server.url):]] == orig[len(server.url):]
 
 
+def test_pipeline_with_a_similarity_threshold_drops_exactly_the_similar_items(
+        tmp_path, site, server):
+    """SIMINDEX_MIN_SIMILARITY = 0.7 and no k: the index is made for Jaccard >= 0.7 from the
+    model, and an item is dropped exactly when a kept one is that similar."""
+    texts = {p: site.text(p) for p in site.articles}
+    sets = {p: shingle_set(t, "minhash-v1") for p, t in texts.items()}
+    for copy, orig in site.original.items():
+        assert jaccard(sets[copy], sets[orig]) >= 0.7
+    originals = sorted(set(site.articles) - set(site.original))
+    assert max(jaccard(sets[a], sets[b]) for i, a in enumerate(originals)
+               for b in originals[i + 1:]) < 0.5
+    crawl = Crawl(tmp_path, "similar", server.url, {
+        "SIMINDEX_PATH": str(tmp_path / "simindex"), "SIMINDEX_K": None,
+        "SIMINDEX_MIN_SIMILARITY": 0.7, "SIMINDEX_DEBUG": True,
+        "ITEM_PIPELINES": {"simindex.scrapy.NearDuplicatePipeline": 300}})
+    found = re.findall(r"Dropped: simindex: (\S+) is a near-copy of (\S+) \(jaccard >= 0.7, "
+                       r"(\d+) bits apart, k=(\d+)\)", crawl.log)
+    n = len(server.url)
+    assert {c[n:]: o[n:] for c, o, _d, _k in found} == site.original
+    with simindex.Index(str(tmp_path / "simindex" / "items"), readonly=True) as idx:
+        assert idx.scheme == "minhash-v1"
+        assert idx.calibration["min_similarity"] == 0.7
+        assert {int(k) for *_, k in found} == {idx.k}
+    assert crawl.paths() == set(originals)
+    assert count(crawl, "simindex/dropped") == len(site.original)
+
+
 # ------------------------------------------------------------------ settings, on a real Crawler
 def pipeline(**settings):
     from scrapy.utils.test import get_crawler
@@ -400,7 +428,12 @@ def test_disabled_bad_and_mismatched_settings(tmp_path):
                        ({"SIMINDEX_K": -1}, "SIMINDEX_K must be"),
                        ({"SIMINDEX_SCHEME": "md5"}, "SIMINDEX_SCHEME 'md5' is not"),
                        ({"SIMINDEX_FIELD": 3}, "SIMINDEX_FIELD must be"),
-                       ({"SIMINDEX_PATH": 3}, "SIMINDEX_PATH must be")]:
+                       ({"SIMINDEX_PATH": 3}, "SIMINDEX_PATH must be"),
+                       ({"SIMINDEX_MIN_SIMILARITY": 0}, "SIMINDEX_MIN_SIMILARITY must be"),
+                       ({"SIMINDEX_MIN_SIMILARITY": "high"}, "SIMINDEX_MIN_SIMILARITY must"),
+                       ({"SIMINDEX_MIN_SIMILARITY": 0.7, "SIMINDEX_RECALL": 1},
+                        "SIMINDEX_RECALL must be"),
+                       ({"SIMINDEX_RECALL": 0.9}, "SIMINDEX_RECALL is the recall")]:
         with pytest.raises(simindex.ParameterError, match=match):
             pipeline(**bad)
     p = pipeline(SIMINDEX_PATH=str(tmp_path / "s"), SIMINDEX_K=3)
@@ -411,6 +444,15 @@ def test_disabled_bad_and_mismatched_settings(tmp_path):
         again.open_spider()
     with pytest.raises(simindex.ParameterError, match=r"SIMINDEX_K / SIMINDEX_SCHEME: k \(64\)"):
         pipeline(SIMINDEX_PATH=str(tmp_path / "t"), SIMINDEX_K=64).open_spider()
+    # a threshold the existing index has no radius for is refused when the spider opens
+    with pytest.raises(simindex.ParameterError, match="SIMINDEX_MIN_SIMILARITY do not fit .* "
+                                                      "no radius is known"):
+        pipeline(SIMINDEX_PATH=str(tmp_path / "s"), SIMINDEX_MIN_SIMILARITY=0.8).open_spider()
+    made = pipeline(SIMINDEX_PATH=str(tmp_path / "u"), SIMINDEX_MIN_SIMILARITY=0.9,
+                    SIMINDEX_RECALL=0.999)
+    made.open_spider()
+    assert made.checker.index.calibration["recall"] == 0.999
+    made.close_spider()
 
 
 def test_default_path_jobdir_then_project_data_dir(tmp_path, monkeypatch):
