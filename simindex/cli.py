@@ -450,12 +450,16 @@ def plan(size, k, width, top):
 @click.option("--sample", type=click.IntRange(2), help="Rows read from the start of the "
               "input (default: what dedup reads, 1,000 rows or 2 MB of text, whichever comes "
               "first; with more, the marked width is that sample's).")
+@click.option("--time-budget", type=click.FloatRange(0, min_open=True), metavar="SECONDS",
+              help="The time the whole run may take: a width whose k would take longer gets "
+              "the largest k that fits (its recall then falls below --recall, and the "
+              "summary says so).")
 @click.option("--text-field", default="text", show_default=True,
               help="The column holding each row's text.")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet"]),
               help="Input format (default: from each file's extension).")
-def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample, text_field,
-              fmt):
+def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample, time_budget,
+              text_field, fmt):
     """Print, for each width, the k that finds --recall of the pairs at --min-similarity
     and what it costs: the model's recall (minhash-v1), the sample's pairs at the threshold
     and how many that k finds (with a 95% lower bound), the pairs within k per row for the
@@ -468,17 +472,18 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
                                width=None if width is None else int(width),
                                measure="containment" if containment else "jaccard",
                                sample=RUN_SAMPLE_ROWS if sample is None else sample,
-                               sample_bytes=RUN_SAMPLE_BYTES if sample is None else None)
+                               sample_bytes=RUN_SAMPLE_BYTES if sample is None else None,
+                               time_budget=time_budget)
     except Error as e:
         _fail(str(e))
     click.echo("width\tk\tmodel_recall\tsample_pairs\tfound\trecall_low\tcandidates_per_row"
-               "\tquery_us\tseconds\tchoice")
+               "\tquery_us\tseconds\tcapped\tchoice")
     for c in cal.table:
         model = "" if c.model_recall is None else f"{c.model_recall:.4f}"
         low = "" if c.recall_low is None else f"{c.recall_low:.4f}"
         click.echo(f"{c.width}\t{c.k}\t{model}\t{c.pairs}\t{c.found}\t{low}\t"
                    f"{c.candidates:.3g}\t{c.query_us:.3g}\t{c.seconds:.3g}\t"
-                   f"{'<- chosen' if c.width == cal.width else ''}")
+                   f"{'yes' if c.capped else ''}\t{'<- chosen' if c.width == cal.width else ''}")
     click.echo(f"simindex calibrate: {cal.sample_rows} rows read, about {cal.expected_rows:,} "
                f"in the input; {cal.describe()}", err=True)
 
@@ -532,6 +537,9 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
 @click.option("--containment", is_flag=True, help="With --min-similarity: the check is the "
               "share of the row's shingles found in the match (a short page inside a long "
               "one), not the Jaccard similarity.")
+@click.option("--time-budget", type=click.FloatRange(0, min_open=True), metavar="SECONDS",
+              help="With --min-similarity and no --k: cap the calibrated k so that the "
+              "estimated run time fits (the summary then says the recall falls short).")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet"]),
               help="Input format (default: from each file's extension).")
 @click.option("--output-format", type=click.Choice(["jsonl", "csv", "parquet"]))
@@ -543,7 +551,8 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, width,
           index_dir, against, removed, clusters_out, mode, keep, drop_all, annotate,
-          min_similarity, recall, containment, fmt, output_format, jobs, on_error, quiet):
+          min_similarity, recall, containment, time_budget, fmt, output_format, jobs, on_error,
+          quiet):
     """Write the rows of INPUTS (JSONL, CSV or Parquet, .gz too) that are not near-duplicates
     of a row kept before them to --output: in input order, a row is kept when no kept row
     is within k bits (the crawler's rule, add_unique); each removed row names the kept row
@@ -561,15 +570,17 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
     bar = _progress(quiet, unit="row")
     error = None
     try:
-        if (recall is not None or containment) and min_similarity is None:
-            raise click.UsageError("--recall and --containment need --min-similarity")
+        if (recall is not None or containment or time_budget is not None) and \
+                min_similarity is None:
+            raise click.UsageError("--recall, --containment and --time-budget need "
+                                   "--min-similarity")
         outputs = DedupOutputs(output, out_fmt, removed, clusters_out, annotate, summary)
         for d in decisions(list(inputs), text_field=text_field, id_field=id_field,
                            fingerprint_field=fingerprint_field, k=k, scheme=scheme,
                            width=None if width is None else int(width), index=index_dir,
                            against=against, fmt=fmt, mode=mode, keep=keep,
                            drop_all=drop_all, min_similarity=min_similarity,
-                           recall=recall, containment=containment,
+                           recall=recall, containment=containment, time_budget=time_budget,
                            jobs=jobs or os.cpu_count() or 1,
                            on_error=_Skips(quiet) if on_error == "skip" else "stop",
                            summary=summary):

@@ -105,6 +105,10 @@ class Summary:
                 out += f", {r['measure']} >= {r['min_similarity']:g}"
             if r.get("expected_recall") is not None:
                 out += f", expected recall {r['expected_recall']:.4f}"
+            cal = self.calibration
+            if cal is not None and cal.chosen.capped:
+                out += (f" (k capped by the time budget of {cal.time_budget:g} s, below the "
+                        f"{cal.recall:g} recall asked for)")
         return out
 
 
@@ -408,7 +412,7 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
               against: Optional[str] = None, mode: Optional[str] = None, keep: str = "first",
               drop_all: bool = False, min_similarity: Optional[float] = None,
               recall: Optional[float] = None, containment: bool = False,
-              fmt: Optional[str] = None, jobs: int = 1,
+              time_budget: Optional[float] = None, fmt: Optional[str] = None, jobs: int = 1,
               on_error: Union[str, Callable[[BadLine], None]] = "stop",
               summary: Optional[Summary] = None) -> Iterator[Decision]:
     """A Decision for every row of `inputs`, in input order (see `dedup`)."""
@@ -454,7 +458,8 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
                 cal, made = _calibrate_inputs(
                     paths, min_similarity, fmt=fmt, text_field=text_field, recall=recall,
                     scheme=scheme, width=width, measure=measure, sample=RUN_SAMPLE_ROWS,
-                    sample_bytes=RUN_SAMPLE_BYTES, sample_truth=False)
+                    sample_bytes=RUN_SAMPLE_BYTES, sample_truth=False,
+                    time_budget=time_budget)
                 summary.calibration = cal
                 scheme, width = cal.scheme, cal.width
         if jobs > 1 and (fingerprint_field is None or min_similarity is not None):
@@ -537,20 +542,21 @@ def calibrate_inputs(paths: list, t: float, *, fmt: Optional[str] = None,
                      text_field: str = "text", recall: Optional[float] = None,
                      scheme: Optional[str] = None, width: Optional[int] = None,
                      measure: str = "jaccard", sample: int = SAMPLE_ROWS,
-                     sample_bytes: Optional[int] = None,
-                     sample_truth: bool = True) -> Calibration:
+                     sample_bytes: Optional[int] = None, sample_truth: bool = True,
+                     time_budget: Optional[float] = None) -> Calibration:
     """The calibration (`simindex.calibrate`) of input files from their first `sample`
     texts (and at most `sample_bytes` of text, if given), for the rows the files hold
     (estimated; rows without a text are left to the run itself to report)."""
     return _calibrate_inputs(paths, t, fmt=fmt, text_field=text_field, recall=recall,
                              scheme=scheme, width=width, measure=measure, sample=sample,
-                             sample_bytes=sample_bytes, sample_truth=sample_truth)[0]
+                             sample_bytes=sample_bytes, sample_truth=sample_truth,
+                             time_budget=time_budget)[0]
 
 
 def _calibrate_inputs(paths: list, t: float, *, fmt: Optional[str], text_field: str,
                       recall: Optional[float], scheme: Optional[str], width: Optional[int],
                       measure: str, sample: int, sample_bytes: Optional[int],
-                      sample_truth: bool) -> tuple:
+                      sample_truth: bool, time_budget: Optional[float] = None) -> tuple:
     """calibrate_inputs, and for minhash-v1 the shingle set its pass made of each sampled
     row, by position, which the run need not make again."""
     if isinstance(sample, bool) or not isinstance(sample, int) or sample < 2:
@@ -586,7 +592,8 @@ def _calibrate_inputs(paths: list, t: float, *, fmt: Optional[str], text_field: 
         cal = calibrate(texts, t, recall=DEFAULT_RECALL if recall is None else recall,
                         scheme=scheme, measure=measure, expected_rows=rows,
                         widths=None if width is None else [width],
-                        sample_truth=sample_truth, sets=sets, pass_seconds=seconds)
+                        sample_truth=sample_truth, sets=sets, pass_seconds=seconds,
+                        time_budget=time_budget)
     except InputError as e:
         raise ParameterError(f"cannot calibrate on the input's first rows: {e}") from None
     return cal, made

@@ -48,6 +48,14 @@ class Choice(NamedTuple):
     candidates: float               # pairs within k bits per row, at the expected size
     query_us: float                 # estimated search time per row
     seconds: float                  # estimated time of the whole run
+    capped: bool = False            # k lowered below the recall's to fit the time budget
+
+    def reached(self, measure: str) -> float:
+        """The recall this k is expected to reach: the model's (Jaccard), else the
+        sample's."""
+        if self.model_recall is not None and measure == "jaccard":
+            return self.model_recall
+        return self.found / self.pairs if self.pairs else 0.0
 
 
 class Calibration(NamedTuple):
@@ -62,6 +70,7 @@ class Calibration(NamedTuple):
     sample_rows: int
     expected_rows: int
     table: tuple                    # of Choice, one per width weighed
+    time_budget: Optional[float] = None     # seconds the run may take, if capped
 
     @property
     def chosen(self) -> Choice:
@@ -79,8 +88,11 @@ class Calibration(NamedTuple):
         sample = (f"{c.found}/{c.pairs} sample pairs found" if c.pairs else
                   "the model's, at the threshold" if c.model_recall is not None else
                   "no sample pair at the threshold")
+        capped = (f"; k is capped by the time budget of {self.time_budget:g} s, below the "
+                  f"{self.recall:g} recall asked for" if c.capped else "")
         return (f"{self.measure} >= {self.min_similarity:g}: {self.scheme} {self.width} "
-                f"bits, k={self.k}, expected recall {self.expected_recall:.4f} ({sample})")
+                f"bits, k={self.k}, expected recall {self.expected_recall:.4f} ({sample}), "
+                f"estimated {c.seconds:.3g} s{capped}")
 
 
 def binomial_cdf(k: int, n: int, p: float) -> float:
@@ -286,7 +298,8 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
               measure: str = "jaccard", expected_rows: Optional[int] = None,
               widths: Optional[Sequence[int]] = None,
               sample_truth: bool = True, sets: Optional[list] = None,
-              pass_seconds: Optional[float] = None) -> Calibration:
+              pass_seconds: Optional[float] = None,
+              time_budget: Optional[float] = None) -> Calibration:
     """The width and k of least estimated time that reach `recall` at `min_similarity`
     (see the module's docstring), from a sample of texts. `expected_rows`: the rows of the
     whole input (default: the sample's), for the cost of the search and the check.
@@ -294,9 +307,16 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
     decides (minhash-v1 and Jaccard); elsewhere they are always measured. `sets`: the
     texts' shingle sets (sorted distinct xxh3-64 hashes) when the caller has them, made in
     `pass_seconds`. With no texts (a crawl that has none yet), minhash-v1 and Jaccard are
-    calibrated from the model alone, for `expected_rows` (default MODEL_ROWS) rows."""
+    calibrated from the model alone, for `expected_rows` (default MODEL_ROWS) rows.
+    `time_budget`: the seconds the whole run may take; a width whose k would take longer
+    gets the largest k that fits (the Choice is then `capped`, its recall below the
+    target), and when every width is capped the one of highest expected recall is chosen."""
     t = _check_threshold(min_similarity)
     recall = _check_recall(recall)
+    if time_budget is not None and (isinstance(time_budget, bool) or not isinstance(
+            time_budget, (int, float)) or not time_budget > 0):
+        raise ParameterError(f"time_budget must be a number of seconds > 0, got "
+                             f"{time_budget!r}")
     scheme = DEFAULT_SCHEME if scheme is None else scheme
     if scheme not in schemes:
         raise ParameterError(f"unknown fingerprint scheme {scheme!r}; known: "
@@ -309,7 +329,8 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
             raise InputError(f"calibrating {scheme} for {measure} needs a sample of texts; "
                              f"only minhash-v1 and Jaccard have a model to go without")
         return _model_calibration(t, recall, expected_rows or MODEL_ROWS,
-                                  list(schemes[scheme].widths if widths is None else widths))
+                                  list(schemes[scheme].widths if widths is None else widths),
+                                  time_budget)
     n = len(texts)
     rows = max(n, expected_rows or n)
     widths = list(schemes[scheme].widths if widths is None else widths)
@@ -330,49 +351,74 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
     for w in widths:
         dist = pair_distances(codes[w])
         true_d = np.sort(dist[pi, pj]) if len(pi) else np.empty(0, np.uint16)
+        within_d = np.sort(dist[upper])
         if minhash:
             k = model_k(w, t, recall)
             if measure == "containment" and len(true_d):
                 k = max(k, _sample_k(true_d, recall))
         else:
             k = _sample_k(true_d, recall) if len(true_d) else 0
-        k = min(k, w - 1)
-        found = int(np.searchsorted(true_d, k, side="right"))
-        within = float(np.count_nonzero(dist[upper] <= k))
-        share = within / max(len(upper[0]), 1)
-        candidates = share * (rows - 1) / 2          # against the rows kept before it
-        m, p = default_plan(k, expected=max(rows // 2, 1), width=w)
-        query_ns = query_cost(k, m, max(rows // 2, 1), None, p, w)
-        seconds = rows * (pass_s + query_ns * 1e-9 + candidates * check_s)
-        table.append(Choice(w, k, model_recall(w, k, t) if minhash else None, len(true_d),
-                            found, recall_lower_bound(found, len(true_d)) if len(true_d)
-                            else None, candidates, query_ns / 1000, seconds))
-    best = min(table, key=lambda c: (c.seconds, c.width))
-    if minhash and measure == "jaccard":
-        expected = best.model_recall or 0.0
-    else:
-        expected = best.found / best.pairs if best.pairs else 0.0
-    return Calibration(scheme, best.width, best.k, t, measure, recall, expected, n, rows,
-                       tuple(table))
+
+        def choice(k: int, capped: bool = False) -> Choice:
+            found = int(np.searchsorted(true_d, k, side="right"))
+            within = float(np.searchsorted(within_d, k, side="right"))
+            share = within / max(len(within_d), 1)
+            candidates = share * (rows - 1) / 2          # against the rows kept before it
+            m, p = default_plan(k, expected=max(rows // 2, 1), width=w)
+            query_ns = query_cost(k, m, max(rows // 2, 1), None, p, w)
+            seconds = rows * (pass_s + query_ns * 1e-9 + candidates * check_s)
+            return Choice(w, k, model_recall(w, k, t) if minhash else None, len(true_d),
+                          found, recall_lower_bound(found, len(true_d)) if len(true_d)
+                          else None, candidates, query_ns / 1000, seconds, capped)
+        table.append(_within_budget(choice, min(k, w - 1), time_budget))
+    return _chosen(table, scheme, t, measure, recall, n, rows, time_budget)
 
 
-def _model_calibration(t: float, recall: float, rows: int, widths: list) -> Calibration:
+def _within_budget(choice: Any, k: int, budget: Optional[float]) -> Choice:
+    """choice(k), or with a budget it exceeds, choice(k') of the largest k' < k that fits
+    it (k' = 0 when none does), marked capped."""
+    c = choice(k)
+    if budget is None or c.seconds <= budget:
+        return c
+    lo, hi = 0, k - 1                  # the estimated time grows with k: bisect
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if choice(mid).seconds <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return choice(lo, capped=True)
+
+
+def _chosen(table: list, scheme: str, t: float, measure: str, recall: float, n: int,
+            rows: int, budget: Optional[float]) -> Calibration:
+    """The calibration of the width of least estimated time among those whose k reaches
+    the recall (of highest expected recall when the budget capped every width)."""
+    full = [c for c in table if not c.capped]
+    best = min(full, key=lambda c: (c.seconds, c.width)) if full else \
+        max(table, key=lambda c: (c.reached(measure), -c.seconds, -c.width))
+    return Calibration(scheme, best.width, best.k, t, measure, recall,
+                       best.reached(measure), n, rows, tuple(table), budget)
+
+
+def _model_calibration(t: float, recall: float, rows: int, widths: list,
+                       budget: Optional[float] = None) -> Calibration:
     """calibrate() without a sample: minhash-v1's k from the model, and the width of least
     estimated time taking unrelated texts as sharing no shingle (their bits differ with
     probability 1/2) and the pass's time as the same at every width."""
     table = []
     for w in widths:
         scheme_width("minhash-v1", w)
-        k = model_k(w, t, recall)
-        candidates = binomial_cdf(k, w, 0.5) * (rows - 1) / 2
-        m, p = default_plan(k, expected=max(rows // 2, 1), width=w)
-        query_ns = query_cost(k, m, max(rows // 2, 1), None, p, w)
-        seconds = rows * (query_ns + candidates * CHECK_NS) * 1e-9
-        table.append(Choice(w, k, model_recall(w, k, t), 0, 0, None, candidates,
-                            query_ns / 1000, seconds))
-    best = min(table, key=lambda c: (c.seconds, c.width))
-    return Calibration("minhash-v1", best.width, best.k, t, "jaccard", recall,
-                       best.model_recall or 0.0, 0, rows, tuple(table))
+
+        def choice(k: int, capped: bool = False) -> Choice:
+            candidates = binomial_cdf(k, w, 0.5) * (rows - 1) / 2
+            m, p = default_plan(k, expected=max(rows // 2, 1), width=w)
+            query_ns = query_cost(k, m, max(rows // 2, 1), None, p, w)
+            seconds = rows * (query_ns + candidates * CHECK_NS) * 1e-9
+            return Choice(w, k, model_recall(w, k, t), 0, 0, None, candidates,
+                          query_ns / 1000, seconds, capped)
+        table.append(_within_budget(choice, model_k(w, t, recall), budget))
+    return _chosen(table, "minhash-v1", t, "jaccard", recall, 0, rows, budget)
 
 
 def _sample_k(sorted_distances: np.ndarray, recall: float) -> int:

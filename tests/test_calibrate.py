@@ -280,6 +280,42 @@ def test_cli_calibrate_prints_the_trade(tmp_path):
     assert run("calibrate", tmp_path / "in.jsonl").returncode == 2   # the threshold is needed
 
 
+def test_a_time_budget_caps_k_and_says_so(tmp_path):
+    """With a budget the recall's k would exceed, each width gets the largest k whose
+    estimated time fits, the calibration says the recall falls short, and an index made
+    by dedup with that budget keeps the capped k."""
+    texts = planted_texts(random.Random(23), 30, 0.8)
+    free = cal.calibrate(texts, 0.6, expected_rows=10**6)
+    budget = min(c.seconds for c in free.table) / 4
+    capped = cal.calibrate(texts, 0.6, expected_rows=10**6, time_budget=budget)
+    for a, b in zip(free.table, capped.table):
+        assert b.capped and b.k < a.k and b.seconds <= budget
+        assert cal.calibrate(texts, 0.6, expected_rows=10**6, widths=[a.width],
+                             time_budget=budget).k == b.k
+        if b.k + 1 < a.k:                             # the largest k that fits
+            assert cal.calibrate(texts, 0.6, expected_rows=10**6, widths=[a.width],
+                                 time_budget=b.seconds * 0.999).k <= b.k
+    assert capped.expected_recall == max(c.model_recall for c in capped.table)
+    assert capped.expected_recall < 0.99
+    assert "capped by the time budget" in capped.describe()
+    roomy = cal.calibrate(texts, 0.6, expected_rows=10**6, time_budget=free.chosen.seconds)
+    assert roomy.k == free.k and not roomy.chosen.capped
+    with pytest.raises(simindex.ParameterError, match="time_budget"):
+        cal.calibrate(texts, 0.6, time_budget=0)
+    # through dedup: the run takes the capped calibration, and its summary says so
+    corpus(tmp_path, random.Random(24))
+    r = run("calibrate", tmp_path / "in.jsonl", "--min-similarity", "0.6",
+            "--time-budget", "1e-9")
+    assert r.returncode == 0, r.stderr
+    assert all(x.split("\t")[9] == "yes" for x in r.stdout.splitlines()[1:])
+    assert "capped by the time budget of 1e-09 s" in r.stderr
+    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o.jsonl", "--min-similarity",
+            "0.6", "--time-budget", "1e-9", "--index", tmp_path / "idx")
+    assert r.returncode == 0 and "capped by the time budget" in r.stderr, r.stderr
+    with simindex.Index(str(tmp_path / "idx"), readonly=True) as idx:
+        assert idx.k == 0 and idx.calibration["expected_recall"] < 0.99
+
+
 def test_recall_and_containment_need_a_threshold(tmp_path):
     corpus(tmp_path, random.Random(14), pairs=2, others=2)
     r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o.jsonl", "--recall", "0.9")
