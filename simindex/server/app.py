@@ -218,8 +218,11 @@ class Api:
         raw = call.tail
         kind = call.param("type") or "str"
         if kind == "int":
-            if not raw.isdigit():
+            if not (raw.isascii() and raw.isdigit()):
                 raise BadRequest(f"{raw[:40]!r} is not a non-negative integer", "id")
+            if len(raw) > 20:
+                raise BadRequest(f"{raw[:12]}... ({len(raw)} digits) is out of range: int "
+                                 f"ids must be in [0, 2**64)", "id")
             return bodies.record_id(int(raw), "id")
         if kind != "str":
             raise BadRequest(f"must be str or int, got {kind[:20]!r}", "type")

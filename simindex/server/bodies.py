@@ -53,12 +53,35 @@ def _constant(name: str) -> Any:
     raise BadRequest(f"the body is not JSON: {name} is not a JSON value")
 
 
-_DECODER = json.JSONDecoder(parse_constant=_constant)    # NaN and Infinity are not JSON
+class HugeInteger:
+    """A JSON integer longer than any field takes (MAX_DIGITS): kept as its digits, so
+    that the field's own check refuses it by name (Python's int() stops at 4,300)."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: str) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"{self.digits[:12]}...({len(self.digits.lstrip('-'))} digits)"
+
+
+MAX_DIGITS = 80                     # 2**256 has 78
+
+
+def _integer(digits: str) -> Any:
+    return int(digits) if len(digits) <= MAX_DIGITS else HugeInteger(digits)
+
+
+# NaN and Infinity are not JSON; integers too long for any field are kept as digits
+_DECODER = json.JSONDecoder(parse_constant=_constant, parse_int=_integer)
 
 
 def _kind(v: Any) -> str:
     if v is None:
         return "null"
+    if type(v) is HugeInteger:
+        return f"an integer of {len(v.digits.lstrip('-'))} digits"
     return {bool: "a boolean", int: "a number", float: "a number", str: "a string",
             list: "an array", dict: "an object"}.get(type(v), type(v).__name__)
 
@@ -76,6 +99,10 @@ def fields(obj: Any, where: str, required: tuple[str, ...],
     for name in required:
         if name not in obj:
             raise BadRequest("is required", _join(where, name))
+    for name, value in obj.items():
+        if value is None and name != "meta":     # only a meta value may be null
+            raise BadRequest("must not be null (leave the field out for its default)",
+                             _join(where, name))
     return obj
 
 
@@ -97,11 +124,16 @@ def fingerprint(v: Any, width: int, field: str) -> int:
             raise BadRequest(f"{v} is out of range: a fingerprint of this index is in "
                              f"[0, 2**{width})", field)
         return v
+    if type(v) is HugeInteger:
+        raise BadRequest(f"{v!r} is out of range: a fingerprint of this index is in "
+                         f"[0, 2**{width})", field)
     raise BadRequest(f"must be a hex string or an integer, got {_kind(v)}", field)
 
 
 def record_id(v: Any, field: str) -> Any:
     """A record id: a non-empty string or an integer in [0, 2**64)."""
+    if type(v) is HugeInteger:
+        raise BadRequest(f"{v!r} is out of range: int ids must be in [0, 2**64)", field)
     if isinstance(v, bool) or not isinstance(v, (str, int)):
         raise BadRequest(f"must be a string or an integer, got {_kind(v)}", field)
     if isinstance(v, str) and not v:
@@ -118,8 +150,26 @@ def meta(v: Any, field: str) -> Any:
     try:
         pack_meta(v)
     except InputError as e:
+        huge = _huge_in(v, field)
+        if huge is not None:
+            raise BadRequest(f"{huge[1]!r} is out of range: meta integers are 64-bit",
+                             huge[0]) from None
         raise BadRequest(str(e), field) from None
     return v
+
+
+def _huge_in(v: Any, where: str) -> Optional[tuple]:
+    """(field, value) of the first HugeInteger in a JSON value, or None."""
+    stack = [(v, where)]
+    while stack:
+        x, at = stack.pop()
+        if type(x) is HugeInteger:
+            return at, x
+        if isinstance(x, dict):
+            stack.extend((y, f"{at}.{k}") for k, y in reversed(list(x.items())))
+        elif isinstance(x, list):
+            stack.extend((y, f"{at}[{i}]") for i, y in reversed(list(enumerate(x))))
+    return None
 
 
 def radius(v: Any, k_max: int, field: str = "k") -> Optional[int]:
