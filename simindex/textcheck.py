@@ -85,3 +85,29 @@ def text_check(scheme: Optional[str], width: int, index_k: int,
     raise ParameterError(
         f"no radius is known for {measure} >= {t:g}: the index {made} (pass k, or make the "
         f"index with Index(path, calibration=simindex.calibrate(sample_texts, {t:g})))")
+
+
+def lowest_threshold(scheme: Optional[str], width: int, index_k: int,
+                     calibration: Optional[dict]) -> Optional[float]:
+    """The least threshold text_check finds a radius for without k (0.0: every one; None:
+    none, a caller must give k): the radius shrinks as the threshold grows, so that is the
+    boundary, found to the float."""
+    def known(t: float) -> bool:
+        try:
+            text_check(scheme, width, index_k, calibration, t, None)
+            return True
+        except ParameterError:
+            return False
+    if not known(1.0):
+        return None
+    if known(5e-324):
+        return 0.0
+    lo, hi = 5e-324, 1.0              # not known at lo, known at hi
+    while True:
+        mid = (lo + hi) / 2
+        if mid <= lo or mid >= hi:
+            return hi
+        if known(mid):
+            hi = mid
+        else:
+            lo = mid

@@ -220,7 +220,7 @@ BAD = [
     ("POST", "/query", b'{"fingerprnt": "ff"}', 400, "fingerprnt"),
     ("POST", "/query", b'{"fingerprint": "ff", "text": "a b"}', 400, None),
     ("POST", "/query", b'{}', 400, None),
-    ("POST", "/query", b'{"text": "  ... "}', 400, "text"),
+    ("POST", "/query", b'{"text": "  ... "}', 422, "text"),        # a string, but no token
     ("POST", "/query", b'{"text": 5}', 400, "text"),
     ("POST", "/query", b'{"fingerprint": "ff"', 400, None),
     ("POST", "/query", b'[1, 2]', 400, None),
@@ -257,8 +257,14 @@ BAD = [
      400, "records[0].fingerprint"),
     ("POST", "/query", b'{"text": "a b c d", "min_similarity": ' + b"9" * 5000 + b'}', 400,
      "min_similarity"),
-    ("GET", "/records/" + "9" * 5000 + "?type=int", b'', 400, "id"),
-    ("GET", "/records/%C2%B2?type=int", b'', 400, "id"),          # a digit int() refuses
+    # a path no id can have names no record
+    ("GET", "/records/" + "9" * 5000 + "?type=int", b'', 404, "id"),
+    ("GET", "/records/%C2%B2?type=int", b'', 404, "id"),          # a digit int() refuses
+    ("GET", "/records/" + "x" * 600, b'', 404, "id"),
+    ("DELETE", "/records/abc?type=int", b'', 404, "id"),
+    ("GET", "/records/abc?type=int&type=str", b'', 400, "type"),
+    ("GET", "/records/abc?type=", b'', 400, "type"),
+    ("POST", "/add", b'{"id": 1, "fingerprint": 1, "meta": [1e20]}', 400, "meta[0]"),
     # null is not a value of any field but meta
     ("POST", "/query", b'{"fingerprint": "ff", "k": null}', 400, "k"),
     ("POST", "/query", b'{"fingerprint": null}', 400, "fingerprint"),
@@ -266,7 +272,7 @@ BAD = [
     ("GET", "/search", b'', 400, "sig"),
     ("GET", "/search?sig=0xZZ", b'', 400, "sig"),
     ("GET", "/records/abc?type=float", b'', 400, "type"),
-    ("GET", "/records/abc?type=int", b'', 400, "id"),
+    ("GET", "/records/abc?type=int", b'', 404, "id"),
     ("GET", "/no/such/endpoint", b'', 404, None),
     ("DELETE", "/query", b'', 405, None),
 ]
@@ -354,6 +360,54 @@ def test_random_bodies_never_get_a_500(tmp_path, serve):
 
 
 # ------------------------------------------------------------------ security and limits
+def test_whole_numbers_written_with_a_fraction_or_exponent_are_integers(tmp_path, serve):
+    """JSON Schema counts 2.0 and 1e3 as integers, so the integer fields take them."""
+    path = tmp_path / "idx"
+    simindex.Index(str(path), k=3).close()
+    s = serve(path, workers=1)
+    with s.client() as c:
+        r = c.post("/add", content=b'{"id": 2.0, "fingerprint": 1e3, "meta": {"x": 2.5}}')
+        assert r.json() == {"id": 2, "fingerprint": format(1000, "016x")}, r.text
+        assert c.get("/records/2", params={"type": "int"}).json()["meta"] == {"x": 2.5}
+        r = c.post("/query", content=b'{"fingerprint": 1000.000, "k": 1.0e0}')
+        assert [m["id"] for m in r.json()["matches"]] == [2]
+        r = c.post("/query", content=b'{"fingerprint": 1000.5}')
+        assert (r.status_code, r.json()["field"]) == (400, "fingerprint")
+    s.stop()
+
+
+def schemathesis_run(url, seed, cwd, *args):
+    """`schemathesis run` over the server's own OpenAPI document (bounded, fixed seed): a
+    request the document allows is answered as README says, one it forbids is refused
+    with a 4xx, nothing gets a 500, and every answer matches its declared schema."""
+    st = os.path.join(os.path.dirname(sys.executable), "schemathesis")
+    if not os.path.exists(st):
+        st = shutil.which("schemathesis")
+    assert st, "schemathesis is in the test extra"
+    return subprocess.run(
+        [st, "--config-file", os.path.join(os.path.dirname(__file__), "schemathesis.toml"),
+         "run", f"{url}/openapi.json", "--checks", "all", "--max-examples", "60",
+         "--seed", str(seed), "--workers", "1", "--phases", "coverage,fuzzing,stateful",
+         "--no-color", *args], capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_the_openapi_document_says_exactly_what_the_server_takes(tmp_path, serve, calibrated):
+    """Fuzzed from its own document: a simhash index without a token, and a calibrated
+    minhash index (min_similarity has a floor) behind a token."""
+    path = tmp_path / "idx"
+    cal = simindex.calibrate([], 0.8) if calibrated else None
+    with simindex.Index(str(path), k=None if calibrated else 3, calibration=cal) as idx:
+        idx.add_many([(f"r{i}", fp_of(i)) for i in range(20)] if not calibrated else [])
+    env, args = ({"SIMINDEX_TOKEN": "sekrit"}, ["-H", "Authorization: Bearer sekrit"]) \
+        if calibrated else ({}, [])
+    s = serve(path, workers=1, env=env)
+    run = schemathesis_run(s.url, 7, tmp_path, *args)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert "No issues found" in run.stdout
+    s.stop()
+
+
 def test_a_bearer_token_guards_everything_but_health_page_and_openapi(tmp_path, serve):
     path = tmp_path / "idx"
     simindex.Index(str(path), k=3).close()

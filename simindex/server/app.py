@@ -17,13 +17,14 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from ..errors import (
     ClosedError, CorruptError, DiskFullError, Error, InputError, ParameterError, StorageError,
 )
 from ..index import Index
 from ..results import Match, json_id
+from ..textcheck import lowest_threshold
 from . import bodies
 from .asgi import (
     Answer, Call, Disconnected, Receive, Route, Routes, Scope, Send, error, send_answer,
@@ -76,6 +77,7 @@ class Api:
         self.hexes = "016x"
         self.width = 64
         self.k = 0
+        self.floor: Union[float, None, bool] = False   # openapi's, once it is asked for
         self.writer: Optional[ThreadPoolExecutor] = None
         self.routes = Routes()
         for method, path, handler, kw in [
@@ -201,8 +203,8 @@ class Api:
         name = f"{where}.text" if where else "text"
         try:
             return self.idx.fingerprint(bodies.text(obj["text"], name))
-        except InputError as e:
-            raise BadRequest(str(e), name) from None
+        except InputError as e:            # a string, but no token in it: 422
+            raise BadRequest(str(e), name, status=422) from None
 
     async def write(self, fn: Callable[[], Any]) -> Any:
         """Run a write in this worker's writer thread (its commit fsyncs; the loop goes on)."""
@@ -214,19 +216,25 @@ class Api:
         return bodies.fields(bodies.json_body(await call.body()), "", required, optional)
 
     def path_id(self, call: Call) -> Any:
-        """The id at the end of /records/{id}; ?type=int makes it an integer id."""
+        """The id at the end of /records/{id}; ?type=int makes it an integer id. A path
+        that no id can have names no record: 404, saying why."""
         raw = call.tail
-        kind = call.param("type") or "str"
+        kind = call.param("type")
+        kind = "str" if kind is None else kind
+        if kind not in ("str", "int"):
+            raise BadRequest(f"must be str or int, got {kind[:20]!r}", "type")
         if kind == "int":
             if not (raw.isascii() and raw.isdigit()):
-                raise BadRequest(f"{raw[:40]!r} is not a non-negative integer", "id")
+                raise BadRequest(f"no record has the integer id {raw[:40]!r}: it is not "
+                                 f"written in decimal digits", "id", status=404)
             if len(raw) > 20:
-                raise BadRequest(f"{raw[:12]}... ({len(raw)} digits) is out of range: int "
-                                 f"ids must be in [0, 2**64)", "id")
-            return bodies.record_id(int(raw), "id")
-        if kind != "str":
-            raise BadRequest(f"must be str or int, got {kind[:20]!r}", "type")
-        return bodies.record_id(raw, "id")
+                raise BadRequest(f"no record has the integer id {raw[:12]}... ({len(raw)} "
+                                 f"digits): int ids are in [0, 2**64)", "id", status=404)
+        try:
+            return bodies.record_id(int(raw) if kind == "int" else raw, "id")
+        except BadRequest as e:
+            raise BadRequest(f"no record has this id: {e.message}", "id", status=404) \
+                from None
 
     # -------------------------------------------------------------- reads
     def text_call(self, obj: dict[str, Any], call: Callable[..., Any], k: Optional[int],
@@ -241,7 +249,7 @@ class Api:
             except ParameterError as e:
                 raise BadRequest(str(e), "min_similarity" if ms is not None else "k") from None
             except InputError as e:
-                raise BadRequest(str(e), "text") from None
+                raise BadRequest(str(e), "text", status=422) from None
         return run
 
     def check_similarity(self, obj: dict[str, Any]) -> None:
@@ -304,7 +312,11 @@ class Api:
 
     async def openapi(self, call: Call) -> Any:
         self.idx                              # 503 until the index is open
-        return document(self.width)
+        if self.floor is False:
+            idx = self.idx
+            self.floor = lowest_threshold(idx.scheme, idx.width, idx.k, idx.calibration)
+        return document(self.width, self.k, self.settings.token is not None, self.idx.scheme,
+                        self.floor)
 
     async def home(self, call: Call) -> Any:
         return Answer(200, body=page().encode("utf-8"), content_type=b"text/html; charset=utf-8")

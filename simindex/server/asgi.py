@@ -90,12 +90,13 @@ class Call:
         return None
 
     def param(self, name: str) -> Optional[str]:
-        """A query-string parameter (the first of that name), decoded."""
-        key = name.encode() + b"="
-        for part in self.scope["query_string"].split(b"&"):
-            if part.startswith(key):
-                return unquote_plus(part[len(key):].decode("latin-1"))
-        return None
+        """A query-string parameter, decoded (`?name` alone is ""); given twice, 400."""
+        key = name.encode()
+        found = [part[len(key) + 1:] for part in self.scope["query_string"].split(b"&")
+                 if part == key or part.startswith(key + b"=")]
+        if len(found) > 1:
+            raise BadRequest(f"is given {len(found)} times; give it once", name)
+        return unquote_plus(found[0].decode("latin-1")) if found else None
 
     async def body(self) -> bytes:
         limit = self.max_body

@@ -6,6 +6,7 @@ field (`fingerprints[3]`, `records[0].id`) and the rule it broke, for a JSON err
 
 from __future__ import annotations
 
+import decimal
 import json
 from typing import Any, Optional
 
@@ -57,31 +58,60 @@ class HugeInteger:
     """A JSON integer longer than any field takes (MAX_DIGITS): kept as its digits, so
     that the field's own check refuses it by name (Python's int() stops at 4,300)."""
 
-    __slots__ = ("digits",)
+    __slots__ = ("text", "digits")
 
-    def __init__(self, digits: str) -> None:
-        self.digits = digits
+    def __init__(self, text: str, digits: int) -> None:
+        self.text = text            # as the body wrote it
+        self.digits = digits        # of its integer value
 
     def __repr__(self) -> str:
-        return f"{self.digits[:12]}...({len(self.digits.lstrip('-'))} digits)"
+        return f"{self.text[:12]}... (an integer of {self.digits} digits)"
 
 
 MAX_DIGITS = 80                     # 2**256 has 78
 
 
 def _integer(digits: str) -> Any:
-    return int(digits) if len(digits) <= MAX_DIGITS else HugeInteger(digits)
+    return int(digits) if len(digits) <= MAX_DIGITS else \
+        HugeInteger(digits, len(digits.lstrip("-")))
+
+
+class Number(float):
+    """A JSON number with a fraction or an exponent, with its text: JSON Schema counts
+    2.0 and 1e3 as integers, so an integer field takes one whose exact value is whole."""
+
+    __slots__ = ("text",)
+    text: str
+
+
+def _number(text: str) -> Number:
+    n = Number(text)
+    n.text = text
+    return n
+
+
+def integral(v: Any) -> Any:
+    """A JSON number with a whole exact value as an int (2.0, 1e3, 1.0e20 exactly); any
+    other value as it is."""
+    if type(v) is Number:
+        exact = decimal.Decimal(v.text)
+        if exact == exact.to_integral_value():
+            if exact.adjusted() >= MAX_DIGITS:
+                return HugeInteger(v.text, exact.adjusted() + 1)
+            return int(exact)
+    return v
 
 
 # NaN and Infinity are not JSON; integers too long for any field are kept as digits
-_DECODER = json.JSONDecoder(parse_constant=_constant, parse_int=_integer)
+_DECODER = json.JSONDecoder(parse_constant=_constant, parse_int=_integer,
+                            parse_float=_number)
 
 
 def _kind(v: Any) -> str:
     if v is None:
         return "null"
     if type(v) is HugeInteger:
-        return f"an integer of {len(v.digits.lstrip('-'))} digits"
+        return f"an integer of {v.digits} digits"
     return {bool: "a boolean", int: "a number", float: "a number", str: "a string",
             list: "an array", dict: "an object"}.get(type(v), type(v).__name__)
 
@@ -113,6 +143,7 @@ def _join(where: str, name: str) -> str:
 def fingerprint(v: Any, width: int, field: str) -> int:
     """A fingerprint from a hex string (1 to width/4 digits, an optional 0x) or a JSON
     integer in [0, 2**width)."""
+    v = integral(v)
     if type(v) is str:
         fp = hex_fp(v, width)              # surrounding spaces are refused, as simd does
         if fp is not None:
@@ -132,6 +163,7 @@ def fingerprint(v: Any, width: int, field: str) -> int:
 
 def record_id(v: Any, field: str) -> Any:
     """A record id: a non-empty string or an integer in [0, 2**64)."""
+    v = integral(v)
     if type(v) is HugeInteger:
         raise BadRequest(f"{v!r} is out of range: int ids must be in [0, 2**64)", field)
     if isinstance(v, bool) or not isinstance(v, (str, int)):
@@ -145,29 +177,38 @@ def record_id(v: Any, field: str) -> Any:
     return v
 
 
+META_INTEGERS = (-(1 << 63), (1 << 64) - 1)   # what msgpack stores as an integer
+
+
 def meta(v: Any, field: str) -> Any:
-    """A meta value, checked to pack (size limit) before anything is written."""
+    """A meta value, checked to pack (size limit) before anything is written. A number of
+    whole value (2.0 too, as JSON Schema counts) must lie in META_INTEGERS."""
+    bad = _bad_number(v, field)
+    if bad is not None:
+        raise BadRequest(f"{bad[1]!r} is out of range: whole numbers in meta are in "
+                         f"[-2**63, 2**64)", bad[0])
     try:
         pack_meta(v)
     except InputError as e:
-        huge = _huge_in(v, field)
-        if huge is not None:
-            raise BadRequest(f"{huge[1]!r} is out of range: meta integers are 64-bit",
-                             huge[0]) from None
         raise BadRequest(str(e), field) from None
     return v
 
 
-def _huge_in(v: Any, where: str) -> Optional[tuple]:
-    """(field, value) of the first HugeInteger in a JSON value, or None."""
+def _bad_number(v: Any, where: str) -> Optional[tuple]:
+    """(field, value) of the first whole number outside META_INTEGERS in a JSON value."""
+    lo, hi = META_INTEGERS
     stack = [(v, where)]
     while stack:
         x, at = stack.pop()
-        if type(x) is HugeInteger:
+        t = type(x)
+        if t is Number:
+            x = integral(x)          # whole: an int or a HugeInteger (1e999 too)
+            t = type(x)
+        if t is HugeInteger or (t is int and not lo <= x <= hi):
             return at, x
-        if isinstance(x, dict):
+        if t is dict:
             stack.extend((y, f"{at}.{k}") for k, y in reversed(list(x.items())))
-        elif isinstance(x, list):
+        elif t is list:
             stack.extend((y, f"{at}[{i}]") for i, y in reversed(list(enumerate(x))))
     return None
 
@@ -176,6 +217,9 @@ def radius(v: Any, k_max: int, field: str = "k") -> Optional[int]:
     """An optional query radius: an integer between 0 and the index's k."""
     if v is None:
         return None
+    v = integral(v)
+    if type(v) is HugeInteger:
+        raise BadRequest(f"{v!r} is outside 0..{k_max}", field)
     if isinstance(v, bool) or not isinstance(v, int):
         raise BadRequest(f"must be an integer, got {_kind(v)}", field)
     if not 0 <= v <= k_max:
@@ -188,6 +232,8 @@ def similarity(v: Any, field: str = "min_similarity") -> Optional[float]:
     """An optional similarity threshold: a number in (0, 1]."""
     if v is None:
         return None
+    if type(v) is HugeInteger:
+        raise BadRequest(f"{v!r} is outside (0, 1]", field)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise BadRequest(f"must be a number, got {_kind(v)}", field)
     if not 0 < v <= 1:

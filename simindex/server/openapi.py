@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from .._version import __version__
 
@@ -25,6 +25,7 @@ def _op(summary: str, ok: dict[str, Any], body: Any = None, *, errors: tuple[int
     text = {400: "Bad input; `field` names the value", 401: "Missing or wrong bearer token",
             403: "The server is read-only", 404: "No such record", 409: "An id exists",
             413: "Body or batch over the server's limit",
+            422: "A text with no token to fingerprint; `field` names it",
             503: "The index is unavailable (starting or stopping)",
             507: "The index's disk is full"}
     for code in errors + ((401,) if auth else ()):
@@ -39,30 +40,57 @@ def _op(summary: str, ok: dict[str, Any], body: Any = None, *, errors: tuple[int
     return op
 
 
-def document(width: int) -> dict[str, Any]:
-    """The API of a server whose index holds `width`-bit fingerprints."""
+def document(width: int, k: int, auth: bool, scheme: Optional[str] = None,
+             floor: Optional[float] = 0.0) -> dict[str, Any]:
+    """The API of a server whose index holds `width`-bit fingerprints of `scheme` and finds
+    matches up to `k` bits; `auth`: whether it asks for a bearer token; `floor`: the least
+    min_similarity it takes without k (None: none, see textcheck.lowest_threshold)."""
     digits = width // 4
-    fp = {"oneOf": [
-        {"type": "string", "pattern": f"^(0[xX])?[0-9a-fA-F]{{1,{digits}}}$",
-         "description": f"1-{digits} hex digits"},
-        {"type": "integer", "minimum": 0, "maximum": (1 << width) - 1}]}
+    hexfp = {"type": "string", "pattern": f"^(0[xX])?[0-9a-fA-F]{{1,{digits}}}$",
+             "description": f"1-{digits} hex digits"}
+    fp = {"oneOf": [hexfp, {"type": "integer", "minimum": 0, "maximum": (1 << width) - 1}]}
     rid = {"oneOf": [{"type": "string", "minLength": 1},
                      {"type": "integer", "minimum": 0, "maximum": (1 << 64) - 1}]}
-    k = {"type": "integer", "minimum": 0, "description": "at most the index's k (its default)"}
-    ref = {n: {"$ref": f"#/components/schemas/{n}"} for n in ("Match", "Fingerprint", "Id")}
+    radius = {"type": "integer", "minimum": 0, "maximum": k,
+              "description": "at most the index's k (its default)"}
+    ref = {n: {"$ref": f"#/components/schemas/{n}"}
+           for n in ("Match", "Fingerprint", "Id", "Meta")}
+    # any JSON value whose whole numbers msgpack stores as integers
+    meta = {"anyOf": [
+        {"type": ["null", "boolean", "string"]},
+        {"type": "integer", "minimum": -(1 << 63), "maximum": (1 << 64) - 1},
+        {"type": "number", "not": {"type": "integer"}},
+        {"type": "array", "items": ref["Meta"]},
+        {"type": "object", "additionalProperties": ref["Meta"]}]}
     matches = {"type": "array", "items": ref["Match"]}
-    source = {"fingerprint": ref["Fingerprint"], "text": {"type": "string"}}
+    text = {"type": "string",
+            "description": "a text; one the index's scheme finds no token in answers 422"}
+    source = {"fingerprint": ref["Fingerprint"], "text": text}
     similar = {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
                "description": "with text: only records whose stored text is this similar "
                               "(Jaccard of shingles; default: the index's calibration)"}
     one_source = [{"required": ["fingerprint"]}, {"required": ["text"]}]
-    id_param = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}},
+    # min_similarity judges texts, and below the floor only at a given k
+    judged: dict[str, Any] = {"oneOf": [
+        {"required": ["fingerprint"],
+         "not": {"anyOf": [{"required": ["text"]}, {"required": ["min_similarity"]}]}},
+        {"required": ["text"], "not": {"required": ["fingerprint"]}}]}
+    if floor is None:
+        judged["dependentRequired"] = {"min_similarity": ["k"]}
+    elif floor > 0:
+        judged["if"] = {"required": ["min_similarity"],
+                        "properties": {"min_similarity": {"exclusiveMaximum": floor}}}
+        judged["then"] = {"required": ["k"]}
+    id_param = [{"name": "id", "in": "path", "required": True,
+                 "schema": {"type": "string", "minLength": 1},
+                 "description": "an id no record can have (with type=int, not in decimal "
+                                "digits; over 510 bytes) answers 404"},
                 {"name": "type", "in": "query", "required": False,
                  "schema": {"enum": ["str", "int"], "default": "str"},
                  "description": "int: the id is an integer id"}]
     record = {"type": "object", "properties": {"id": ref["Id"], "fingerprint": ref["Fingerprint"],
                                                "meta": {}}}
-    return {
+    doc = {
         "openapi": "3.1.0",
         "info": {"title": "simindex", "version": __version__,
                  "description": "An exact near-duplicate index of simhash fingerprints: every "
@@ -70,7 +98,7 @@ def document(width: int) -> dict[str, Any]:
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
-                "Fingerprint": fp, "Id": rid,
+                "Fingerprint": fp, "Id": rid, "Meta": meta,
                 "Match": _obj(["id", "fingerprint", "distance"], {
                     "id": ref["Id"], "fingerprint": {"type": "string"},
                     "distance": {"type": "integer"}, "meta": {}}),
@@ -94,18 +122,17 @@ def document(width: int) -> dict[str, Any]:
                 "Stored fingerprints within k bits of one fingerprint or text",
                 _obj(["fingerprint", "matches"], {"fingerprint": {"type": "string"},
                                                   "matches": matches}),
-                _obj([], {**source, "k": k, "min_similarity": similar},
-                     oneOf=one_source))},
+                _obj([], {**source, "k": radius, "min_similarity": similar}, **judged),
+                errors=(400, 422))},
             "/query/batch": {"post": _op(
                 "query for each fingerprint of a batch",
                 _obj(["results"], {"results": {"type": "array", "items": matches}}),
                 _obj(["fingerprints"], {"fingerprints": {"type": "array", "items": fp},
-                                        "k": k}), errors=(400, 413))},
+                                        "k": radius}), errors=(400, 413))},
             "/search": {"get": _op(
                 "go-simstore simd compatibility: the ids within the index's k",
                 {"type": "array", "items": ref["Id"]}, params=[
-                    {"name": "sig", "in": "query", "required": True,
-                     "schema": {"type": "string"}}])},
+                    {"name": "sig", "in": "query", "required": True, "schema": hexfp}])},
             "/records/{id}": {
                 "get": _op("The stored record of an id", record, params=id_param,
                            errors=(400, 404)),
@@ -113,22 +140,36 @@ def document(width: int) -> dict[str, Any]:
                               params=id_param, errors=(400, 403, 404, 507))},
             "/add": {"post": _op(
                 "Store a fingerprint (or a text's) under an id, replacing any earlier record",
-                {"type": "object"}, _obj(["id"], {"id": ref["Id"], **source, "meta": {}},
-                                         oneOf=one_source), errors=(400, 403, 507))},
+                {"type": "object"},
+                _obj(["id"], {"id": ref["Id"], **source, "meta": ref["Meta"]}, oneOf=one_source),
+                errors=(400, 403, 422, 507))},
             "/add/batch": {"post": _op(
                 "Store many records in one atomic commit",
                 {"type": "object"}, _obj(["records"], {
                     "records": {"type": "array", "items": _obj(
-                        ["id"], {"id": ref["Id"], **source, "meta": {}}, oneOf=one_source)},
+                        ["id"], {"id": ref["Id"], **source, "meta": ref["Meta"]},
+                        oneOf=one_source)},
                     "replace": {"type": "boolean", "default": True}}),
-                errors=(400, 403, 409, 413, 507))},
+                errors=(400, 403, 409, 413, 422, 507))},
             "/add-unique": {"post": _op(
                 "Store it only when nothing is within k bits; answers what is (atomic)",
                 _obj(["added", "id", "fingerprint", "matches"], {
                     "added": {"type": "boolean"}, "id": ref["Id"],
                     "fingerprint": {"type": "string"}, "matches": matches}),
-                _obj(["id"], {"id": ref["Id"], **source, "meta": {}, "k": k,
-                              "min_similarity": similar},
-                     oneOf=one_source), errors=(400, 403, 507))},
+                _obj(["id"], {"id": ref["Id"], **source, "meta": ref["Meta"], "k": radius,
+                              "min_similarity": similar}, **judged),
+                errors=(400, 403, 422, 507))},
         },
     }
+    return doc if auth else _without_auth(doc)
+
+
+def _without_auth(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document of a server without a token: no security scheme and no 401 answers."""
+    doc.pop("security")
+    doc["components"].pop("securitySchemes")
+    for ops in doc["paths"].values():
+        for op in ops.values():
+            op.pop("security", None)
+            op["responses"].pop("401", None)
+    return doc
