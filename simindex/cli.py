@@ -117,20 +117,27 @@ class _Skips:
 
 
 def _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips, on_error):
-    """(item, fingerprint) of every input record; a text is fingerprinted with the index's
-    scheme, and a text without a fingerprint is a bad line like any other."""
+    """(item, fingerprint, meta to store) of every input record; a text is fingerprinted
+    with the index's scheme (its meta then keeps the text's sketch where the index keeps
+    sketches), and a text without a fingerprint is a bad line like any other."""
     width = idx.width
+    record = getattr(idx, "text_record", None)     # an Index (a Cluster keeps no sketch)
     for item in read_items(inputs or ["-"], fmt, fp_format, max_line,
                            on_error=skips if on_error == "skip" else None, width=width):
         try:
-            fp = item.fingerprint if item.text is None else idx.fingerprint(item.text)
+            if item.text is None:
+                fp, meta = item.fingerprint, item.meta
+            elif record is not None:
+                fp, meta = record(item.text, item.meta, item.id)
+            else:
+                fp, meta = idx.fingerprint(item.text), item.meta
         except Error as e:
             bad = BadLine(item.where, str(e))
             if on_error == "stop":
                 raise bad from None
             skips(bad)
             continue
-        yield item, fp
+        yield item, fp, meta
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -196,9 +203,9 @@ def build(index, inputs, k, blocks, width, prefix_blocks, shards, expected, sche
 
     error = None
     try:
-        for item, fp in _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips,
-                                       on_error):
-            batch.append((item.id, fp, item.meta))
+        for item, fp, meta in _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips,
+                                             on_error):
+            batch.append((item.id, fp, meta))
             if len(batch) >= BATCH:
                 commit()
         commit()
@@ -242,11 +249,15 @@ def query(index, inputs, k, output, ray_address, fmt, fp_format, max_line, on_er
     out = sys.stdout
     batch = []
 
-    def flush():
+    # a text in an index that judges texts by a threshold is asked as query_text asks it
+    judged = isinstance(idx, Index) and idx.text_check() is not None
+
+    def flush(results=None):
         nonlocal n
         if not batch:
             return
-        results = idx.query_many([fp for _, fp in batch], k=k)
+        if results is None:
+            results = idx.query_many([fp for _, fp in batch], k=k)
         for (qid, _fp), ms in zip(batch, results):
             if output == "tsv":
                 for m in ms:
@@ -260,8 +271,13 @@ def query(index, inputs, k, output, ray_address, fmt, fp_format, max_line, on_er
 
     error = None
     try:
-        for item, fp in _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips,
-                                       on_error):
+        for item, fp, _meta in _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips,
+                                              on_error):
+            if judged and item.text is not None:
+                flush()
+                batch.append((item.id, fp))
+                flush([idx.query_text(item.text, k=k)])
+                continue
             batch.append((item.id, fp))
             if len(batch) >= BATCH:
                 flush()

@@ -7,6 +7,7 @@ input, so a damaged file can never make the decoder allocate without limit.
 from __future__ import annotations
 
 import numbers
+import struct
 
 import msgpack
 import numpy as np
@@ -212,9 +213,14 @@ def encode_records(items, fingerprints=None, width=64):
 
 
 # A meta value stored with its text's sketch (simindex/similarity.py) for the similarity
-# check of later text calls: msgpack extension SKETCH_EXT holding msgpack [sketch, shingle
-# count] followed by the packed meta value. unpack() hands back the meta value alone.
+# check of later text calls: msgpack extension SKETCH_EXT whose data is the sketch's length
+# (u16, big-endian), the sketch, the text's shingle count (u64) and the packed meta value.
+# unpack() hands back the meta value alone; stored_sketch() the sketch and count.
 SKETCH_EXT = 83
+MAX_SKETCH_BYTES = 512          # similarity.SKETCH values of 4 bytes
+_EXT_DATA_AT = {0xC7: 3, 0xC8: 4, 0xC9: 6}    # ext 8/16/32: where the data begins
+_SKETCH_HEAD = struct.Struct(">H")
+_SKETCH_COUNT = struct.Struct(">Q")
 
 
 class Packed(bytes):
@@ -236,56 +242,80 @@ def pack_meta(meta, id_=None, sketch=None):
     except (TypeError, ValueError, OverflowError) as e:
         who = "" if id_ is None else f" of id {id_!r:.60}"
         raise InputError(f"meta{who} cannot be stored as msgpack: {e}") from None
+    extra = ""
     if sketch is not None:
-        b = msgpack.packb(msgpack.ExtType(SKETCH_EXT, msgpack.packb(list(sketch)) + b))
+        sk, count = sketch
+        if len(sk) % 4 or len(sk) > MAX_SKETCH_BYTES or not 0 <= count < 1 << 64:
+            raise InputError(f"a text sketch is {len(sk)} bytes of a set of {count}")
+        data = _SKETCH_HEAD.pack(len(sk)) + sk + _SKETCH_COUNT.pack(count) + b
+        b = msgpack.packb(msgpack.ExtType(SKETCH_EXT, data))
+        extra = " with the text's sketch"
     if len(b) > MAX_META_BYTES:
-        raise InputError(f"meta is {len(b)} bytes packed; the limit is {MAX_META_BYTES}")
+        raise InputError(f"meta is {len(b)} bytes packed{extra}; the limit is "
+                         f"{MAX_META_BYTES}")
     return b
 
 
+def _sketched(b):
+    """(sketch, shingle count, packed meta value) of stored meta bytes that hold a sketch,
+    or None; ValueError when they claim to and do not."""
+    at = _EXT_DATA_AT.get(b[0]) if b else None
+    if at is None or len(b) < at or b[at - 1] != SKETCH_EXT:
+        return None
+    size = int.from_bytes(b[1:at - 1], "big")
+    if len(b) != at + size:
+        raise ValueError(f"its extension holds {len(b) - at} bytes, not {size}")
+    if size < 10:
+        raise ValueError(f"its text sketch extension of {size} bytes is too short")
+    (n,) = _SKETCH_HEAD.unpack_from(b, at)
+    end = at + 2 + n
+    if n % 4 or n > MAX_SKETCH_BYTES or len(b) < end + 8:
+        raise ValueError(f"its text sketch of {n} bytes is not one")
+    (count,) = _SKETCH_COUNT.unpack_from(b, end)
+    return bytes(b[at + 2:end]), count, b[end + 8:]
+
+
 def unpack(b, what="value"):
-    """Decode msgpack written by this package; damage raises CorruptError."""
+    """Decode msgpack written by this package (a meta value without its sketch); damage
+    raises CorruptError."""
     if b == _NONE:
         return None
     try:
-        v = msgpack.unpackb(b, raw=False, strict_map_key=False)
-        if type(v) is msgpack.ExtType and v.code == SKETCH_EXT:
-            return _sketched(v.data)[2]
-        return v
+        sk = _sketched(b)
+        return msgpack.unpackb(b if sk is None else sk[2], raw=False, strict_map_key=False)
     except Exception as e:  # msgpack raises several unrelated types on damage
-        raise CorruptError(f"a stored {what} cannot be decoded: {e}") from None
+        raise CorruptError(f"a stored {what} cannot be decoded: {_why(e)}") from None
 
 
-def _sketched(data):
-    """(sketch, shingle count, meta value) of a SKETCH_EXT extension's data."""
-    u = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(data) + 1)
-    u.feed(data)
-    head = u.unpack()
-    meta = u.unpack()
-    if not (type(head) is list and len(head) == 2 and type(head[0]) is bytes and
-            len(head[0]) % 4 == 0 and type(head[1]) is int and head[1] >= 0):
-        raise ValueError("its text sketch is not [sketch, shingle count]")
-    if u.tell() != len(data):
-        raise ValueError("bytes follow its meta value")
-    return head[0], head[1], meta
+def unpack_sketched(b):
+    """(meta value, (sketch, shingle count) or None) of stored meta bytes (None: None)."""
+    if b is None:
+        return None, None
+    try:
+        sk = _sketched(b)
+        if sk is None:
+            return unpack(b, "meta value"), None
+        return msgpack.unpackb(sk[2], raw=False, strict_map_key=False), sk[:2]
+    except CorruptError:
+        raise
+    except Exception as e:  # msgpack raises several unrelated types on damage
+        raise CorruptError(f"a stored meta value cannot be decoded: {_why(e)}") from None
 
 
 def stored_sketch(b):
-    """(sketch, shingle count or None) kept with a stored meta value, or None: a value
-    packed with a sketch (SKETCH_EXT), or the [run, row, sketch, count] of a row `simindex
-    dedup` kept with a similarity check."""
-    if b is None or b == _NONE:
+    """(sketch, shingle count) kept with stored meta bytes, or None."""
+    if b is None:
         return None
     try:
-        v = msgpack.unpackb(b, raw=False, strict_map_key=False)
-        if type(v) is msgpack.ExtType and v.code == SKETCH_EXT:
-            return _sketched(v.data)[:2]
-    except Exception as e:  # msgpack raises several unrelated types on damage
-        raise CorruptError(f"a stored meta value cannot be decoded: {e}") from None
-    if type(v) is list and len(v) in (3, 4) and type(v[0]) is bytes and len(v[0]) == 8 and \
-            type(v[2]) is bytes and (len(v) == 3 or type(v[3]) is int):
-        return v[2], (v[3] if len(v) == 4 else None)
-    return None
+        sk = _sketched(b)
+    except Exception as e:
+        raise CorruptError(f"a stored meta value cannot be decoded: {_why(e)}") from None
+    return None if sk is None else sk[:2]
+
+
+def _why(e):
+    """What a decoding error says, or its kind when it says nothing."""
+    return str(e) or f"{type(e).__name__} (not the msgpack this package writes)"
 
 
 def pack(value):

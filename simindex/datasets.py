@@ -40,7 +40,7 @@ import numpy as np
 from . import _text, manifest
 from .radius import DEFAULT_RECALL, MEASURES, SAMPLE_ROWS, Calibration, calibrate
 from .radius import DEFAULT_SCHEME as SIMILARITY_SCHEME
-from .codec import check_fp, check_wide_fp, stored_sketch, unpack
+from .codec import Packed, check_fp, check_wide_fp, pack_meta, unpack_sketched
 from .errors import BadLine, Error, InputError, ParameterError
 from .fingerprints import DEFAULT_SCHEME, WORD_SCHEMES, fingerprint, pass_args, schemes
 from .index import Index
@@ -263,10 +263,6 @@ class Check:
     def close(self) -> None:
         self.spill.close()
 
-    def stored(self, sh: Shingles) -> list:
-        """What a kept record stores for later runs' checks: its sketch and set size."""
-        return [sh.sketch, len(sh.set)]
-
     def recall(self, meta: Any, sketch: Optional[tuple]) -> Any:
         """A stored record's shingles: its exact set when this run judged its row, else the
         (sketch, set size or None) stored with it, else None (a record without them cannot
@@ -302,15 +298,21 @@ class Check:
 
 def _matches(index: Index, fps: list, k: int, check: Optional[Check]) -> list:
     """Per fingerprint, its (Match, stored sketch or None) in `index`: with a check, the
-    sketches come from the stored meta bytes (dedup's kept rows and the text calls')."""
+    sketches kept with the records' meta (by dedup's kept rows and the text calls)."""
     if check is None:
         return [[(m, None) for m in ms] for ms in index.query_many(fps, k=k)]
-    return [[(Match(h[3], h[1], h[0], None if h[4] is None else unpack(h[4], "meta value")),
-              stored_sketch(h[4])) for h in hits] for hits in index._hits_many(fps, k=k)]
+    out = []
+    for hits in index._hits_many(fps, k=k):
+        row = []
+        for dist, fp, _seq, id_, mb in hits:
+            meta, sketch = unpack_sketched(mb)
+            row.append((Match(id_, fp, dist, meta), sketch))
+        out.append(row)
+    return out
 
 
 def _is_mine(meta: Any, token: bytes) -> bool:
-    return isinstance(meta, list) and len(meta) in (2, 3, 4) and meta[0] == token
+    return isinstance(meta, list) and len(meta) == 2 and meta[0] == token
 
 
 class _Judge:
@@ -321,12 +323,12 @@ class _Judge:
         self.idx, self.ref, self.k, self.token = idx, ref, k, token
         self.check = check
 
-    def meta(self, pos: list, sh: Optional[Shingles]) -> list:
-        """The meta of a kept record: the run token, the row's position, and with a check
-        what later checks read."""
+    def meta(self, pos: list, sh: Optional[Shingles]) -> Any:
+        """The meta of a kept record: the run token and the row's position, and with a
+        check the row's sketch and set size kept with them (for later runs' checks)."""
         if self.check is None or sh is None:
             return [self.token, pos]
-        return [self.token, pos, *self.check.stored(sh)]
+        return Packed(pack_meta([self.token, pos], None, (sh.sketch, len(sh.set))))
 
     def batch(self, rows: list, ids: list, fps: list, positions: list,
               sh: Optional[list] = None) -> list:

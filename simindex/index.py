@@ -23,9 +23,8 @@ from .radius import Calibration
 from .records import last_seq, stale
 from .results import Id, Match, Record, match_of, record_of, verified, verified_many
 from .shard import load_state
-from .similarity import fingerprint_and_set
 from .store import Store
-from .textcheck import TextCheck, keeps_sketches, sketch_of, text_check
+from .textcheck import Hit, TextCheck, keeps_sketches, text_check, text_sketch
 
 Fingerprints = Union[Iterable[int], np.ndarray]
 _query_one = ReadContext.query_one
@@ -61,11 +60,13 @@ class Index:
         self._store: Optional[Store] = None
         if isinstance(calibration, Calibration) and isinstance(path, (str, bytes, os.PathLike)) \
                 and not os.path.exists(os.path.join(os.fsdecode(os.fspath(path)), MANIFEST)):
-            # a new index made for the calibration's scheme, width, k and expected rows
+            # a new index made for the calibration's scheme, width and k, and sized for the
+            # rows it expects when it was told them (not for its sample alone)
             scheme = calibration.scheme if scheme is None else scheme
             width = calibration.width if width is None else width
             k = calibration.k if k is None else k
-            expected = calibration.expected_rows if expected is None else expected
+            if expected is None and calibration.expected_rows > calibration.sample_rows:
+                expected = calibration.expected_rows    # the rows it was made for
         if isinstance(calibration, Calibration):
             calibration = calibration.stored()
         self._readonly = readonly
@@ -366,11 +367,6 @@ class Index:
                           st.manifest.get("calibration"), min_similarity,
                           None if k is None else self._k(k, st))
 
-    def _sketched(self, st: Store, text: str) -> tuple:
-        """(fingerprint, (sketch, shingle count)) of `text` under the index's scheme."""
-        fp, shingle_set = fingerprint_and_set(text, st.manifest.get("scheme"), st.plan.width)
-        return fp, sketch_of(shingle_set)
-
     def text_record(self, text: str, meta: Any = None, id: Optional[Id] = None) -> tuple:
         """(fingerprint, meta) to store for `text`: add(id, *text_record(text, meta)) and
         add_many([(id, *text_record(text, meta)), ...]) store what add_text stores (the
@@ -378,7 +374,7 @@ class Index:
         st = self._open_store()
         if not keeps_sketches(st.manifest.get("scheme"), st.manifest.get("calibration")):
             return self.fingerprint(text), meta
-        fp, sketch = self._sketched(st, text)
+        fp, sketch = text_sketch(text, st.manifest.get("scheme"), st.plan.width)
         return fp, Packed(pack_meta(meta, id, sketch))
 
     def add_text(self, id: Id, text: str, meta: Any = None) -> int:
@@ -403,11 +399,16 @@ class Index:
         check = self._text_check(st, k, min_similarity)
         if check is None:
             return self.query(self.fingerprint(text), k=k, verify=verify)
-        fp, (sketch, size) = self._sketched(st, text)
+        fp, (sketch, size) = text_sketch(text, st.manifest.get("scheme"), st.plan.width)
         q = np.array([fp], dtype=np.uint64) if st.plan.width == 64 else \
             words_array([fp], st.plan.width)
-        st.fold()
-        hits = st.query(q, check.k, matches=False)[0]
+        buf = st.buffer
+        if buf is not None and buf.n:       # this process's buffered records too, unfolded
+            hits = buf.query(fp, check.k, lambda: list(map(
+                Hit._make, st.query(q, check.k, matches=False)[0])),
+                lambda id_, f, d, mb: Hit(d, f, 0, id_, mb), raw=True)
+        else:
+            hits = st.query(q, check.k, matches=False)[0]
         return verified([match_of(h) for h in check.passing(sketch, size, hits)], verify)
 
     def add_unique_text(self, id: Id, text: str, meta: Any = None,
@@ -426,7 +427,7 @@ class Index:
                                                 st.manifest.get("calibration")):
             return self.add_unique(id, self.fingerprint(text), meta=meta, k=k)
         idk = encode_id(id)
-        fp, (sketch, size) = self._sketched(st, text)
+        fp, (sketch, size) = text_sketch(text, st.manifest.get("scheme"), st.plan.width)
         mb = pack_meta(meta, id, (sketch, size))
         st.fold()
         if check is None:

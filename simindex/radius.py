@@ -317,6 +317,12 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
             time_budget, (int, float)) or not time_budget > 0):
         raise ParameterError(f"time_budget must be a number of seconds > 0, got "
                              f"{time_budget!r}")
+    if expected_rows is not None and (isinstance(expected_rows, bool) or not isinstance(
+            expected_rows, int) or expected_rows < 1):
+        raise ParameterError(f"expected_rows must be a number of rows >= 1, got "
+                             f"{expected_rows!r}")
+    if widths is not None and not list(widths):
+        raise ParameterError("widths must name at least one width")
     scheme = DEFAULT_SCHEME if scheme is None else scheme
     if scheme not in schemes:
         raise ParameterError(f"unknown fingerprint scheme {scheme!r}; known: "

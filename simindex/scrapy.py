@@ -134,6 +134,7 @@ class _Checker:
         self.prefix = stats_prefix
         self.dropped = dropped         # the counter of near-copies: dropped or ignored
         self.index: Optional[Index] = None
+        self.radius: Optional[int] = None      # k of the text calls with a threshold
         self.logged = False            # the first near-copy was logged with the note
 
     def open(self) -> None:
@@ -144,25 +145,32 @@ class _Checker:
         existed = os.path.exists(os.path.join(self.path, MANIFEST))
         names = "SIMINDEX_K / SIMINDEX_SCHEME" + (" / SIMINDEX_MIN_SIMILARITY"
                                                   if self.min_similarity is not None else "")
+        # with a threshold: a radius of SIMINDEX_K if set (its recall is the user's), else
+        # the one a new index is made for from the model (no page is known yet)
+        self.radius = self.k if self.min_similarity is not None else None
         try:
             cal = None
-            if not existed and self.min_similarity is not None and self.k is None:
-                # a new index made for the threshold from the model (no page is known yet)
-                cal = calibrate([], self.min_similarity, scheme=self.scheme,
-                                recall=DEFAULT_RECALL if self.recall is None else self.recall)
-            self.index = Index(self.path, k=self.k, scheme=self.scheme, calibration=cal)
-            self.index.text_check(self.min_similarity)    # its radius is known
+            scheme = self.scheme
+            if not existed and self.min_similarity is not None:
+                scheme = scheme or "minhash-v1"            # the scheme that keeps sketches
+                if self.k is None:
+                    cal = calibrate([], self.min_similarity, scheme=scheme, recall=(
+                        DEFAULT_RECALL if self.recall is None else self.recall))
+            self.index = Index(self.path, k=self.k, scheme=scheme, calibration=cal)
+            self.index.text_check(self.min_similarity, self.radius)   # its radius is known
         except (ParameterError, InputError) as e:
             if self.index is not None:
                 self.index.close()
                 self.index = None
             if not existed:
+                if os.path.exists(os.path.join(self.path, MANIFEST)):
+                    shutil.rmtree(self.path)         # made by this call: gone with it
                 raise ParameterError(f"{names}: {e}") from e
             raise ParameterError(
                 f"{names} do not fit the index at {self.path}: {e} (leave them unset to use "
                 f"the index's, or set SIMINDEX_RESET = True to start from an empty "
                 f"index)") from e
-        check = self.index.text_check(self.min_similarity)
+        check = self.index.text_check(self.min_similarity, self.radius)
         judge = "" if check is None else f"{check.measure} >= {check.t:g} at "
         logger.info("simindex: opened %s (%sk=%d, scheme %s, %d records)", self.path, judge,
                     self.index.k if check is None else check.k, self.index.scheme,
@@ -185,7 +193,8 @@ class _Checker:
             self.inc("errors")
             return None
         try:
-            found = self.index.add_unique_text(id, text, min_similarity=self.min_similarity)
+            found = self.index.add_unique_text(id, text, k=self.radius,
+                                               min_similarity=self.min_similarity)
         except InputError as e:                # no token in the text, an id too long ...
             logger.debug("simindex: %r not checked: %s", id, e)
             self.inc("errors")
@@ -199,7 +208,7 @@ class _Checker:
     def describe(self, match: Match) -> str:
         if self.index is None:
             return f"a near-copy of {_show(match.id)} ({match.distance} bits apart)"
-        check = self.index.text_check(self.min_similarity)
+        check = self.index.text_check(self.min_similarity, self.radius)
         judge = "" if check is None else f"{check.measure} >= {check.t:g}, "
         k = self.index.k if check is None else check.k
         return f"a near-copy of {_show(match.id)} ({judge}{match.distance} bits apart, k={k})"

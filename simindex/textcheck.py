@@ -2,12 +2,13 @@
 threshold ("Jaccard >= t") find candidates within a radius of bits, then keep only those
 whose stored sketch passes the threshold.
 
-The radius: the calibration's k when the index has one for this measure and a threshold at
-most t (a pair at a higher similarity differs in fewer bits); else, for minhash-v1 and
-Jaccard, the model's k at the calibration's target recall (or DEFAULT_RECALL); else the
-caller must give k. A candidate stored without a sketch (added by `add`, or as text under
-a scheme and index that keep none) cannot be checked and counts on its distance alone, as
-`simindex dedup` counts it.
+Only an index that keeps each text's sketch with its record (under minhash-v1, or
+calibrated for a threshold) takes a threshold. The radius: the calibration's k when the
+index has one for this measure and a threshold at most t (a pair at a higher similarity
+differs in fewer bits); else, for minhash-v1 and Jaccard, the model's k at the
+calibration's target recall (or DEFAULT_RECALL); else the caller must give k. A candidate
+stored without a sketch (by `add`, which has no text) cannot be checked and counts on its
+distance alone, as `simindex dedup` counts it.
 """
 
 from __future__ import annotations
@@ -17,8 +18,18 @@ from typing import Any, NamedTuple, Optional
 from . import _text
 from .codec import stored_sketch
 from .errors import ParameterError
+from .fingerprints import DEFAULT_SCHEME
 from .radius import DEFAULT_RECALL, DEFAULT_SCHEME as SIMILARITY_SCHEME, model_k
-from .similarity import estimate
+from .similarity import estimate, fingerprint_and_set
+
+
+class Hit(NamedTuple):
+    """A record the core found, as it finds it (meta as stored bytes, or None)."""
+    distance: int
+    fingerprint: int
+    seq: int
+    id: Any
+    meta: Optional[bytes]
 
 
 class TextCheck(NamedTuple):
@@ -50,6 +61,12 @@ def sketch_of(shingle_set: Any) -> tuple:
     return _text.sketch_of_set(shingle_set), len(shingle_set)
 
 
+def text_sketch(text: str, scheme: Optional[str], width: int) -> tuple:
+    """(fingerprint, (sketch, shingle count)) of `text` under a scheme, from one pass."""
+    fp, shingle_set = fingerprint_and_set(text, scheme or DEFAULT_SCHEME, width)
+    return fp, sketch_of(shingle_set)
+
+
 def text_check(scheme: Optional[str], width: int, index_k: int,
                calibration: Optional[dict], min_similarity: Any,
                k: Optional[int]) -> Optional[TextCheck]:
@@ -58,6 +75,11 @@ def text_check(scheme: Optional[str], width: int, index_k: int,
     docstring). `k`, when given, is the radius (already checked against the index's)."""
     if min_similarity is None and calibration is None:
         return None
+    if not keeps_sketches(scheme, calibration):
+        raise ParameterError(
+            f"the index keeps no text sketches to check a threshold against (scheme "
+            f"{scheme}, no calibration): make it with Index(path, calibration="
+            f"simindex.calibrate(sample_texts, t)) or scheme='minhash-v1'")
     measure = calibration["measure"] if calibration is not None else "jaccard"
     if min_similarity is None:
         t = float(calibration["min_similarity"])       # type: ignore[index]
@@ -80,11 +102,11 @@ def text_check(scheme: Optional[str], width: int, index_k: int,
                 f"index's tables reach k={index_k} (pass a smaller k to search less, or make "
                 f"the index for this threshold)")
         return TextCheck(need, t, measure)
-    made = (f"was calibrated for {measure} >= {calibration['min_similarity']:g}"
-            if calibration is not None else f"has no calibration and scheme {scheme}")
+    assert calibration is not None            # keeps_sketches: minhash-v1 or calibrated
     raise ParameterError(
-        f"no radius is known for {measure} >= {t:g}: the index {made} (pass k, or make the "
-        f"index with Index(path, calibration=simindex.calibrate(sample_texts, {t:g})))")
+        f"no radius is known for {measure} >= {t:g}: the index was calibrated for {measure} "
+        f">= {calibration['min_similarity']:g} (pass k, or make an index for {t:g} with "
+        f"Index(path, calibration=simindex.calibrate(sample_texts, {t:g})))")
 
 
 def lowest_threshold(scheme: Optional[str], width: int, index_k: int,

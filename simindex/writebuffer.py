@@ -29,7 +29,7 @@ import struct
 import threading
 import time
 import warnings
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -471,11 +471,12 @@ class WriteBuffer:
         newest, idkeys = self.newest, self.idkeys
         return [(i, d) for i, d in hits if newest[idkeys[i]] == i]
 
-    def query(self, fp: int, k: int, stored: Callable[[], list], match: type) -> list:
+    def query(self, fp: int, k: int, stored: Callable[[], list], match: Callable[..., Any],
+              raw: bool = False) -> list:
         """What query(fp, k) will answer once the buffer is folded: `stored()` (the stored
         matches) less those of ids with a newer buffered record, then the buffered matches
-        (each id's newest only), sorted by distance, stored first. `match` is the Match
-        type."""
+        (each id's newest only), sorted by distance, stored first. `match(id, fingerprint,
+        distance, meta)` makes each buffered one (raw: with the meta bytes as stored)."""
         while True:
             with self._lock:
                 gen, n = self.gen, self.n
@@ -491,7 +492,7 @@ class WriteBuffer:
             break
         if not mine:
             return found
-        out = found + [match(decode_id(idk), f, d, unpack(mb, "meta value"))
+        out = found + [match(decode_id(idk), f, d, mb if raw else unpack(mb, "meta value"))
                        for d, idk, f, mb in mine]
         out.sort(key=lambda m: m.distance)  # stable: stored (by seq), then buffer order
         return out

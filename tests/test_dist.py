@@ -17,6 +17,7 @@ from conftest import (
 )
 from simindex import _testing
 from simindex.plan import Plan
+from textpairs import pair_at
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'simindex[ray]')")
 dist = pytest.importorskip("simindex.distributed")
@@ -152,6 +153,39 @@ def test_cluster_answers_like_the_index(local_ray, tmp_path):
             assert answers(idx.query_many(queries)) == answers(c.query_many(queries))
     with simindex.Index(tmp_path / "i") as idx:
         assert idx.verify() == [] and idx.stats()["unapplied"] == 0
+
+
+def test_cluster_text_calls_judge_as_the_index_does(local_ray, tmp_path):
+    """A calibrated index served by a Cluster: add_text keeps sketches, and query_text and
+    add_unique_text (judged by the ledger under its lock) answer what the Index answers."""
+    rng = random.Random(3)
+    cal = simindex.calibrate([], 0.7)
+    simindex.Index(tmp_path / "i", calibration=cal, shards=4).close()
+
+    def fp(text):
+        return simindex.fingerprint(text, scheme=cal.scheme, width=cal.width)
+    near, below = [], []
+    while len(near) < 6 or len(below) < 6:
+        j = 0.85 if len(near) < 6 else 0.4
+        a, b, _ = pair_at(rng, j, n=60)
+        if simindex.hamming(fp(a), fp(b)) <= cal.k:
+            (near if j == 0.85 else below).append((a, b))
+    pairs = near[:6] + below[:6]
+    with dist.Cluster(tmp_path / "i") as c:
+        assert c.text_check() == simindex.TextCheck(cal.k, 0.7, "jaccard")
+        for n, (a, _b) in enumerate(pairs):
+            c.add_text(f"a{n}", a, meta={"n": n})
+        assert c.get("a0").meta == {"n": 0}
+        for n, (_a, b) in enumerate(pairs):
+            assert [m.id for m in c.query_text(b)] == ([f"a{n}"] if n < 6 else [])
+            assert c.query_text(b, min_similarity=0.99) == []
+        got = [c.add_unique_text(f"b{n}", b) for n, (_a, b) in enumerate(pairs)]
+        assert [[m.id for m in ms] for ms in got] == \
+            [[f"a{n}"] for n in range(6)] + [[] for _ in range(6)]
+    with simindex.Index(tmp_path / "i", readonly=True) as idx:
+        assert len(idx) == 18
+        for n, (_a, b) in enumerate(pairs[6:], 6):
+            assert {m.id for m in idx.query_text(b)} == {f"b{n}"}
 
 
 def test_a_killed_actor_comes_back_and_loses_nothing(local_ray, tmp_path):

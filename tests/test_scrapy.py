@@ -446,8 +446,23 @@ def test_disabled_bad_and_mismatched_settings(tmp_path):
         pipeline(SIMINDEX_PATH=str(tmp_path / "t"), SIMINDEX_K=64).open_spider()
     # a threshold the existing index has no radius for is refused when the spider opens
     with pytest.raises(simindex.ParameterError, match="SIMINDEX_MIN_SIMILARITY do not fit .* "
-                                                      "no radius is known"):
+                                                      "keeps no text sketches"):
         pipeline(SIMINDEX_PATH=str(tmp_path / "s"), SIMINDEX_MIN_SIMILARITY=0.8).open_spider()
+    # a new index that cannot judge the threshold is not left behind
+    with pytest.raises(simindex.ParameterError, match="simindex-v1 .* needs a sample"):
+        pipeline(SIMINDEX_PATH=str(tmp_path / "v"), SIMINDEX_SCHEME="simindex-v1",
+                 SIMINDEX_MIN_SIMILARITY=0.8).open_spider()
+    assert not (tmp_path / "v" / "items").exists()
+    with pytest.raises(simindex.ParameterError, match="keeps no text sketches"):
+        pipeline(SIMINDEX_PATH=str(tmp_path / "v"), SIMINDEX_SCHEME="simindex-v1", SIMINDEX_K=4,
+                 SIMINDEX_MIN_SIMILARITY=0.8).open_spider()
+    assert not (tmp_path / "v" / "items").exists()
+    # SIMINDEX_K with a threshold: a minhash-v1 index searched at that k
+    both = pipeline(SIMINDEX_PATH=str(tmp_path / "w"), SIMINDEX_K=9, SIMINDEX_MIN_SIMILARITY=0.8)
+    both.open_spider()
+    assert (both.checker.index.scheme, both.checker.index.k) == ("minhash-v1", 9)
+    assert both.checker.index.text_check(0.8, 9) == simindex.TextCheck(9, 0.8, "jaccard")
+    both.close_spider()
     made = pipeline(SIMINDEX_PATH=str(tmp_path / "u"), SIMINDEX_MIN_SIMILARITY=0.9,
                     SIMINDEX_RECALL=0.999)
     made.open_spider()

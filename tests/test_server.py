@@ -283,9 +283,16 @@ def test_text_calls_judge_by_the_similarity_threshold(tmp_path, serve):
     min_similarity), as the library's text calls judge them."""
     rng = random.Random(4)
     a, b, _ = pair_at(rng, 0.8, n=60)
-    far_a, far_b, _ = pair_at(rng, 0.3, n=60)
+    cal = simindex.calibrate([], 0.7)
+
+    def fp(text):
+        return simindex.fingerprint(text, scheme=cal.scheme, width=cal.width)
+    while True:               # a pair within the radius, below the threshold: both go in
+        far_a, far_b, _ = pair_at(rng, 0.45, n=60)
+        if simindex.hamming(fp(far_a), fp(far_b)) <= cal.k:
+            break
     path = tmp_path / "idx"
-    simindex.Index(str(path), calibration=simindex.calibrate([], 0.7)).close()
+    simindex.Index(str(path), calibration=cal).close()
     s = serve(path)
     with s.client() as c:
         assert c.post("/add", json={"id": "a", "text": a}).status_code == 200

@@ -146,10 +146,24 @@ def test_the_stored_sketch_is_the_texts(tmp_path):
 def test_a_radius_must_be_known_for_the_threshold(tmp_path):
     with simindex.Index(tmp_path / "s", k=3) as idx:          # simhash, no calibration
         assert idx.text_check() is None
-        with pytest.raises(simindex.ParameterError, match="no radius is known"):
-            idx.query_text("a b c d", min_similarity=0.8)
-        # with k given, the threshold is checked at that radius
-        assert idx.text_check(0.8, k=2) == simindex.TextCheck(2, 0.8, "jaccard")
+        idx.add_text("a", "a b c d")
+        assert idx.get("a").meta is None                      # no sketch kept ...
+        for k in (None, 2):                                    # ... so no threshold
+            with pytest.raises(simindex.ParameterError, match="keeps no text sketches"):
+                idx.query_text("a b c d", k=k, min_similarity=0.8)
+            with pytest.raises(simindex.ParameterError, match="keeps no text sketches"):
+                idx.add_unique_text("b", "a b c d", k=k, min_similarity=0.8)
+        assert "b" not in idx
+    # calibrated for containment: a lower threshold has no radius unless k is given
+    texts = [t for pair in [pair_at(random.Random(9), 0.8)[:2] for _ in range(10)]
+             for t in pair]
+    cal = simindex.calibrate(texts, 0.7, measure="containment")
+    with simindex.Index(tmp_path / "n", calibration=cal) as idx:
+        assert idx.text_check().measure == "containment"
+        with pytest.raises(simindex.ParameterError, match="no radius is known for "
+                                                          "containment >= 0.5"):
+            idx.query_text("a b c d", min_similarity=0.5)
+        assert idx.text_check(0.5, k=2) == simindex.TextCheck(2, 0.5, "containment")
     with simindex.Index(tmp_path / "m", scheme="minhash-v1", width=64, k=6) as idx:
         with pytest.raises(simindex.ParameterError, match=r"needs k=\d+ at 64 bits; this "
                                                           r"index's tables reach k=6"):
@@ -165,6 +179,56 @@ def test_a_radius_must_be_known_for_the_threshold(tmp_path):
                 idx.query_text("a b c d", min_similarity=bad)
     with pytest.raises(simindex.ParameterError, match="calibration"):
         simindex.Index(tmp_path / "c", calibration=simindex.calibrate([], 0.8))
+
+
+def test_a_meta_value_shaped_like_anything_stays_the_users(tmp_path):
+    """Only the sketch extension simindex writes is read as a sketch: a user's list that
+    looks like dedup's old record, or another extension, is meta and nothing else."""
+    rng = random.Random(6)
+    a = " ".join(tokens(rng, 40))
+    with simindex.Index(tmp_path / "i", scheme="minhash-v1", width=64, k=20) as idx:
+        idx.add("u", idx.fingerprint(a), [b"ABCDEFGH", 7, b"\0\0\0\1", 3])
+        idx.add("v", idx.fingerprint(a), [b"ABCDEFGH", 7, b"\0\1"])
+        got = idx.query_text(a, min_similarity=0.8)          # no sketch: on distance
+        assert {m.id for m in got} == {"u", "v"}
+        assert idx.get("u").meta == [b"ABCDEFGH", 7, b"\0\0\0\1", 3]
+        assert idx.add_unique_text("w", a, min_similarity=0.8) != []
+        with pytest.raises(simindex.InputError, match="with the text's sketch; the limit"):
+            idx.add_text("big", a, meta="x" * (16 << 20) + "")
+
+
+def test_damaged_sketch_bytes_are_corrupt_records(tmp_path):
+    from simindex.codec import pack_meta, unpack
+    good = pack_meta({"a": 1}, None, (b"abcd" * 3, 9))
+    assert unpack(good) == {"a": 1}
+    for bad in (good[:-1], good[:3] + b"\x00\x07" + good[5:], good[:1] + b"\x05" + good[2:],
+                b"\xc7\x01\x53\x00"):
+        with pytest.raises(simindex.CorruptError, match="cannot be decoded: ."):
+            unpack(bad)
+        with pytest.raises(simindex.CorruptError):
+            stored_sketch(bad)
+
+
+def test_buffered_records_are_checked_without_folding_the_buffer(tmp_path):
+    rng = random.Random(12)
+    a, b, _ = pair_at(rng, 0.9, n=60)
+    far_a, far_b, _ = pair_at(rng, 0.5, n=60)
+    path = tmp_path / "i"
+    simindex.Index(path, scheme="minhash-v1", width=64, k=16).close()
+    with simindex.Index(path, sync=False) as idx:
+        idx.add_text("a", a, meta=1)
+        idx.add_text("f", far_a)
+        idx.flush()                                   # stored; then two more buffered
+        idx.add_text("a2", a, meta=2)
+        idx.add_text("f2", far_a)
+        k = idx.text_check(0.8).k
+        near = idx.query_text(b, min_similarity=0.8)
+        assert [(m.id, m.meta) for m in near] == [("a", 1), ("a2", 2)]
+        assert idx._open_store().buffered() == 2     # still buffered: nothing was folded
+        if simindex.hamming(idx.fingerprint(far_a), idx.fingerprint(far_b)) <= k:
+            assert idx.query_text(far_b, min_similarity=0.8) == []
+    with simindex.Index(path, readonly=True) as idx:           # read-only, 64 bits
+        assert {m.id for m in idx.query_text(b, min_similarity=0.8)} == {"a", "a2"}
 
 
 ADDER = r"""
@@ -184,12 +248,15 @@ def test_two_processes_adding_similar_texts_admit_exactly_one_of_each_pair(tmp_p
     cal = simindex.calibrate([], 0.7)
     path = str(tmp_path / "i")
     simindex.Index(path, calibration=cal).close()
-    pairs = []
+    pairs = []            # similar pairs (one of each goes in), then pairs within k but
+    below = []            # below the threshold (both go in)
     with simindex.Index(path, readonly=True) as idx:
-        while len(pairs) < 150:
-            a, b, _ = pair_at(rng, 0.9, n=60)
+        while len(pairs) < 150 or len(below) < 30:
+            j = 0.9 if len(pairs) < 150 else 0.4
+            a, b, _ = pair_at(rng, j, n=60)
             if simindex.hamming(idx.fingerprint(a), idx.fingerprint(b)) <= cal.k:
-                pairs.append((a, b))
+                (pairs if j == 0.9 else below).append((a, b))
+    pairs = pairs[:150] + below[:30]
     files = []
     for side, texts in (("a", [a for a, _ in pairs]), ("b", [b for _, b in pairs])):
         f = tmp_path / f"{side}.json"
@@ -199,9 +266,10 @@ def test_two_processes_adding_similar_texts_admit_exactly_one_of_each_pair(tmp_p
                               stdout=subprocess.PIPE, text=True) for side, f in files]
     outs = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
-    assert all(x != y for x, y in zip(*outs))
+    assert all(x != y for x, y in list(zip(*outs))[:150])
+    assert all(x and y for x, y in list(zip(*outs))[150:])
     with simindex.Index(path) as idx:
-        assert len(idx) == len(pairs)
+        assert len(idx) == 150 + 2 * 30
         assert idx.verify() == []
 
 
@@ -244,3 +312,38 @@ def test_dedup_judges_rows_against_texts_the_online_calls_stored(tmp_path):
     assert len(removed) >= 19 and set(removed) <= {f"b{n}" for n in range(20)}
     for d in removed.values():
         assert d.match == "a" + d.id[1:] and d.evidence == "sketch" and d.similarity >= 0.7
+
+
+def test_cli_build_keeps_sketches_and_query_judges_texts(tmp_path):
+    """`simindex build` of text rows into a calibrated index keeps each text's sketch, and
+    `simindex query` of text rows answers what query_text answers."""
+    rng = random.Random(31)
+    cal = simindex.calibrate([], 0.7)
+    path = str(tmp_path / "i")
+    simindex.Index(path, calibration=cal).close()
+
+    def fp(text):
+        return simindex.fingerprint(text, scheme=cal.scheme, width=cal.width)
+    near, below = [], []
+    while len(near) < 5 or len(below) < 5:
+        j = 0.85 if len(near) < 5 else 0.4
+        a, b, _ = pair_at(rng, j, n=60)
+        if simindex.hamming(fp(a), fp(b)) <= cal.k:
+            (near if j == 0.85 else below).append((a, b))
+    pairs = near[:5] + below[:5]
+    (tmp_path / "a.jsonl").write_text("".join(
+        json.dumps({"id": f"a{n}", "text": a}) + "\n" for n, (a, _b) in enumerate(pairs)))
+    (tmp_path / "b.jsonl").write_text("".join(
+        json.dumps({"id": f"b{n}", "text": b}) + "\n" for n, (_a, b) in enumerate(pairs)))
+    r = subprocess.run([sys.executable, "-m", "simindex", "build", path,
+                        str(tmp_path / "a.jsonl")], env=ENV, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "simindex", "query", path,
+                        str(tmp_path / "b.jsonl")], env=ENV, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = {x["id"]: [m["id"] for m in x["matches"]] for x in map(json.loads,
+                                                                   r.stdout.splitlines())}
+    assert got == {f"b{n}": ([f"a{n}"] if n < 5 else []) for n in range(10)}
+    with simindex.Index(path, readonly=True) as idx:
+        for n, (a, b) in enumerate(pairs):
+            assert [m.id for m in idx.query_text(b)] == got[f"b{n}"]

@@ -14,7 +14,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import manifest
 from ..codec import (
-    check_fp, check_wide_fp, encode_id, encode_records, fp_array, pack_meta, words_array,
+    Packed, check_fp, check_wide_fp, encode_id, encode_records, fp_array, pack_meta,
+    words_array,
 )
 from ..errors import (
     InputError, MissingIndexError, ParameterError, ReadOnlyError, StorageError, closed_error,
@@ -25,6 +26,7 @@ from ..results import (
     Id, Match, Record, check_verify, match_of, record_of, verified,
     verified_many,
 )
+from ..textcheck import TextCheck, keeps_sketches, text_check, text_sketch
 from ..transactions import is_io
 from . import route
 from .parts import PART_RECORDS
@@ -303,10 +305,14 @@ class Cluster:
         """As Index.add_unique: atomic across clients (the ledger holds the records write
         lock while the shards scan)."""
         self._check(write=True)
-        k = self._k(k)
-        idk, fp, mb = encode_id(id), self._fp(fingerprint), pack_meta(meta, id)
-        added, hits = self._written(self.ledger.add_unique.remote(self._request(), idk, fp, mb, k,
-                                                          self.shards))
+        return self._add_unique(encode_id(id), self._fp(fingerprint), pack_meta(meta, id),
+                                self._k(k))
+
+    def _add_unique(self, idk: bytes, fp: int, mb: bytes, k: int,
+                    check: Optional[TextCheck] = None,
+                    sketch: Optional[tuple] = None) -> list[Match]:
+        added, hits = self._written(self.ledger.add_unique.remote(
+            self._request(), idk, fp, mb, k, self.shards, check, sketch))
         if added is not None:
             prev, seqs = added
             self._apply([(prev, seqs, self._fps([fp]), None)])
@@ -317,14 +323,43 @@ class Cluster:
         self._check(write=True)
         return self._written(self.ledger.remove.remote(self._request(), encode_id(id)))
 
+    # ------------------------------------------------------------ text (as Index's)
+    def text_check(self, min_similarity: Optional[float] = None,
+                   k: Optional[int] = None) -> Optional[TextCheck]:
+        """As Index.text_check."""
+        return text_check(self.scheme, self.plan.width, self.plan.k,
+                          self._manifest.get("calibration"), min_similarity,
+                          None if k is None else self._k(k))
+
+    def _keeps_sketches(self) -> bool:
+        return keeps_sketches(self.scheme, self._manifest.get("calibration"))
+
+    def text_record(self, text: str, meta: Any = None, id: Optional[Id] = None) -> tuple:
+        """As Index.text_record."""
+        if not self._keeps_sketches():
+            return self.fingerprint(text), meta
+        fp, sketch = text_sketch(text, self.scheme, self.plan.width)
+        return fp, Packed(pack_meta(meta, id, sketch))
+
     def add_text(self, id: Id, text: str, meta: Any = None) -> int:
-        fp = self.fingerprint(text)
-        self.add(id, fp, meta)
+        """As Index.add_text."""
+        fp, stored = self.text_record(text, meta, id)
+        self.add(id, fp, stored)
         return fp
 
-    def add_unique_text(self, id: Id, text: str, meta: Any = None,
-                        k: Optional[int] = None) -> list[Match]:
-        return self.add_unique(id, self.fingerprint(text), meta, k)
+    def add_unique_text(self, id: Id, text: str, meta: Any = None, k: Optional[int] = None,
+                        min_similarity: Optional[float] = None) -> list[Match]:
+        """As Index.add_unique_text: the ledger judges the candidates' sketches under the
+        records write lock."""
+        self._check(write=True)
+        check = self.text_check(min_similarity, k)
+        if check is None and not self._keeps_sketches():
+            return self.add_unique(id, self.fingerprint(text), meta, k)
+        fp, sketch = text_sketch(text, self.scheme, self.plan.width)
+        mb = pack_meta(meta, id, sketch)
+        if check is None:
+            return self._add_unique(encode_id(id), fp, mb, self._k(k))
+        return self._add_unique(encode_id(id), fp, mb, check.k, check, sketch)
 
     # ------------------------------------------------------------ reads
     def query_many(self, fingerprints: Any, k: Optional[int] = None,
@@ -352,8 +387,18 @@ class Cluster:
         return verified(ms, verify)
 
     def query_text(self, text: str, k: Optional[int] = None,
-                   verify: Optional[Callable[[Match], bool]] = None) -> list[Match]:
-        return self.query(self.fingerprint(text), k, verify)
+                   verify: Optional[Callable[[Match], bool]] = None,
+                   min_similarity: Optional[float] = None) -> list[Match]:
+        """As Index.query_text."""
+        self._check()
+        check = self.text_check(min_similarity, k)
+        if check is None:
+            return self.query(self.fingerprint(text), k, verify)
+        fp, (sketch, size) = text_sketch(text, self.scheme, self.plan.width)
+        q = self._fps([fp])
+        qidx, seqs, dists, applied = route.scan(self.plan, self.shards, q, check.k)
+        hits = fetch(self.ledger.resolve.remote(q, qidx, seqs, dists, applied, check.k))[0]
+        return verified([match_of(h) for h in check.passing(sketch, size, hits)], verify)
 
     def get(self, id: Id) -> Optional[Record]:
         """The stored Record of `id`, or None."""

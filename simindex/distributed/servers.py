@@ -148,10 +148,11 @@ class LedgerServer(_Server):
         return self.txns.read(lambda ctx: ctx.resolve(queries, qidx[order], seqs[order],
                                                       dists[order], applied, k))
 
-    def add_unique(self, request, idk, fp, meta, k, shards):
+    def add_unique(self, request, idk, fp, meta, k, shards, check=None, sketch=None):
         """Insert unless a record within k bits exists (returning those). The shard servers
         scan while this holds the records write lock, so it is atomic across clients.
-        `fp`: an int of the index's width."""
+        `fp`: an int of the index's width. `check` (a TextCheck) with the text's (sketch,
+        shingle count): only records that pass it count, judged under the same lock."""
         q = np.array([fp], dtype=np.uint64) if self.plan.width == 64 else \
             words_array([fp], self.plan.width)
 
@@ -159,6 +160,8 @@ class LedgerServer(_Server):
             qidx, seqs, dists, applied = route.scan(self.plan, shards, q, k)
             hits = self.txns.read(
                 lambda ctx: ctx.resolve(q, qidx, seqs, dists, applied, k, txn))[0]
+            if hits and check is not None:
+                hits = check.passing(sketch[0], sketch[1], hits)
             if hits:
                 return None, hits
             prev = records.last_seq(txn)

@@ -68,16 +68,16 @@ def document(width: int, k: int, auth: bool, scheme: Optional[str] = None,
     source = {"fingerprint": ref["Fingerprint"], "text": text}
     similar = {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
                "description": "with text: only records whose stored text is this similar "
-                              "(Jaccard of shingles; default: the index's calibration)"}
+                              "(Jaccard of shingles, or containment in an index calibrated "
+                              "for it; default: the index's calibration)"}
     one_source = [{"required": ["fingerprint"]}, {"required": ["text"]}]
     # min_similarity judges texts, and below the floor only at a given k
     judged: dict[str, Any] = {"oneOf": [
         {"required": ["fingerprint"],
          "not": {"anyOf": [{"required": ["text"]}, {"required": ["min_similarity"]}]}},
         {"required": ["text"], "not": {"required": ["fingerprint"]}}]}
-    if floor is None:
-        judged["dependentRequired"] = {"min_similarity": ["k"]}
-    elif floor > 0:
+    judging = {} if floor is None else {"min_similarity": similar}   # None: no sketches
+    if floor is not None and floor > 0:
         judged["if"] = {"required": ["min_similarity"],
                         "properties": {"min_similarity": {"exclusiveMaximum": floor}}}
         judged["then"] = {"required": ["k"]}
@@ -122,7 +122,7 @@ def document(width: int, k: int, auth: bool, scheme: Optional[str] = None,
                 "Stored fingerprints within k bits of one fingerprint or text",
                 _obj(["fingerprint", "matches"], {"fingerprint": {"type": "string"},
                                                   "matches": matches}),
-                _obj([], {**source, "k": radius, "min_similarity": similar}, **judged),
+                _obj([], {**source, "k": radius, **judging}, **judged),
                 errors=(400, 422))},
             "/query/batch": {"post": _op(
                 "query for each fingerprint of a batch",
@@ -157,7 +157,7 @@ def document(width: int, k: int, auth: bool, scheme: Optional[str] = None,
                     "added": {"type": "boolean"}, "id": ref["Id"],
                     "fingerprint": {"type": "string"}, "matches": matches}),
                 _obj(["id"], {"id": ref["Id"], **source, "meta": ref["Meta"], "k": radius,
-                              "min_similarity": similar}, **judged),
+                              **judging}, **judged),
                 errors=(400, 403, 422, 507))},
         },
     }
