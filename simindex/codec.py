@@ -221,6 +221,7 @@ MAX_SKETCH_BYTES = 512          # similarity.SKETCH values of 4 bytes
 _EXT_DATA_AT = {0xC7: 3, 0xC8: 4, 0xC9: 6}    # ext 8/16/32: where the data begins
 _SKETCH_HEAD = struct.Struct(">H")
 _SKETCH_COUNT = struct.Struct(">Q")
+_EXT_CODE = bytes([SKETCH_EXT])
 
 
 class Packed(bytes):
@@ -247,8 +248,12 @@ def pack_meta(meta, id_=None, sketch=None):
         sk, count = sketch
         if len(sk) % 4 or len(sk) > MAX_SKETCH_BYTES or not 0 <= count < 1 << 64:
             raise InputError(f"a text sketch is {len(sk)} bytes of a set of {count}")
-        data = _SKETCH_HEAD.pack(len(sk)) + sk + _SKETCH_COUNT.pack(count) + b
-        b = msgpack.packb(msgpack.ExtType(SKETCH_EXT, data))
+        n = 2 + len(sk) + 8 + len(b)       # msgpack's ext 8/16/32 header, then the data
+        head = (b"\xc7" + n.to_bytes(1, "big") if n < 1 << 8 else
+                b"\xc8" + n.to_bytes(2, "big") if n < 1 << 16 else
+                b"\xc9" + n.to_bytes(4, "big"))
+        b = b"".join((head, _EXT_CODE, _SKETCH_HEAD.pack(len(sk)), sk,
+                      _SKETCH_COUNT.pack(count), b))
         extra = " with the text's sketch"
     if len(b) > MAX_META_BYTES:
         raise InputError(f"meta is {len(b)} bytes packed{extra}; the limit is "
