@@ -16,6 +16,7 @@ from .fingerprints import (
     HASHES, WIDTHS, Scheme, compute, fingerprint, schemes, shingles, simhash, tokenize,
 )
 from .radius import Calibration, calibrate
+from .repair import repair
 from .textcheck import TextCheck
 from .datasets import Decision, decisions, dedup
 from .index import Index, hamming
@@ -27,7 +28,8 @@ from .vectors import (
 
 __all__ = [
     "Decision", "decisions", "dedup", "calibrate", "Calibration", "TextCheck",
-    "Index", "Match", "Record", "find_all", "hamming", "__version__", "FORMAT_VERSION",
+    "Index", "Match", "Record", "find_all", "hamming", "repair", "__version__",
+    "FORMAT_VERSION",
     "simhash", "compute", "shingles", "tokenize", "fingerprint", "schemes", "Scheme",
     "HASHES", "WIDTHS", "Hyperplanes", "simhash_rows", "radius_for_cosine",
     "cosine_for_radius", "match_probability",

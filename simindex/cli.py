@@ -404,6 +404,21 @@ def verify(index):
 
 @cli.command()
 @click.argument("index")
+def repair(index):
+    """Rebuild the damaged shards of INDEX from its records, then verify it (records/ is
+    never rebuilt: damage there exits 1). Run it while no other process has INDEX open."""
+    from .repair import repair as rebuild
+    try:
+        done = rebuild(index)
+    except Error as e:
+        _fail(str(e))
+    for line in done:
+        click.echo(line)
+    _say(f"simindex: index is sound ({len(done)} shard(s) rebuilt)")
+
+
+@cli.command()
+@click.argument("index")
 def compact(index):
     """Merge each table's runs of INDEX into one and drop removed entries."""
     with _open(index, create=False) as idx:

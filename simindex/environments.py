@@ -27,24 +27,38 @@ SHARD_DBS = (DB_STATE, DB_BLOCKS)
 _KNOWN = {MANIFEST, RECORDS_DIR, LOCK_FILE, LOG_DIR}
 
 
-def open_records(index_path: str, *, readonly: bool, sync: bool) -> Env:
-    """records/ of the index at `index_path`: the log of truth, synced on every commit."""
-    return _open(index_path, RECORDS_DIR, RECORDS_DBS, readonly=readonly, sync=sync)
+def open_records(index_path: str, *, readonly: bool, sync: bool,
+                 existing: bool = True) -> Env:
+    """records/ of the index at `index_path`: the log of truth, synced on every commit.
+    `existing`: the index was made, so its data file must be there (a missing or empty
+    one is lost records, refused: never taken for an empty index)."""
+    try:
+        return _open(index_path, RECORDS_DIR, RECORDS_DBS, readonly=readonly, sync=sync,
+                     existing=existing)
+    except CorruptError as e:
+        raise CorruptError(f"{e}: the index's records are damaged or lost and cannot be "
+                           f"rebuilt; restore {RECORDS_DIR}/ from a backup (nothing was "
+                           f"changed)") from None
 
 
-def open_shard(index_path: str, shard: int, *, readonly: bool, sync: bool) -> Env:
+def open_shard(index_path: str, shard: int, *, readonly: bool, sync: bool,
+               existing: bool = True) -> Env:
     """Shard `shard` of the index. Shards are derived from records/: after an OS crash one
     may lose its last transactions (never its integrity), and replay restores them, so its
     meta page is not synced apart from its data (metasync=False)."""
-    return _open(index_path, shard_dir(shard), SHARD_DBS, readonly=readonly, sync=sync,
-                 metasync=False)
+    try:
+        return _open(index_path, shard_dir(shard), SHARD_DBS, readonly=readonly, sync=sync,
+                     metasync=False, existing=existing)
+    except CorruptError as e:
+        raise CorruptError(f"{e}: shard {shard} is damaged; `simindex repair "
+                           f"{index_path}` rebuilds it from the records") from None
 
 
-def _open(index_path, sub, dbs, *, readonly, sync, metasync=True):
+def _open(index_path, sub, dbs, *, readonly, sync, metasync=True, existing=True):
     d = os.path.join(index_path, sub)
     if not os.path.isdir(d):
         raise CorruptError(f"{index_path}: {sub}/ is missing")
-    lmdbfile.check_size(d)
+    lmdbfile.check_size(d, readonly=readonly, existing=existing)
     env = Env(d, readonly=readonly, sync=sync, metasync=metasync, mapsize=INITIAL_MAP,
               maxdbs=MAX_DBS)
     try:
@@ -95,8 +109,8 @@ def create(path: str, plan: Plan, scheme: str, calibration: Optional[dict] = Non
         try:
             for sub in [RECORDS_DIR] + [shard_dir(s) for s in range(plan.shards)]:
                 os.makedirs(os.path.join(path, sub), exist_ok=True)
-            envs.append(open_records(path, readonly=False, sync=True))
-            envs += [open_shard(path, s, readonly=False, sync=True)
+            envs.append(open_records(path, readonly=False, sync=True, existing=False))
+            envs += [open_shard(path, s, readonly=False, sync=True, existing=False)
                      for s in range(plan.shards)]
         finally:
             for env in envs:

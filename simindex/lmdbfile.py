@@ -22,6 +22,7 @@ NO_PAGE = (1 << 64) - 1          # LMDB's P_INVALID: the root of an empty databa
 DATA_MDB = "data.mdb"
 LOCK_MDB = "lock.mdb"
 _PAGE_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+MAX_UNWRITTEN_TAIL = 1024        # pages a crash may leave unwritten past a small file's end
 
 
 class Meta(NamedTuple):
@@ -57,20 +58,27 @@ def read_meta(path: str, txnid: Optional[int] = None) -> Optional[Meta]:
     return best
 
 
-def check_size(env_dir: str) -> None:
-    """Refuse a data file cut short of its root pages (LMDB would SIGBUS reading them).
+def check_size(env_dir: str, readonly: bool = False, existing: bool = False) -> None:
+    """Refuse a data file cut short of its root pages (LMDB would SIGBUS reading them), or
+    whose meta page claims a size the file cannot have; with `existing` (an index that was
+    made), also a data file that is missing, empty or has no valid meta page.
 
     LMDB may leave free pages at the end of the file unwritten (allocated and freed in one
-    transaction), so a file shorter than its last page is normal after a crash; the missing
-    tail is filled with zeros, so that a page lost to real damage reads as a damaged page
-    (an error) instead of a SIGBUS.
+    transaction), so a file shorter than its last page is normal after a crash; a writable
+    open fills the missing tail with zeros, so that a page lost to real damage reads as a
+    damaged page (an error) instead of a SIGBUS. That tail is bounded by the file's own
+    size: a meta page claiming more is damaged. A read-only open never writes.
     """
     f = os.path.join(env_dir, DATA_MDB)
     try:
         size = os.path.getsize(f)
     except FileNotFoundError:
+        if existing:
+            raise CorruptError(f"{f} is missing") from None
         return
     if size == 0:
+        if existing:
+            raise CorruptError(f"{f} is empty (0 bytes)")
         return
     meta = read_meta(f)
     if meta is None:
@@ -80,16 +88,23 @@ def check_size(env_dir: str) -> None:
             raise CorruptError(f"{f} is truncated: {size} bytes, its root page {root} "
                                f"needs {(root + 1) * meta.psize}")
     need = (meta.last_page + 1) * meta.psize
-    if size < need:
+    if size >= need:
+        return
+    if need - size > max(size, MAX_UNWRITTEN_TAIL * meta.psize):
+        raise CorruptError(f"{f}: its meta page claims {need} bytes (last page "
+                           f"{meta.last_page}), far beyond the file's {size}: the meta page "
+                           f"is damaged")
+    if readonly:
+        return               # only free pages lie past the end; a read-only open reads none
+    try:
+        fd = os.open(f, os.O_WRONLY)
         try:
-            fd = os.open(f, os.O_WRONLY)
-            try:
-                os.posix_fallocate(fd, size, need - size)     # never shrinks the file
-            finally:
-                os.close(fd)
-        except OSError as e:
-            raise CorruptError(f"{f} is truncated: {size} bytes, its meta page needs {need}, "
-                               f"and it cannot be extended ({e.strerror})") from None
+            os.posix_fallocate(fd, size, need - size)     # never shrinks the file
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise CorruptError(f"{f} is truncated: {size} bytes, its meta page needs {need}, "
+                           f"and it cannot be extended ({e.strerror})") from None
 
 
 def never_committed(env_dir: str) -> bool:

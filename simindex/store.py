@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from . import environments, manifest, protocol, records, writebuffer
-from ._layout import MANIFEST
+from ._layout import DB_INFO, INFO_NEXT_SEQ, MANIFEST, RECORDS_DIR
 from ._lmdb import current_pid
 from ._permute import Permuter
 from ._query import SingleQuery
@@ -93,6 +93,7 @@ class Store:
         self.single = SingleQuery(self.txns, perm, self.plan.k) \
             if isinstance(perm, Permuter) else None
         try:
+            self._check_records_kept()
             if not readonly:
                 self.manifest = manifest.upgrade(path, self.manifest)
                 top = max(self.txns.read(lambda ctx: ctx.applied(self.plan.ntables)))
@@ -110,6 +111,19 @@ class Store:
             if isinstance(e, StorageError):
                 raise space_error(e, path) from None
             raise
+
+    def _check_records_kept(self) -> None:
+        """Refuse records/ that never held a record while a shard applied some: its records
+        were lost (the file emptied or replaced), and an index open on it would answer as
+        an empty one."""
+        applied = self.txns.read(lambda ctx: ctx.applied(self.plan.ntables))
+        if max(applied) and self.read_records(
+                lambda txn: txn.get(DB_INFO, INFO_NEXT_SEQ)) is None:
+            shard = int(np.argmax(applied))
+            raise CorruptError(
+                f"{self.path}: {RECORDS_DIR}/ holds no record, but shard {shard} applied "
+                f"records up to seq {max(applied)}: the index's records are lost and cannot "
+                f"be rebuilt; restore {RECORDS_DIR}/ from a backup (nothing was changed)")
 
     # ------------------------------------------------------------ lifetime
     @property

@@ -194,6 +194,19 @@ def test_corrupt_files_deep(pristine, tmp_path):
     assert failures == []
 
 
+def _root_of(f, db):
+    """The root page number of LMDB database `db` in data file `f`."""
+    meta = hook.read_meta(f)
+    page = open(f, "rb").read()[meta.roots[1] * meta.psize:][:meta.psize]
+    lower = int.from_bytes(page[12:14], "little")
+    for i in range((lower - 16) // 2):
+        off = int.from_bytes(page[16 + 2 * i:18 + 2 * i], "little")
+        ks = int.from_bytes(page[off + 6:off + 8], "little")
+        if page[off + 8:off + 8 + ks] == db.encode():
+            return int.from_bytes(page[off + 8 + ks + 40:off + 8 + ks + 48], "little")
+    raise AssertionError(f"no database {db!r} in {f}")
+
+
 def _second_leaf_of(f, db):
     """The page number of the second leaf of LMDB database `db` in data file `f`."""
     meta = hook.read_meta(f)
@@ -258,3 +271,143 @@ def test_a_damaged_record_size_is_an_error_not_a_sigbus(tmp_path):
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("error") and "damaged" in p.stdout
+
+
+# ------------------------------------------------------------------ refuse rather than forget
+def small_index(path, n=2000, shards=4):
+    with simindex.Index(path, k=3, shards=shards) as idx:
+        idx.add_many([f"d{i}" for i in range(n)],
+                     np.random.default_rng(1).integers(0, 2**64, n, dtype=np.uint64))
+
+
+OPEN = ("import sys, simindex\ntry:\n"
+        "    simindex.Index(sys.argv[1], readonly=sys.argv[2] == 'ro').close()\n"
+        "except simindex.CorruptError as e:\n    print('corrupt:', e)\n")
+
+
+def open_in_child(path, mode):
+    p = subprocess.run([sys.executable, "-c", OPEN, str(path), mode], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+@pytest.mark.parametrize("damage", ["empty", "missing", "replaced"])
+def test_lost_records_are_refused_never_taken_for_an_empty_index(tmp_path, damage):
+    """records/data.mdb emptied, removed, or replaced by a new empty environment: every
+    open (writable, read-only, the CLI) refuses, naming the file, and changes nothing."""
+    path = tmp_path / "i"
+    small_index(path)
+    f = path / "records" / "data.mdb"
+    if damage == "empty":
+        f.write_bytes(b"")
+    elif damage == "missing":
+        f.unlink()
+    else:
+        f.unlink()
+        (path / "records" / "lock.mdb").unlink()
+        env = tmp_path / "fresh"
+        with simindex.Index(env, k=3, shards=4):          # a real, empty records env
+            pass
+        shutil.copy(env / "records" / "data.mdb", f)
+    before = sorted((p.name, p.stat().st_size) for p in path.rglob("data.mdb"))
+    for mode in ("rw", "ro"):
+        out = open_in_child(path, mode)
+        assert out.startswith("corrupt:") and "records" in out, out
+        assert "cannot be rebuilt" in out and "backup" in out
+    assert sorted((p.name, p.stat().st_size) for p in path.rglob("data.mdb")) == before
+    for cmd in ("info", "verify"):
+        cli = subprocess.run([sys.executable, "-m", "simindex.cli", cmd, str(path)],
+                             capture_output=True, text=True)
+        assert cli.returncode == 1 and "records" in cli.stderr and "Traceback" not in cli.stderr
+
+
+def test_a_meta_page_claiming_a_huge_file_is_damage_and_nothing_grows(tmp_path):
+    """One high byte in a meta page's last-page field: a typed error from every open, and
+    no file is extended (a read-only open never writes at all)."""
+    path = tmp_path / "i"
+    small_index(path, shards=2)
+    f = path / "shard-001" / "data.mdb"
+    data = bytearray(f.read_bytes())
+    for page in (0, 1):                                 # both meta pages: 136 is last_pg
+        data[page * 4096 + 136 + 4] = 0x41
+    f.write_bytes(bytes(data))
+    size = f.stat().st_size
+    for mode in ("ro", "rw"):
+        out = open_in_child(path, mode)
+        assert out.startswith("corrupt:") and "meta page" in out and "shard 1" in out, out
+        assert f.stat().st_size == size
+    cli = subprocess.run([sys.executable, "-m", "simindex.cli", "verify", str(path)],
+                         capture_output=True, text=True)
+    assert cli.returncode == 1 and "Traceback" not in cli.stderr and f.stat().st_size == size
+
+
+def test_a_read_only_open_of_a_short_file_never_extends_it(tmp_path):
+    """A data file shorter than its last page (as a crash can leave it: free pages never
+    written) opens read-only as it is; a writable open fills the tail."""
+    path = tmp_path / "i"
+    small_index(path, shards=2)
+    f = path / "shard-000" / "data.mdb"
+    data = bytearray(f.read_bytes())
+    size = len(data)
+    assert size % 4096 == 0
+    for page in (0, 1):                       # each meta page's last page: 3 past the end
+        at = page * 4096 + 136
+        data[at:at + 8] = (size // 4096 + 2).to_bytes(8, "little")
+    f.write_bytes(bytes(data))
+    assert open_in_child(path, "ro") == "" and f.stat().st_size == size
+    assert open_in_child(path, "rw") == ""
+    assert f.stat().st_size >= size + 3 * 4096
+
+
+# ------------------------------------------------------------------ repair
+def answers(path, fps):
+    with simindex.Index(path, readonly=True) as idx:
+        return [sorted((m.id, m.distance) for m in ms) for ms in idx.query_many(fps)]
+
+
+@pytest.mark.parametrize("damage", ["empty", "missing", "page"])
+def test_repair_rebuilds_a_damaged_shard_from_the_records(tmp_path, damage):
+    path = tmp_path / "i"
+    n = 5000
+    fps = np.random.default_rng(1).integers(0, 2**64, n, dtype=np.uint64)
+    with simindex.Index(path, k=3, shards=2) as idx:
+        idx.add_many([f"d{i}" for i in range(n)], fps)
+        idx.remove("d7")
+    queries = np.concatenate([fps[:300], fps[:300] ^ np.uint64(0b101)])
+    want = answers(path, queries)
+    f = path / "shard-001" / "data.mdb"
+    if damage == "empty":
+        f.write_bytes(b"")
+    elif damage == "missing":
+        f.unlink()
+    else:
+        data = bytearray(f.read_bytes())
+        root = _root_of(str(f), "blocks")
+        data[root * 4096:(root + 1) * 4096] = bytes(4096)
+        f.write_bytes(bytes(data))
+    if damage != "page":                   # a lost shard file: every open says what to do
+        out = open_in_child(path, "rw")
+        assert "shard 1" in out and "simindex repair" in out, out
+    r = subprocess.run([sys.executable, "-m", "simindex.cli", "repair", str(path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("shard 1 rebuilt from the records") and "sound" in r.stderr
+    assert answers(path, queries) == want
+    with simindex.Index(path) as idx:
+        assert idx.verify() == [] and len(idx) == n - 1 and "d7" not in idx
+    assert (path / "shard-001" / "data.mdb.damaged").exists() == (damage != "missing")
+    assert simindex.repair(path) == []                         # nothing left to do
+
+
+def test_repair_never_rebuilds_the_records(tmp_path):
+    path = tmp_path / "i"
+    small_index(path, shards=2)
+    (path / "records" / "data.mdb").write_bytes(b"")
+    before = sorted((str(p), p.stat().st_size) for p in path.rglob("*.mdb"))
+    with pytest.raises(simindex.CorruptError, match="records .*cannot be rebuilt"):
+        simindex.repair(path)
+    r = subprocess.run([sys.executable, "-m", "simindex.cli", "repair", str(path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "backup" in r.stderr and "Traceback" not in r.stderr
+    assert sorted((str(p), p.stat().st_size) for p in path.rglob("*.mdb")) == before

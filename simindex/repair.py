@@ -1,0 +1,81 @@
+"""repair(): rebuild what can be rebuilt. The shards are derived from records/, so a shard
+whose data file is missing, empty or damaged, or whose tables disagree with the records,
+is set aside (its data file kept as data.mdb.damaged) and made again from the records.
+records/ is the log of truth: damage there is refused, never rebuilt from nothing.
+
+Run it while no other process has the index open.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Union
+
+from . import environments, lmdbfile, manifest
+from ._layout import RECORDS_DIR, SHARD_PREFIX, shard_dir
+from .errors import CorruptError, MissingIndexError
+from .index import Index
+from .plan import Plan
+
+DAMAGED = "data.mdb.damaged"
+_SHARD = re.compile(SHARD_PREFIX + r"(\d+)")
+
+
+def _file_problems(env_dir: str) -> list:
+    """What is wrong with one environment's data file, read with plain file reads."""
+    try:
+        lmdbfile.check_size(env_dir, readonly=True, existing=True)
+    except CorruptError as e:
+        return [str(e)]
+    f = os.path.join(env_dir, lmdbfile.DATA_MDB)
+    meta = lmdbfile.read_meta(f)
+    return lmdbfile.walk(f, meta) if meta is not None else [f"{f}: no valid meta page"]
+
+
+def _remake(path: str, shard: int) -> None:
+    """Set shard `shard`'s data file aside and make an empty environment in its place."""
+    d = os.path.join(path, shard_dir(shard))
+    os.makedirs(d, exist_ok=True)
+    f = os.path.join(d, lmdbfile.DATA_MDB)
+    if os.path.exists(f):
+        os.replace(f, os.path.join(d, DAMAGED))
+    lmdbfile.remove(d)
+    environments.open_shard(path, shard, readonly=False, sync=True, existing=False).close()
+
+
+def repair(path: Union[str, os.PathLike]) -> list[str]:
+    """Rebuild every damaged shard of the index at `path` from its records, then verify it;
+    returns what was done ([] when nothing needed it). CorruptError when records/ is
+    damaged or lost (restore it from a backup) or the index is still unsound after."""
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.exists(os.path.join(path, manifest.NAME)):
+        raise MissingIndexError(f"no simindex index at {path}")
+    plan = Plan(**manifest.plan_args(manifest.read(path)))
+    bad = _file_problems(os.path.join(path, RECORDS_DIR))
+    if bad:
+        raise CorruptError(f"{bad[0]}: the index's records are damaged or lost and cannot "
+                           f"be rebuilt; restore {RECORDS_DIR}/ from a backup (nothing was "
+                           f"changed)")
+    done = []
+    for s in range(plan.shards):
+        found = _file_problems(os.path.join(path, shard_dir(s)))
+        if found:
+            _remake(path, s)
+            done.append(f"shard {s} rebuilt from the records ({found[0]})")
+    for _ in range(plan.shards + 1):
+        try:
+            with Index(path) as idx:      # opening catches every shard up to the records
+                found = idx.verify()
+        except CorruptError as e:         # a shard LMDB cannot even open
+            found = [str(e)]
+        if not found:
+            return done
+        shards = {int(m) for p in found for m in _SHARD.findall(p)}
+        if not shards or any(p.startswith(RECORDS_DIR) for p in found):
+            raise CorruptError(f"{path} is still unsound after repair: {found[0]}")
+        for s in sorted(shards):          # pages sound, tables or state wrong: made again
+            _remake(path, s)
+            why = next(p for p in found if shard_dir(s) in p)
+            done.append(f"shard {s} rebuilt from the records ({why})")
+    raise CorruptError(f"{path} is still unsound after rebuilding every shard")
