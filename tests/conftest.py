@@ -23,14 +23,39 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+class Settings:
+    """How a test's index runs: "tuned" (group commit off: every batch reaches the shards'
+    runs, merges and blocks at once), "shipped" (the defaults users get: group commit on)
+    or "buffered" (the defaults with sync=False: single adds go through the write buffer)."""
+
+    def __init__(self, name):
+        self.name = name
+        self.sync = name != "buffered"
+
+    def __repr__(self):
+        return self.name
+
+
+SETTINGS = ["tuned", "shipped", "buffered"]
+
+
+@pytest.fixture
+def settings(request):
+    """Parametrize a test with `@pytest.mark.parametrize("settings", SETTINGS,
+    indirect=True)` to run it under each Settings; open indexes with sync=settings.sync."""
+    return Settings(request.param)
+
+
 @pytest.fixture(autouse=True)
 def group_commit(request):
     """In this process tests apply every batch to the shards at once (group commit off), so
     small batches still make the runs, merges and blocks they are written to reach. Tests
-    marked group_commit (test_group_commit.py) run with the shipped GROUP_LIMIT, and so do
-    child processes."""
+    marked group_commit (test_group_commit.py), or run under shipped or buffered Settings,
+    run with the shipped GROUP_LIMIT, and so do child processes."""
     from simindex import _testing
-    if request.node.get_closest_marker("group_commit"):
+    callspec = getattr(request.node, "callspec", None)
+    shipped = callspec is not None and callspec.params.get("settings", "tuned") != "tuned"
+    if request.node.get_closest_marker("group_commit") or shipped:
         yield
     else:
         with _testing.tuned(group=0):

@@ -7,7 +7,9 @@ import pytest
 
 import simindex
 from simindex import _testing
-from conftest import brute, brute_pairs, one_table_family, planted_family, shard_boundary_fps
+from conftest import (
+    SETTINGS, brute, brute_pairs, one_table_family, planted_family, shard_boundary_fps,
+)
 
 PARAMS = [
     # (k, blocks, shards)
@@ -43,17 +45,23 @@ def build_data(k, seed, n_random=1500, n_bases=12, blocks=None):
     return stored, queries
 
 
+@pytest.mark.parametrize("settings", SETTINGS, indirect=True)
 @pytest.mark.parametrize("k,blocks,shards", PARAMS)
-def test_query_equals_brute_force(tmp_path, k, blocks, shards):
+def test_query_equals_brute_force(tmp_path, k, blocks, shards, settings):
     stored, queries = build_data(k, seed=k * 100 + (blocks or 0), blocks=blocks)
-    with simindex.Index(tmp_path / "i", k=k, blocks=blocks, shards=shards) as idx:
-        # half in one columnar batch, the rest one by one and in small batches
+    with simindex.Index(tmp_path / "i", k=k, blocks=blocks, shards=shards,
+                        sync=settings.sync) as idx:
+        # half in one columnar batch, the rest in small batches and (buffered) one by one
         items = list(stored.items())
         half = len(items) // 2
         idx.add_many([i for i, _ in items[:half]], np.array([f for _, f in items[:half]],
                                                             dtype=np.uint64))
         for n in range(half, len(items), 37):
-            idx.add_many(items[n:n + 37])
+            if settings.name == "buffered" and n % 2:
+                for i, f in items[n:n + 37]:
+                    idx.add(i, f)
+            else:
+                idx.add_many(items[n:n + 37])
         assert len(idx) == len(stored)
         for q in queries:
             for kq in sorted({0, k // 2, k}):
@@ -73,10 +81,12 @@ def test_query_equals_brute_force(tmp_path, k, blocks, shards):
         assert idx.verify() == []
 
 
+@pytest.mark.parametrize("settings", SETTINGS, indirect=True)
 @pytest.mark.parametrize("k,blocks,shards", PARAMS)
-def test_pairs_equal_brute_force(tmp_path, k, blocks, shards):
+def test_pairs_equal_brute_force(tmp_path, k, blocks, shards, settings):
     stored, _ = build_data(k, seed=7 + k, n_random=800, blocks=blocks)
-    with simindex.Index(tmp_path / "i", k=k, blocks=blocks, shards=shards) as idx:
+    with simindex.Index(tmp_path / "i", k=k, blocks=blocks, shards=shards,
+                        sync=settings.sync) as idx:
         items = list(stored.items())
         for n in range(0, len(items), 200):
             idx.add_many(items[n:n + 200])

@@ -3,6 +3,8 @@
 import shutil
 import tempfile
 
+import pytest
+
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine, initialize, invariant, precondition, rule,
@@ -27,10 +29,12 @@ class IndexMachine(RuleBasedStateMachine):
         self.model = {}           # id -> fp, in insertion order of each id's latest add
         self.idx = None
 
-    @initialize(k=st.integers(0, 4), extra=st.integers(1, 3), shards=st.sampled_from([1, 4, 256]))
-    def open(self, k, extra, shards):
-        self.k = k
-        self.idx = simindex.Index(f"{self.dir}/i", k=k, blocks=k + extra, shards=shards)
+    @initialize(k=st.integers(0, 4), extra=st.integers(1, 3), shards=st.sampled_from([1, 4, 256]),
+                sync=st.booleans())
+    def open(self, k, extra, shards, sync):
+        self.k, self.sync = k, sync       # sync=False: single adds go through the buffer
+        self.idx = simindex.Index(f"{self.dir}/i", k=k, blocks=k + extra, shards=shards,
+                                  sync=sync)
 
     def _put(self, id_, fp):
         self.model.pop(id_, None)
@@ -85,7 +89,7 @@ class IndexMachine(RuleBasedStateMachine):
     @rule()
     def reopen(self):
         self.idx.close()
-        self.idx = simindex.Index(f"{self.dir}/i")
+        self.idx = simindex.Index(f"{self.dir}/i", sync=self.sync)
 
     @rule()
     def compact(self):
@@ -103,4 +107,8 @@ class IndexMachine(RuleBasedStateMachine):
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+# group commit off (every batch reaches the shards' runs and merges at once), and as
+# users get it (batches wait for the shards in groups, found through the unapplied tail)
 TestIndexMachine = IndexMachine.TestCase
+TestIndexMachineShipped = pytest.mark.group_commit(
+    type("ShippedIndexMachine", (IndexMachine,), {}).TestCase)
