@@ -316,20 +316,34 @@ time.sleep(600)
 
 def test_a_forked_child_neither_writes_to_nor_holds_the_parents_log(tmp_path):
     path = str(tmp_path / "i")
-    p = spawn(FORKER, path)
-    lines = [p.stdout.readline().split() for _ in range(2)]
-    child = [int(x[1]) for x in lines if x[0] == "parent"][0]
-    assert ["child", "refused"] in lines
+    out, err = (open(tmp_path / name, "w+") for name in ("out", "err"))
+    # its own session: the child is killed with the parent's group however the test ends,
+    # and the output is in files, so that what went wrong is in the failure's message
+    p = subprocess.Popen([sys.executable, "-c", FORKER, path], env=ENV, stdout=out,
+                         stderr=err, text=True, start_new_session=True)
     try:
+        deadline = time.monotonic() + 120
+        while len(open(tmp_path / "out").read().splitlines()) < 2 and p.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        lines = [x.split() for x in open(tmp_path / "out").read().splitlines()]
+        why = (lines, p.poll(), open(tmp_path / "err").read()[-3000:])
+        assert len(lines) == 2 and ["child", "refused"] in lines, why
+        (child,) = [int(x[1]) for x in lines if x[0] == "parent"]
         p.send_signal(signal.SIGKILL)             # the parent dies; its child lives on
         p.wait()
+        os.kill(child, 0)
         with simindex.Index(path) as idx:         # so the log's lock must be free
             assert len(idx) == 20 and "child" not in idx
             assert logs(path) == []
     finally:
-        os.kill(child, signal.SIGKILL)
-        p.stdout.close()
-        p.stderr.close()
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+        out.close()
+        err.close()
 
 
 GC_INSIDE = r"""
