@@ -7,6 +7,7 @@ same checks and the same settings.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from typing import Optional
@@ -17,7 +18,9 @@ from ._layout import (
     MANIFEST, RECORDS_DIR, SHARD_PREFIX, shard_dir,
 )
 from ._lmdb import Env, Txn
-from .errors import CorruptError, MissingIndexError, NotAnIndexError, StorageError
+from .errors import (
+    CorruptError, MissingIndexError, NotAnIndexError, ReadOnlyError, StorageError,
+)
 from .plan import Plan
 
 INITIAL_MAP = 16 << 30    # address space only; grows by doubling when full
@@ -59,8 +62,14 @@ def _open(index_path, sub, dbs, *, readonly, sync, metasync=True, existing=True)
     if not os.path.isdir(d):
         raise CorruptError(f"{index_path}: {sub}/ is missing")
     lmdbfile.check_size(d, readonly=readonly, existing=existing)
-    env = Env(d, readonly=readonly, sync=sync, metasync=metasync, mapsize=INITIAL_MAP,
-              maxdbs=MAX_DBS)
+    try:
+        env = Env(d, readonly=readonly, sync=sync, metasync=metasync, mapsize=INITIAL_MAP,
+                  maxdbs=MAX_DBS)
+    except StorageError as e:
+        if readonly or e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        raise ReadOnlyError(e.errno, f"{d} cannot be opened for writing ({e.strerror}): "
+                                     f"open the index with readonly=True") from None
     try:
         for name in dbs:
             env.open_db(name, create=not readonly)

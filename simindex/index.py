@@ -58,6 +58,10 @@ class Index:
                  prefix_blocks: Optional[int] = None, width: Optional[int] = None,
                  calibration: Union[Calibration, dict, None] = None) -> None:
         self._store: Optional[Store] = None
+        if isinstance(path, (str, bytes, os.PathLike)) and \
+                ("\0" in os.fsdecode(os.fspath(path))):
+            raise ParameterError(f"an index path cannot hold a NUL character: "
+                                 f"{os.fsdecode(os.fspath(path))!r:.80}")
         if isinstance(calibration, Calibration) and isinstance(path, (str, bytes, os.PathLike)) \
                 and not os.path.exists(os.path.join(os.fsdecode(os.fspath(path)), MANIFEST)):
             # a new index made for the calibration's scheme, width and k, and sized for the

@@ -259,11 +259,16 @@ def space_error(e: StorageError, path: str, then: str = "reopen the index") -> S
         full = True                      # a short write at the file size limit (a guess)
     if not full:
         return e
+    # the errno says what ran out (LMDB's EIO for a short write becomes ENOSPC or EFBIG);
+    # `code` keeps what was reported
     if e.errno == errno.EFBIG or (limit != resource.RLIM_INFINITY and e.errno == errno.EIO):
         why = f"the file size limit (RLIMIT_FSIZE, ulimit -f) of {limit:,} bytes was reached"
+        number = errno.EFBIG
     elif e.errno == errno.EDQUOT:
         why = "the disk quota is exhausted"
+        number = errno.EDQUOT
     else:
         room = f"{free:,} bytes free" if free is not None else "free space unknown"
         why = f"the disk is full ({room} at {path})"
-    return DiskFullError(e.errno, f"{e.strerror}: {why}; make room and {then}", code=e.code)
+        number = errno.ENOSPC
+    return DiskFullError(number, f"{e.strerror}: {why}; make room and {then}", code=e.code)

@@ -1,6 +1,7 @@
 """Reliability: dead readers, full disks, injected I/O errors and corrupt files, in real
 processes. Crash trials are in test_durability.py; tools/reliability.py runs all of it larger."""
 
+import errno
 import os
 import shutil
 import signal
@@ -15,7 +16,7 @@ import pytest
 import simindex
 from simindex import _testing as hook
 from trials import (
-    build_pristine, corrupt_trial, disk_full_trial, io_counts, io_trial, spawn,
+    ENV, build_pristine, corrupt_trial, disk_full_trial, io_counts, io_trial, spawn,
 )
 
 HOLD = r"""
@@ -66,9 +67,11 @@ def test_disk_full_is_a_clear_error_and_the_index_recovers(tmp_path, how):
     r = disk_full_trial(str(tmp_path / "w"), how)
     if r is None:
         pytest.skip("this machine does not allow a private mount namespace with a tmpfs")
-    kind, message = r["error"]
+    kind, message, number = r["error"]
     assert kind == "DiskFullError"
     assert ("disk is full" if how == "tmpfs" else "file size limit") in message
+    # the errno says what ran out, even where LMDB reported a short write as EIO
+    assert number == (errno.ENOSPC if how == "tmpfs" else errno.EFBIG)
     assert str(tmp_path / "w") in message                # names the path
     assert r["failed_batch"] in ("all", "none")           # nothing partial is visible
     assert r["refused"][0] == "StorageError" and "open it again" in r["refused"][1]
@@ -411,3 +414,41 @@ def test_repair_never_rebuilds_the_records(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 1 and "backup" in r.stderr and "Traceback" not in r.stderr
     assert sorted((str(p), p.stat().st_size) for p in path.rglob("*.mdb")) == before
+
+
+
+def test_errors_say_what_happened(tmp_path):
+    with pytest.raises(simindex.ParameterError, match="NUL character"):
+        simindex.Index(str(tmp_path / "x\0y"))
+    with pytest.raises(simindex.ParameterError, match="NUL character"):
+        simindex.Index(os.fsencode(str(tmp_path / "x\0y")))
+
+
+RO_MOUNT = r"""
+mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" || exit 77
+exec "$2" -c '
+import sys, simindex
+try:
+    simindex.Index(sys.argv[1])
+except simindex.ReadOnlyError as e:
+    print("refused", e.errno, e)
+with simindex.Index(sys.argv[1], readonly=True) as idx:
+    print("read", [m.id for m in idx.query(5)])
+' "$1"
+"""
+
+
+def test_a_writable_open_on_read_only_media_is_a_read_only_error(tmp_path):
+    if not shutil.which("unshare"):
+        pytest.skip("needs unshare (util-linux)")
+    path = tmp_path / "i"
+    with simindex.Index(path, k=3) as idx:
+        idx.add("a", 5)
+    p = subprocess.run(["unshare", "-rm", "sh", "-c", RO_MOUNT, "sh", str(path),
+                        sys.executable], env=ENV, capture_output=True, text=True)
+    if p.returncode in (1, 77) and not p.stdout:
+        pytest.skip("this machine does not allow a private mount namespace")
+    assert p.returncode == 0, p.stderr
+    refused, read = p.stdout.splitlines()
+    assert refused.startswith("refused 30 ") and "readonly=True" in refused
+    assert read == "read ['a']"

@@ -384,7 +384,7 @@ while b < 10000:
     try:
         idx.add_many(*batch(b))
     except simindex.Error as e:
-        out["error"] = [type(e).__name__, str(e)]
+        out["error"] = [type(e).__name__, str(e), getattr(e, "errno", None)]
         break
     out["acked"].append(b)
     b += 1
