@@ -39,9 +39,8 @@ def open_records(index_path: str, *, readonly: bool, sync: bool,
         return _open(index_path, RECORDS_DIR, RECORDS_DBS, readonly=readonly, sync=sync,
                      existing=existing)
     except CorruptError as e:
-        raise CorruptError(f"{e}: the index's records are damaged or lost and cannot be "
-                           f"rebuilt; restore {RECORDS_DIR}/ from a backup (nothing was "
-                           f"changed)") from None
+        raise _said(e, f"the index's records are damaged or lost and cannot be rebuilt; "
+                       f"restore {RECORDS_DIR}/ from a backup (nothing was changed)") from None
 
 
 def open_shard(index_path: str, shard: int, *, readonly: bool, sync: bool,
@@ -53,8 +52,16 @@ def open_shard(index_path: str, shard: int, *, readonly: bool, sync: bool,
         return _open(index_path, shard_dir(shard), SHARD_DBS, readonly=readonly, sync=sync,
                      metasync=False, existing=existing)
     except CorruptError as e:
-        raise CorruptError(f"{e}: shard {shard} is damaged; `simindex repair "
-                           f"{index_path}` rebuilds it from the records") from None
+        raise _said(e, f"shard {shard} is damaged; `simindex repair {index_path}` "
+                       f"rebuilds it from the records") from None
+
+
+def _said(e: CorruptError, then: str) -> CorruptError:
+    """`e` (its type, errno and code kept) with what to do about it appended."""
+    text = f"{e.strerror if e.errno is not None else e}: {then}"
+    out = type(e)(e.errno, text, code=e.code) if e.errno is not None else \
+        type(e)(text, code=e.code)
+    return out
 
 
 def _open(index_path, sub, dbs, *, readonly, sync, metasync=True, existing=True):

@@ -81,7 +81,7 @@ def test_query_equals_brute_force(tmp_path, k, blocks, shards, settings):
         assert idx.verify() == []
 
 
-@pytest.mark.parametrize("settings", SETTINGS, indirect=True)
+@pytest.mark.parametrize("settings", ["tuned", "shipped"], indirect=True)
 @pytest.mark.parametrize("k,blocks,shards", PARAMS)
 def test_pairs_equal_brute_force(tmp_path, k, blocks, shards, settings):
     stored, _ = build_data(k, seed=7 + k, n_random=800, blocks=blocks)

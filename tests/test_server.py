@@ -393,7 +393,7 @@ def schemathesis_run(url, seed, cwd, *args):
     assert st, "schemathesis is in the test extra"
     return subprocess.run(
         [st, "--config-file", os.path.join(os.path.dirname(__file__), "schemathesis.toml"),
-         "run", f"{url}/openapi.json", "--checks", "all", "--max-examples", "60",
+         "run", f"{url}/openapi.json", "--checks", "all", "--max-examples", "40",
          "--seed", str(seed), "--workers", "1", "--phases", "coverage,fuzzing,stateful",
          "--no-color", *args], capture_output=True, text=True, timeout=600, cwd=cwd)
 

@@ -23,6 +23,8 @@ ids = st.one_of(st.integers(0, 30), st.text("abc", min_size=1, max_size=2),
 
 
 class IndexMachine(RuleBasedStateMachine):
+    sync = True                   # as opened (machines built on this one may not choose)
+
     def __init__(self):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="simindex-sm-")
