@@ -116,6 +116,7 @@ cdef class ReadContext(Handle):
     cdef TailTables ttab
     cdef size_t tail_work              # records passed over on ctail since it changed
     cdef readonly size_t tail_builds   # tail tables built (tests, tools)
+    cdef RunDir *failed_dir            # the run whose block a failed probe was reading
     cdef int _tail(self, MDB_cursor *cur, uint64_t start, uint64_t last, int words,
                    Tail **out) noexcept nogil
     cdef int _waiting(self, MDB_cursor *cur, uint64_t last, int words, int ntables, bint own,

@@ -25,7 +25,7 @@ cimport simindex.bits as bits
 cimport simindex.layout as layout
 from simindex._lmdb cimport (
     Env, Txn, Handle, Gate, error, process_id, page_size, val_in_pages, CORRUPT_BLOCK, CORRUPT_KEY,
-    CORRUPT_RECORD, NO_MEMORY,
+    CORRUPT_RECORD, CORRUPT_STATE, NO_MEMORY,
 )
 from simindex._permute cimport Permuter, WidePermuter, Tables, permute, prefix_range
 from simindex._blocks cimport (
@@ -36,6 +36,8 @@ from simindex._records cimport (
     record_plain_int,
 )
 from simindex._join cimport PairBuf, pair_push, pair_arrays, free_pairs
+import os.path
+
 from simindex.errors import MapResizedError
 
 
@@ -525,8 +527,9 @@ cdef int _probe_scan(Probe *pr, int k, HitBuf *hits, size_t tw, size_t psize) no
 
 
 cdef int _run_probes(ProbeBuf *probes, int k, HitBuf *hits, size_t tw,
-                     size_t psize) noexcept nogil:
-    """Passes 2 to 4 over the queued probes, each pass over all of them before the next."""
+                     size_t psize, RunDir **failed) noexcept nogil:
+    """Passes 2 to 4 over the queued probes, each pass over all of them before the next;
+    on an error, `failed` is the run of the probe that met it (its shard names the place)."""
     cdef size_t r
     cdef int rc = 0
     for r in range(probes.n):
@@ -535,10 +538,13 @@ cdef int _run_probes(ProbeBuf *probes, int k, HitBuf *hits, size_t tw,
     while r < probes.n and rc == 0:
         rc = _probe_guess(&probes.p[r], tw, psize)
         r += 1
-    r = 0
-    while r < probes.n and rc == 0:
-        rc = _probe_scan(&probes.p[r], k, hits, tw, psize)
-        r += 1
+    if rc == 0:
+        r = 0
+        while r < probes.n and rc == 0:
+            rc = _probe_scan(&probes.p[r], k, hits, tw, psize)
+            r += 1
+    if rc and r:
+        failed[0] = probes.p[r - 1].dir
     return rc
 
 
@@ -1170,7 +1176,7 @@ cdef class ReadContext(Handle):
                         break
                 i += 1
             if rc == 0:
-                rc = _run_probes(&probes, k, hits, words - 1, self.psize)
+                rc = _run_probes(&probes, k, hits, words - 1, self.psize, &self.failed_dir)
         free(probes.p)
         free(items)
         free(keys)
@@ -1459,6 +1465,8 @@ cdef class ReadContext(Handle):
         cdef MDB_val key, val
         cdef ShardView *sv
         cdef str where = self.records.path
+        cdef int bad = -1              # the shard whose read failed, when it is known
+        self.failed_dir = NULL
         cdef bint own = txn is None
         cdef size_t vpsize = 0 if txn is not None and txn.write else self.psize
         cdef int active
@@ -1497,6 +1505,7 @@ cdef class ReadContext(Handle):
                                 if self.views[s].state != VIEW_ACTIVE:
                                     rc = self._activate(s, T)
                                     if rc:
+                                        bad = s
                                         break
                                     active += 1
                             if rc:
@@ -1558,6 +1567,7 @@ cdef class ReadContext(Handle):
                             for s in range(s0, s1 + 1):
                                 rc = self._activate(s, T)
                                 if rc:
+                                    bad = s
                                     break
                                 sv = &self.views[s]
                                 if sv.runs.applied < minA:
@@ -1567,6 +1577,7 @@ cdef class ReadContext(Handle):
                                     rc = _probe_push(&probes, &sv.dirs[r], sv.cur,
                                                      self.psize, lo, hi, pk, pkt + 1)
                                     if rc:
+                                        bad = s
                                         break
                                 if rc:
                                     break
@@ -1575,7 +1586,8 @@ cdef class ReadContext(Handle):
                         if rc:
                             break
                     if rc == 0:
-                        rc = _run_probes(&probes, k, &hits, words - 1, self.psize)
+                        rc = _run_probes(&probes, k, &hits, words - 1, self.psize,
+                                         &self.failed_dir)
                     if rc:
                         break
                     if last > minA:
@@ -1601,6 +1613,15 @@ cdef class ReadContext(Handle):
                 if rc == 0 and n > 1:
                     rc = self._resolve_batch(rc_cur, queries, words, &hits, qstart, n, vpsize)
             if rc:
+                if bad < 0 and self.failed_dir != NULL:
+                    for s in range(self.nshards):
+                        if self.views[s].dirs <= self.failed_dir < \
+                                self.views[s].dirs + self.views[s].ndirs:
+                            bad = s
+                if bad >= 0:
+                    where = (<Env>self.envs[bad]).path
+                elif rc == CORRUPT_BLOCK or rc == CORRUPT_STATE:
+                    where = f"a shard of {os.path.dirname(self.records.path)}"
                 raise error(rc, f"query on {where}")
             return _hit_lists(&hits, qstart, n, matches, words)
         finally:
