@@ -95,7 +95,7 @@ schemes = MappingProxyType({
     "memosstilvi": Scheme(
         name="memosstilvi", version=1,
         tokenizer="',' and ';' become spaces, then runs of whitespace split (str.split()); "
-                  "no case folding (the seed 002 notebook, after memosstilvi/simhash)",
+                  "no case folding (the memosstilvi/simhash notebook)",
         shingle_width=1, joiner="none (single tokens)",
         hash="MD5 of the UTF-8 token, all 128 bits, big-endian (the notebook's bit string "
              "is this integer's binary digits, most significant first)",
@@ -108,7 +108,7 @@ schemes = MappingProxyType({
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f"
 _V1_TOKEN = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+")
 _1E0NG_TOKEN = re.compile("[\\w\u4e00-\u9fcc]+")
-_SEED002_SEPARATORS = re.compile("[,;]")
+_NOTEBOOK_SEPARATORS = re.compile("[,;]")
 
 # Token hashes by name: (kind in the compiled module, natural width in bits). A hash wider
 # than the fingerprint gives its low `width` bits (PyPI simhash's truncation).
@@ -168,7 +168,7 @@ def tokenize(text: str, *, scheme: Union[str, "Scheme"] = DEFAULT_SCHEME) -> lis
     if s.name == "1e0ng":
         return list("".join(_1E0NG_TOKEN.findall(text.lower())))
     if s.name == "memosstilvi":
-        return _SEED002_SEPARATORS.sub(" ", text).split()
+        return _NOTEBOOK_SEPARATORS.sub(" ", text).split()
     return text.split()
 
 

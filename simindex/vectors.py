@@ -1,10 +1,10 @@
-"""Fingerprints from vectors (seed 004) and the arithmetic between cosine and radius.
+"""Fingerprints from vectors and the arithmetic between cosine and radius.
 
 Two ways to sign a document vector with `width` bits, both in batch:
 - `Hyperplanes`: bit i is the sign of the vector's dot product with random hyperplane i
-  (option 1), for dense arrays and SciPy sparse matrices, by one matrix product (BLAS).
+  (Hyperplanes), for dense arrays and SciPy sparse matrices, by one matrix product (BLAS).
 - `simhash_rows`: each word of a documents x words matrix votes with its own pseudo-random
-  +-1 vector, a hash of the word, times its weight (option 2): the row's simhash.
+  +-1 vector, a hash of the word, times its weight (simhash_rows): the row's simhash.
 For Gaussian hyperplanes the distance between two signatures is Binomial(width, theta/pi),
 theta the angle between the vectors; `radius_for_cosine` and `cosine_for_radius` turn a
 cosine threshold into the radius k that finds such pairs with a given recall, and back.
@@ -96,8 +96,8 @@ def _matrix(X, dim_name, dim):
 
 
 class Hyperplanes:
-    """A deterministic set of `width` random hyperplanes in `dim` dimensions (seed 004,
-    option 1): fingerprint bit i is set when the vector's dot product with hyperplane i is
+    """A deterministic set of `width` random hyperplanes in `dim` dimensions:
+    fingerprint bit i is set when the vector's dot product with hyperplane i is
     positive (zero leaves it clear).
 
     The hyperplanes are a pure function of (dim, width, seed, distribution): element
@@ -169,7 +169,7 @@ def _words_int(fps):
 
 def simhash_rows(X: Any, vocabulary: Optional[Sequence[Any]] = None, *, width: int = 64,
                  hash: HashArg = None) -> np.ndarray:
-    """The simhash of each row of a documents x words matrix (seed 004, option 2): word j
+    """The simhash of each row of a documents x words matrix: word j
     votes with the bits of its token hash (a +-1 vector) times the row's value, any finite
     weight (1, tf, tf-idf ...; negative ones too). For weights >= 0, row r equals
     simhash(dict of vocabulary[j] -> X[r, j] over its nonzero entries, width=width,

@@ -1,4 +1,4 @@
-"""Signatures from vectors (seed 004): the documented hyperplane generator, the sign of each
+"""Signatures from vectors: the documented hyperplane generator, the sign of each
 dot product, dense and sparse alike, the per-word +-1 form equal to simhash(), the binomial
 law behind the cosine helpers, and the errors."""
 
@@ -112,7 +112,7 @@ def test_the_distance_follows_the_binomial_law_of_the_angle(width):
     assert abs(d.sum() - expected) < 5 * math.sqrt(var)   # fixed seed: deterministic
 
 
-# ---------------------------------------------------------------- option 2: word vectors
+# ---------------------------------------------------------------- simhash_rows: word vectors
 
 
 @pytest.mark.parametrize("width", [64, 128, 256])
@@ -221,7 +221,7 @@ def test_cosine_helper_errors():
         simindex.cosine_for_radius(65, 64)
 
 
-def test_the_seed_004_workflow_runs_end_to_end(tmp_path):
+def test_the_cosine_workflow_runs_end_to_end(tmp_path):
     import os
     import subprocess
     import sys
@@ -232,9 +232,9 @@ def test_the_seed_004_workflow_runs_end_to_end(tmp_path):
     for name, text in docs.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "copyright").write_text(text)
-    for option in ("1", "2"):
+    for signature in ("hyperplanes", "words"):
         p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "cosine_dedup.py"),
-                            "--dir", str(tmp_path), "--option", option, "--cosine", "0.95"],
+                            "--dir", str(tmp_path), "--signature", signature, "--cosine", "0.95"],
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         assert "5 documents" in p.stdout

@@ -1,4 +1,4 @@
-"""Fingerprints of 128 and 256 bits: seed 002's notebook bit for bit, PyPI simhash f=128,
+"""Fingerprints of 128 and 256 bits: the memosstilvi/simhash notebook bit for bit, PyPI simhash f=128,
 every named token hash against its library, callables, compute, and the errors."""
 
 import hashlib
@@ -26,7 +26,7 @@ def vote(hashes_and_weights, width):
 
 
 def notebook_simhash(doc):
-    """Seed 002's notebook (memosstilvi/simhash), restated: its tokenizer, term-frequency
+    """The memosstilvi/simhash notebook, restated: its tokenizer, term-frequency
     weights, the full MD5 as 128 binary digits, and its output bit string."""
     tokens = [t for t in re.split(r"\s+", re.sub("[,;]", " ", str(doc))) if t]
     tf = {}
@@ -63,9 +63,9 @@ def ref_v1(text, width):
     return vote(((h(" ".join(w).encode()), 1) for w in wins), width)
 
 
-SEED_002_DATA = {1: "Im testing simhash algorithm.", 2: "test of simhash algorithm",
+NOTEBOOK_DATA = {1: "Im testing simhash algorithm.", 2: "test of simhash algorithm",
                  3: "This is simhash test."}
-SEED_002_OUTPUT = ("1010111111101010011011011011100011001000100110000010000001110011"
+NOTEBOOK_OUTPUT = ("1010111111101010011011011011100011001000100110000010000001110011"
                    "1100010000100000110010100011011010000001100111010110110110100110")
 
 GOLDEN_V1_WIDE = {   # frozen: a change here is a new scheme
@@ -76,13 +76,13 @@ GOLDEN_V1_WIDE = {   # frozen: a change here is a new scheme
     ("你好世界，这是一个测试。", 128): 0x6520000418c54840ec23008a27704145,
 }
 
-# ---------------------------------------------------------------- seed 002
+# ---------------------------------------------------------------- the notebook
 
 
-def test_seed_002_notebook_output_is_reproduced_bit_for_bit():
-    fp = simindex.fingerprint(str(SEED_002_DATA), scheme="memosstilvi")
-    assert format(fp, "0128b") == SEED_002_OUTPUT
-    assert notebook_simhash(str(SEED_002_DATA)) == SEED_002_OUTPUT    # the restated oracle
+def test_the_notebooks_output_is_reproduced_bit_for_bit():
+    fp = simindex.fingerprint(str(NOTEBOOK_DATA), scheme="memosstilvi")
+    assert format(fp, "0128b") == NOTEBOOK_OUTPUT
+    assert notebook_simhash(str(NOTEBOOK_DATA)) == NOTEBOOK_OUTPUT    # the restated oracle
 
 
 @given(st.text(alphabet=st.sampled_from("ab c,;\t\n\u00a0\u2003xyzé,"), max_size=60))

@@ -274,7 +274,7 @@ def figure_of(rows, system, figure, pick=max):
 
 
 def targets(rows, n):
-    """Issue 5's target rows: the measured ratio of each, and whether it is met."""
+    """The first target rows: the measured ratio of each, and whether it is met."""
     def get(system, figure, pick=max):
         return figure_of(rows, system, figure, pick)
 
@@ -319,8 +319,8 @@ def targets(rows, n):
          r and r <= 0.25)
 
 
-def targets_round3(rows, n):
-    """Issue 17's goals (performance round 3) at this size: each figure, its goal, met or not.
+def goals(rows, n):
+    """The speed goals at this size: each figure, its goal, met or not.
     Every ratio is taken within this run; read several runs' medians, not one."""
     def get(system, figure, pick=max):
         return figure_of(rows, system, figure, pick)
@@ -330,7 +330,7 @@ def targets_round3(rows, n):
             "NOT met" if met is not None else "not a goal at this size"
         print(f"| {name} | {value or '-'} | {goal} | {state} |")
 
-    print(f"\n| round-3 goal (n={n:,}) | measured | goal | |\n|---|---|---|---|")
+    print(f"\n| goal (n={n:,}) | measured | goal | |\n|---|---|---|---|")
     q, fq = get("simindex", "query_many, 1"), get("faiss MultiHash", "range_search")
     r = q / fq if q and fq else None
     want = 1.5 if n >= 100_000_000 else 2.5
@@ -445,7 +445,7 @@ def main(argv=None):
         print(f"{r.system:<32} {r.figure:<32} {r.value:>12,.1f} {r.unit:<6} {ratio}{status}"
               f"{r.note}")
     targets(rows, a.n)
-    targets_round3(rows, a.n)
+    goals(rows, a.n)
     if a.json:
         with open(a.json, "w") as f:
             json.dump([r.__dict__ for r in rows], f, indent=1)

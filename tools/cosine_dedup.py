@@ -1,13 +1,13 @@
-"""Seed 004's workflow end to end: documents whose tf-idf vectors have cosine >= s, found
+"""Near-duplicates by cosine end to end: documents whose tf-idf vectors have cosine >= s, found
 through random-hyperplane signatures, checked with the true cosine, and measured against
 the exact answer (every pair's cosine).
 
     python3 tools/cosine_dedup.py [--dir /usr/share/doc] [--width 128] [--cosine 0.9]
-                                  [--recall 0.99] [--option 1|2]
+                                  [--recall 0.99] [--signature hyperplanes|words]
 
 The corpus is every */copyright file under --dir (the Debian copyright files on this
-machine). Words are runs of \\w in lowercase; weights tf-idf, rows L2-normalized. Option 1
-signs the rows with simindex.Hyperplanes; option 2 with simindex.simhash_rows (each word's
+machine). Words are runs of \\w in lowercase; weights tf-idf, rows L2-normalized. `hyperplanes`
+signs the rows with simindex.Hyperplanes; `words` with simindex.simhash_rows (each word's
 own +-1 vector). k comes from radius_for_cosine(s, width, recall); find_all(width=...)
 returns the candidate pairs, and the true cosine removes the false positives.
 """
@@ -67,7 +67,7 @@ def main(argv=None):
     ap.add_argument("--width", type=int, default=128, choices=simindex.WIDTHS)
     ap.add_argument("--cosine", type=float, default=0.9)
     ap.add_argument("--recall", type=float, default=0.99)
-    ap.add_argument("--option", type=int, default=1, choices=(1, 2))
+    ap.add_argument("--signature", default="hyperplanes", choices=("hyperplanes", "words"))
     a = ap.parse_args(argv)
     names, texts = corpus(a.dir)
     if len(names) < 2:
@@ -77,7 +77,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     X, words = tfidf(texts)
     t1 = time.perf_counter()
-    if a.option == 1:
+    if a.signature == "hyperplanes":
         fps = simindex.Hyperplanes(X.shape[1], width=a.width, seed=0).fingerprints(X)
     else:
         fps = simindex.simhash_rows(X, words, width=a.width)
@@ -94,7 +94,7 @@ def main(argv=None):
     gram = (X @ X.T).tocoo()                          # the exact answer, every pair
     truth = {(int(i), int(j)) for i, j, c in zip(gram.row, gram.col, gram.data)
              if i < j and c >= a.cosine - 1e-12}
-    print(f"{len(names)} documents, {X.shape[1]} words; option {a.option}, width {a.width}, "
+    print(f"{len(names)} documents, {X.shape[1]} words; {a.signature}, width {a.width}, "
           f"cosine >= {a.cosine}: k = {k} (recall {a.recall} by the binomial law)")
     print(f"candidates within k: {len(candidates)}; true cosine >= {a.cosine}: {len(found)} "
           f"(false positives removed: {len(candidates) - len(found)})")

@@ -3,12 +3,12 @@
     python3 tools/serve_bench.py [--n 1000000] [--k 3] [--workers 2] [--connections 8 64]
         [--duration 5] [--batch 100] [--rounds 3] [--index DIR] [--keep]
 
-Issue 19 asks what the HTTP layer costs on top of the library. This measures, with wrk
+What the HTTP layer costs on top of the library. This measures, with wrk
 (`wrk -t1 -cC -dDs --latency -s script.lua URL`, keep-alive, one client thread), for each
 connection count C:
 
   hello       GET / of a tiny Starlette app answering JSONResponse({"hello": "world"}), run by
-              `python3 -m uvicorn mod:app --workers N` (the issue's reference stack, the same
+              `python3 -m uvicorn mod:app --workers N` (the reference stack, the same
               worker count as the server)
   hello-asgi  the same answer from a bare ASGI callable on uvicorn: simindex serve's own
               stack (uvicorn under a small ASGI layer of its own), the floor any endpoint of
@@ -36,7 +36,7 @@ later queries (and the library's figures) see those records too.
 
 Rounds (--rounds) run every workload once each, the workloads in an order rotated by one
 each round. Printed: per workload and connection count, the median and (min-max) over the
-rounds of requests/s, p50 and p99; the issue's goals as per-round ratios (median and range):
+rounds of requests/s, p50 and p99; the goals as per-round ratios (median and range):
 single-query rate / hello rate (>= 0.8), single-query p99 / hello p99 at 8 connections
 (<= 2), and batch cost per fingerprint, 1 / (batch requests/s * B), / query_many's cost per
 fingerprint (<= 2); then a markdown table for the README. Any non-2xx answer or socket error
@@ -489,7 +489,7 @@ def spread(values: list[float], fmt: str = "{:,.0f}") -> str:
 
 
 def ratio_rows(args: argparse.Namespace, http: dict, lib: list) -> list[tuple[str, list, str]]:
-    """(goal, per-round ratios, target) for each of the issue's goals."""
+    """(goal, per-round ratios, target) for each goal."""
     rows = []
     conns = args.connections
     for hello in HELLOS:
@@ -530,7 +530,7 @@ def summary(args: argparse.Namespace, http: dict, lib: list) -> None:
     print(f"library: Index.query {spread([x['query_us'] for x in lib], '{:.1f}')} us per call "
           f"(median call); query_many {spread([x['query_many_us'] for x in lib], '{:.2f}')} "
           f"us per fingerprint")
-    print("\n## Goals (issue 19): per-round ratios, median (min-max)\n")
+    print("\n## Goals: per-round ratios, median (min-max)\n")
     for goal, values, target in ratio_rows(args, http, lib):
         verdict = "met" if met(values, target) else "MISSED"
         print(f"{goal:<42} {spread(values, '{:.2f}'):<22} goal {target:<7} {verdict}")
