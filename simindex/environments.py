@@ -58,10 +58,9 @@ def open_shard(index_path: str, shard: int, *, readonly: bool, sync: bool,
 
 def _said(e: CorruptError, then: str) -> CorruptError:
     """`e` (its type, errno and code kept) with what to do about it appended."""
-    text = f"{e.strerror if e.errno is not None else e}: {then}"
-    out = type(e)(e.errno, text, code=e.code) if e.errno is not None else \
-        type(e)(text, code=e.code)
-    return out
+    if e.errno is not None:
+        return type(e)(e.errno, f"{e.strerror}: {then}", code=e.code)
+    return type(e)(f"{e}: {then}", code=e.code)
 
 
 def _open(index_path, sub, dbs, *, readonly, sync, metasync=True, existing=True):

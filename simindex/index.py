@@ -399,10 +399,17 @@ class Index:
         the radius that finds them (see simindex/textcheck.py); records stored without a
         sketch count on their distance alone.
         """
+        return self._query_text(text, k, verify, min_similarity)[1]
+
+    def _query_text(self, text: str, k: Optional[int] = None,
+                    verify: Optional[Callable[[Match], bool]] = None,
+                    min_similarity: Optional[float] = None) -> tuple:
+        """(fingerprint, matches) of query_text (the server answers with both)."""
         st = self._open_store()
         check = self._text_check(st, k, min_similarity)
         if check is None:
-            return self.query(self.fingerprint(text), k=k, verify=verify)
+            fp = self.fingerprint(text)
+            return fp, self.query(fp, k=k, verify=verify)
         fp, (sketch, size) = text_sketch(text, st.manifest.get("scheme"), st.plan.width)
         q = np.array([fp], dtype=np.uint64) if st.plan.width == 64 else \
             words_array([fp], st.plan.width)
@@ -413,7 +420,7 @@ class Index:
                 lambda id_, f, d, mb: Hit(d, f, 0, id_, mb), raw=True)
         else:
             hits = st.query(q, check.k, matches=False)[0]
-        return verified([match_of(h) for h in check.passing(sketch, size, hits)], verify)
+        return fp, verified([match_of(h) for h in check.passing(sketch, size, hits)], verify)
 
     def add_unique_text(self, id: Id, text: str, meta: Any = None,
                         k: Optional[int] = None,
@@ -425,20 +432,26 @@ class Index:
         inside the atomic section, so of two similar texts added at once exactly one goes
         in. The text's sketch is kept as add_text keeps it (and always with a threshold).
         """
+        return self._add_unique_text(id, text, meta, k, min_similarity)[1]
+
+    def _add_unique_text(self, id: Id, text: str, meta: Any = None, k: Optional[int] = None,
+                         min_similarity: Optional[float] = None) -> tuple:
+        """(fingerprint, matches) of add_unique_text (the server answers with both)."""
         st = self._writable_store()
         check = self._text_check(st, k, min_similarity)
         if check is None and not keeps_sketches(st.manifest.get("scheme"),
                                                 st.manifest.get("calibration")):
-            return self.add_unique(id, self.fingerprint(text), meta=meta, k=k)
+            fp = self.fingerprint(text)
+            return fp, self.add_unique(id, fp, meta=meta, k=k)
         idk = encode_id(id)
         fp, (sketch, size) = text_sketch(text, st.manifest.get("scheme"), st.plan.width)
         mb = pack_meta(meta, id, (sketch, size))
         st.fold()
         if check is None:
-            return [match_of(h) for h in st.add_unique(idk, fp, mb, self._k(k, st))]
+            return fp, [match_of(h) for h in st.add_unique(idk, fp, mb, self._k(k, st))]
         hits = st.add_unique(idk, fp, mb, check.k,
                              lambda found: check.passing(sketch, size, found))
-        return [match_of(h) for h in hits]
+        return fp, [match_of(h) for h in hits]
 
     # ------------------------------------------------------------ all pairs
     def pairs(self, k: Optional[int] = None) -> Iterator[tuple[Id, Id, int]]:

@@ -17,7 +17,7 @@ from conftest import (
 )
 from simindex import _testing
 from simindex.plan import Plan
-from textpairs import pair_at
+from textpairs import pairs_within
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'simindex[ray]')")
 dist = pytest.importorskip("simindex.distributed")
@@ -161,16 +161,7 @@ def test_cluster_text_calls_judge_as_the_index_does(local_ray, tmp_path):
     rng = random.Random(3)
     cal = simindex.calibrate([], 0.7)
     simindex.Index(tmp_path / "i", calibration=cal, shards=4).close()
-
-    def fp(text):
-        return simindex.fingerprint(text, scheme=cal.scheme, width=cal.width)
-    near, below = [], []
-    while len(near) < 6 or len(below) < 6:
-        j = 0.85 if len(near) < 6 else 0.4
-        a, b, _ = pair_at(rng, j, n=60)
-        if simindex.hamming(fp(a), fp(b)) <= cal.k:
-            (near if j == 0.85 else below).append((a, b))
-    pairs = near[:6] + below[:6]
+    pairs = pairs_within(rng, cal, 6, 0.85) + pairs_within(rng, cal, 6, 0.4)
     with dist.Cluster(tmp_path / "i") as c:
         assert c.text_check() == simindex.TextCheck(cal.k, 0.7, "jaccard")
         for n, (a, _b) in enumerate(pairs):

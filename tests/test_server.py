@@ -21,7 +21,7 @@ from hypothesis import given, settings, strategies as st
 
 import simindex
 from conftest import brute, fp_of
-from textpairs import pair_at
+from textpairs import pair_at, pairs_within
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -284,13 +284,8 @@ def test_text_calls_judge_by_the_similarity_threshold(tmp_path, serve):
     rng = random.Random(4)
     a, b, _ = pair_at(rng, 0.8, n=60)
     cal = simindex.calibrate([], 0.7)
-
-    def fp(text):
-        return simindex.fingerprint(text, scheme=cal.scheme, width=cal.width)
-    while True:               # a pair within the radius, below the threshold: both go in
-        far_a, far_b, _ = pair_at(rng, 0.45, n=60)
-        if simindex.hamming(fp(far_a), fp(far_b)) <= cal.k:
-            break
+    # a pair within the radius, below the threshold: both go in
+    (far_a, far_b), = pairs_within(rng, cal, 1, 0.45)
     path = tmp_path / "idx"
     simindex.Index(str(path), calibration=cal).close()
     s = serve(path)

@@ -3,7 +3,6 @@ threshold (or in an index calibrated for one) answer exactly what a brute force 
 stored texts answers: within the radius, and similar enough by the stored sketch."""
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import simindex
 from simindex import radius
 from simindex.codec import stored_sketch, words_array
 from simindex.similarity import jaccard, shingle_set, sketch, sketch_jaccard
-from textpairs import pair_at, tokens
+from textpairs import pair_at, pairs_within, tokens
 from trials import ENV
 
 
@@ -248,15 +247,9 @@ def test_two_processes_adding_similar_texts_admit_exactly_one_of_each_pair(tmp_p
     cal = simindex.calibrate([], 0.7)
     path = str(tmp_path / "i")
     simindex.Index(path, calibration=cal).close()
-    pairs = []            # similar pairs (one of each goes in), then pairs within k but
-    below = []            # below the threshold (both go in)
-    with simindex.Index(path, readonly=True) as idx:
-        while len(pairs) < 150 or len(below) < 30:
-            j = 0.9 if len(pairs) < 150 else 0.4
-            a, b, _ = pair_at(rng, j, n=60)
-            if simindex.hamming(idx.fingerprint(a), idx.fingerprint(b)) <= cal.k:
-                (pairs if j == 0.9 else below).append((a, b))
-    pairs = pairs[:150] + below[:30]
+    # similar pairs (one of each goes in), then pairs within k but below the threshold
+    # (both go in)
+    pairs = pairs_within(rng, cal, 150, 0.9) + pairs_within(rng, cal, 30, 0.4)
     files = []
     for side, texts in (("a", [a for a, _ in pairs]), ("b", [b for _, b in pairs])):
         f = tmp_path / f"{side}.json"
@@ -321,16 +314,7 @@ def test_cli_build_keeps_sketches_and_query_judges_texts(tmp_path):
     cal = simindex.calibrate([], 0.7)
     path = str(tmp_path / "i")
     simindex.Index(path, calibration=cal).close()
-
-    def fp(text):
-        return simindex.fingerprint(text, scheme=cal.scheme, width=cal.width)
-    near, below = [], []
-    while len(near) < 5 or len(below) < 5:
-        j = 0.85 if len(near) < 5 else 0.4
-        a, b, _ = pair_at(rng, j, n=60)
-        if simindex.hamming(fp(a), fp(b)) <= cal.k:
-            (near if j == 0.85 else below).append((a, b))
-    pairs = near[:5] + below[:5]
+    pairs = pairs_within(rng, cal, 5, 0.85) + pairs_within(rng, cal, 5, 0.4)
     (tmp_path / "a.jsonl").write_text("".join(
         json.dumps({"id": f"a{n}", "text": a}) + "\n" for n, (a, _b) in enumerate(pairs)))
     (tmp_path / "b.jsonl").write_text("".join(

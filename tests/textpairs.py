@@ -19,3 +19,18 @@ def pair_at(rng, jaccard, n=302):
     a = toks[:n]
     b = toks[:shared + 2] + toks[n:]
     return " ".join(a), " ".join(b), shared / (2 * s - shared)
+
+
+def pairs_within(rng, calibration, count, jaccard, n=60):
+    """`count` pairs of texts of n words at (just above) `jaccard` whose fingerprints under
+    the calibration's scheme and width lie within its k: candidates the check must judge."""
+    import simindex
+
+    def fp(text):
+        return simindex.fingerprint(text, scheme=calibration.scheme, width=calibration.width)
+    out = []
+    while len(out) < count:
+        a, b, _ = pair_at(rng, jaccard, n=n)
+        if simindex.hamming(fp(a), fp(b)) <= calibration.k:
+            out.append((a, b))
+    return out

@@ -192,19 +192,24 @@ class Api:
         return [{"id": json_id(m.id), "fingerprint": format(m.fingerprint, hexes),
                  "distance": m.distance, "meta": m.meta} for m in ms]
 
-    def fingerprint_of(self, obj: dict[str, Any], where: str = "") -> int:
-        """The fingerprint a body gives: `fingerprint`, or the index's fingerprint of `text`."""
+    def source_of(self, obj: dict[str, Any], where: str = "") -> tuple:
+        """(fingerprint, None) or (None, text) of a body: exactly one of `fingerprint` and
+        `text`, checked (a text is fingerprinted by the index's text call that takes it)."""
         has_fp, has_text = "fingerprint" in obj, "text" in obj
         if has_fp == has_text:
             raise BadRequest("give exactly one of fingerprint and text", where or None)
         if has_fp:
             return bodies.fingerprint(obj["fingerprint"], self.width,
-                                      f"{where}.fingerprint" if where else "fingerprint")
-        name = f"{where}.text" if where else "text"
+                                      f"{where}.fingerprint" if where else "fingerprint"), None
+        return None, bodies.text(obj["text"], f"{where}.text" if where else "text")
+
+    def text_record(self, text: str, meta: Any, rid: Any, where: str = "") -> tuple:
+        """(fingerprint, meta to store) of a text body (Index.text_record)."""
         try:
-            return self.idx.fingerprint(bodies.text(obj["text"], name))
+            return self.idx.text_record(text, meta, rid)
         except InputError as e:            # a string, but no token in it: 422
-            raise BadRequest(str(e), name, status=422) from None
+            raise BadRequest(str(e), f"{where}.text" if where else "text", status=422) \
+                from None
 
     async def write(self, fn: Callable[[], Any]) -> Any:
         """Run a write in this worker's writer thread (its commit fsyncs; the loop goes on)."""
@@ -261,10 +266,10 @@ class Api:
         obj = await self.json(call, (), ("fingerprint", "text", "k", "min_similarity"))
         idx = self.idx
         self.check_similarity(obj)
-        fp = self.fingerprint_of(obj)
+        fp, text = self.source_of(obj)
         k = bodies.radius(obj.get("k"), self.k)
-        if "text" in obj:
-            found = self.text_call(obj, idx.query_text, k, obj["text"])()
+        if text is not None:
+            fp, found = self.text_call(obj, idx._query_text, k, text)()
         else:
             found = idx.query(fp, k)
         return {"fingerprint": format(fp, self.hexes), "matches": self.matches(found)}
@@ -325,13 +330,11 @@ class Api:
     async def add(self, call: Call) -> Any:
         obj = await self.json(call, ("id",), ("fingerprint", "text", "meta"))
         rid = bodies.record_id(obj["id"], "id")
-        fp = self.fingerprint_of(obj)
+        fp, text = self.source_of(obj)
         meta = bodies.meta(obj.get("meta"), "meta")
-        if "text" in obj:      # its sketch is kept as add_text keeps it
-            await self.write(partial(self.idx.add, rid, *self.idx.text_record(
-                obj["text"], meta, rid)))
-        else:
-            await self.write(partial(self.idx.add, rid, fp, meta))
+        if text is not None:   # its sketch is kept as add_text keeps it
+            fp, meta = self.text_record(text, meta, rid)
+        await self.write(partial(self.idx.add, rid, fp, meta))
         return {"id": rid, "fingerprint": format(fp, self.hexes)}
 
     async def add_batch(self, call: Call) -> Any:
@@ -343,10 +346,11 @@ class Api:
             where = f"records[{i}]"
             r = bodies.fields(r, where, ("id",), ("fingerprint", "text", "meta"))
             rid = bodies.record_id(r["id"], f"{where}.id")
-            fp = self.fingerprint_of(r, where)
+            fp, text = self.source_of(r, where)
             meta = bodies.meta(r.get("meta"), f"{where}.meta")
-            items.append((rid, *self.idx.text_record(r["text"], meta, rid))
-                         if "text" in r else (rid, fp, meta))
+            if text is not None:
+                fp, meta = self.text_record(text, meta, rid, where)
+            items.append((rid, fp, meta))
         if items:
             try:
                 await self.write(partial(self.idx.add_many, items, replace=replace))
@@ -362,12 +366,12 @@ class Api:
         idx = self.idx
         self.check_similarity(obj)
         rid = bodies.record_id(obj["id"], "id")
-        fp = self.fingerprint_of(obj)
+        fp, text = self.source_of(obj)
         meta = bodies.meta(obj.get("meta"), "meta")
         k = bodies.radius(obj.get("k"), self.k)
-        if "text" in obj:
-            found = await self.write(self.text_call(obj, idx.add_unique_text, k, rid,
-                                                    obj["text"], meta))
+        if text is not None:
+            fp, found = await self.write(self.text_call(obj, idx._add_unique_text, k, rid,
+                                                        text, meta))
         else:
             found = await self.write(partial(idx.add_unique, rid, fp, meta, k))
         return {"added": not found, "id": rid, "fingerprint": format(fp, self.hexes),
