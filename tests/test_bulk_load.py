@@ -297,13 +297,19 @@ def test_a_bulk_load_sorts_the_next_group_while_it_writes_one(tmp_path, monkeypa
     second thread while group i is written, in two sets of buffers taken in turn."""
     import threading
     events = []
+    started = {s: threading.Event() for s in range(8)}
     make, write = protocol.Entries.__init__, protocol._apply_shards
 
     def made(self, plan, seqs, fps, shards=None, **kw):
         events.append(("start", shards[0], threading.current_thread() is threading.main_thread()))
+        started[shards[0]].set()
         make(self, plan, seqs, fps, shards, **kw)
 
     def wrote(txns, plan, shards, entries, top, todo, jobs):
+        # group s + 1 is handed to the second thread before group s is written: the write
+        # waits for it to begin (a loader that made it afterwards would wait in vain)
+        if todo[0] + 1 < 8:
+            started[todo[0] + 1].wait(timeout=30)
         write(txns, plan, shards, entries, top, todo, jobs)
         events.append(("written", todo[0], True))
     monkeypatch.setattr(protocol.Entries, "__init__", made)
