@@ -8,6 +8,7 @@ import math
 import random
 import subprocess
 import sys
+import types
 from fractions import Fraction
 
 import numpy as np
@@ -280,10 +281,15 @@ def test_cli_calibrate_prints_the_trade(tmp_path):
     assert run("calibrate", tmp_path / "in.jsonl").returncode == 2   # the threshold is needed
 
 
-def test_a_time_budget_caps_k_and_says_so(tmp_path):
+def test_a_time_budget_caps_k_and_says_so(tmp_path, monkeypatch):
     """With a budget the recall's k would exceed, each width gets the largest k whose
     estimated time fits, the calibration says the recall falls short, and an index made
     by dedup with that budget keeps the capped k."""
+    # the sample's pass is timed; a clock that ticks once per reading makes every
+    # calibration below estimate the same times, so their choices can be compared
+    ticks = iter(range(10**9))
+    monkeypatch.setattr(cal, "time", types.SimpleNamespace(
+        perf_counter=lambda: next(ticks) * 1e-3))
     texts = planted_texts(random.Random(23), 30, 0.8)
     free = cal.calibrate(texts, 0.6, expected_rows=10**6)
     budget = min(c.seconds for c in free.table) / 4
