@@ -3,6 +3,7 @@ definition is ext/simindex/layout.pxd)."""
 
 FORMAT_VERSION: int
 FORMAT_CLASSIC: int
+FORMAT_FLIPS: int
 WIDTH: int
 MANIFEST: str
 MANIFEST_MAGIC: str
@@ -32,6 +33,7 @@ STATE_NEXT_RUN: bytes
 LOG_MAGIC: bytes
 LOG_ENTRY_HEADER: int
 RECORD_HEADER: int
+RECORD_SUM: int
 ID_TAG_STR: bytes
 ID_TAG_BYTES: bytes
 ID_TAG_INT: bytes

@@ -14,7 +14,9 @@ import zlib
 import click
 import msgpack
 
-from . import FORMAT_VERSION, BadLine, Error, Index, ParameterError, __version__, schemes
+from . import (
+    FORMAT_VERSION, BadLine, CorruptError, Error, Index, ParameterError, __version__, schemes,
+)
 from ._lmdb import lmdb_version
 from .inputs import FORMATS, FP_FORMATS, MAX_LINE, open_input, read_items
 from .results import json_id
@@ -143,7 +145,7 @@ def _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips, on_error):
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(
     version=__version__, prog_name="simindex",
-    message=(f"%(prog)s %(version)s, on-disk format {FORMAT_VERSION} (and 1), "
+    message=(f"%(prog)s %(version)s, on-disk format {FORMAT_VERSION} (and 1, 2), "
              f"{lmdb_version()}, msgpack {'.'.join(map(str, msgpack.version))}"))
 def cli():
     """Exact near-duplicate search over 64-, 128- and 256-bit simhash fingerprints."""
@@ -393,6 +395,11 @@ def verify(index):
     try:
         with Index(index, readonly=True) as idx:
             problems = idx.verify()
+    except CorruptError as e:
+        from .verify import files                  # too damaged to open: read the files
+        for p in files(index):
+            click.echo(p)
+        _fail(str(e))
     except Error as e:
         _fail(str(e))
     for p in problems:

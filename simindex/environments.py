@@ -30,27 +30,32 @@ SHARD_DBS = (DB_STATE, DB_BLOCKS)
 _KNOWN = {MANIFEST, RECORDS_DIR, LOCK_FILE, LOG_DIR}
 
 
-def open_records(index_path: str, *, readonly: bool, sync: bool,
-                 existing: bool = True) -> Env:
+def open_records(index_path: str, *, readonly: bool, sync: bool, existing: bool = True,
+                 sums: Optional[bool] = None, lock: bool = True) -> Env:
     """records/ of the index at `index_path`: the log of truth, synced on every commit.
     `existing`: the index was made, so its data file must be there (a missing or empty
-    one is lost records, refused: never taken for an empty index)."""
+    one is lost records, refused: never taken for an empty index). `sums`: whether its
+    records carry checksums (None: as the index's manifest says)."""
+    if sums is None:
+        sums = manifest.record_sums(manifest.read(index_path))
     try:
-        return _open(index_path, RECORDS_DIR, RECORDS_DBS, readonly=readonly, sync=sync,
-                     existing=existing)
+        env = _open(index_path, RECORDS_DIR, RECORDS_DBS, readonly=readonly, sync=sync,
+                    existing=existing, lock=lock)
     except CorruptError as e:
         raise _said(e, f"the index's records are damaged or lost and cannot be rebuilt; "
                        f"restore {RECORDS_DIR}/ from a backup (nothing was changed)") from None
+    env.sums = sums
+    return env
 
 
 def open_shard(index_path: str, shard: int, *, readonly: bool, sync: bool,
-               existing: bool = True) -> Env:
+               existing: bool = True, lock: bool = True) -> Env:
     """Shard `shard` of the index. Shards are derived from records/: after an OS crash one
     may lose its last transactions (never its integrity), and replay restores them, so its
     meta page is not synced apart from its data (metasync=False)."""
     try:
         return _open(index_path, shard_dir(shard), SHARD_DBS, readonly=readonly, sync=sync,
-                     metasync=False, existing=existing)
+                     metasync=False, existing=existing, lock=lock)
     except CorruptError as e:
         raise _said(e, f"shard {shard} is damaged; `simindex repair {index_path}` "
                        f"rebuilds it from the records") from None
@@ -63,15 +68,20 @@ def _said(e: CorruptError, then: str) -> CorruptError:
     return type(e)(f"{e}: {then}", code=e.code)
 
 
-def _open(index_path, sub, dbs, *, readonly, sync, metasync=True, existing=True):
+def _open(index_path, sub, dbs, *, readonly, sync, metasync=True, existing=True, lock=True):
     d = os.path.join(index_path, sub)
     if not os.path.isdir(d):
         raise CorruptError(f"{index_path}: {sub}/ is missing")
     lmdbfile.check_size(d, readonly=readonly, existing=existing)
     try:
         env = Env(d, readonly=readonly, sync=sync, metasync=metasync, mapsize=INITIAL_MAP,
-                  maxdbs=MAX_DBS)
+                  maxdbs=MAX_DBS, lock=lock)
     except StorageError as e:
+        if readonly and e.errno in (errno.EACCES, errno.EPERM):
+            raise StorageError(e.errno, f"{d}: a reader needs write access to its lock file "
+                                        f"{lmdbfile.LOCK_MDB} ({e.strerror}); when no process "
+                                        f"writes the index, open it with lock=False (such a "
+                                        f"reader takes no locks)") from None
         if readonly or e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
             raise
         raise ReadOnlyError(e.errno, f"{d} cannot be opened for writing ({e.strerror}): "
@@ -124,7 +134,8 @@ def create(path: str, plan: Plan, scheme: str, calibration: Optional[dict] = Non
         try:
             for sub in [RECORDS_DIR] + [shard_dir(s) for s in range(plan.shards)]:
                 os.makedirs(os.path.join(path, sub), exist_ok=True)
-            envs.append(open_records(path, readonly=False, sync=True, existing=False))
+            envs.append(open_records(path, readonly=False, sync=True, existing=False,
+                                     sums=True))
             envs += [open_shard(path, s, readonly=False, sync=True, existing=False)
                      for s in range(plan.shards)]
         finally:

@@ -48,7 +48,9 @@ class Index:
     made with `calibration=simindex.calibrate(texts, t)` takes its scheme, width and k, and
     its text calls judge at that threshold (see query_text). Use it as a
     context manager or call close(). Safe to share between threads; open it again in a child
-    process after fork().
+    process after fork(). `readonly=True, lock=False` reads an index whose lock files this
+    user may not write (LMDB's readers register in them), without locks: only while no
+    process writes it.
     """
 
     def __init__(self, path: Union[str, bytes, os.PathLike], *, k: Optional[int] = None,
@@ -56,7 +58,8 @@ class Index:
                  create: bool = True, readonly: bool = False, sync: bool = True,
                  scheme: Optional[str] = None, expected: Optional[int] = None,
                  prefix_blocks: Optional[int] = None, width: Optional[int] = None,
-                 calibration: Union[Calibration, dict, None] = None) -> None:
+                 calibration: Union[Calibration, dict, None] = None,
+                 lock: bool = True) -> None:
         self._store: Optional[Store] = None
         if isinstance(path, (str, bytes, os.PathLike)) and \
                 ("\0" in os.fsdecode(os.fspath(path))):
@@ -93,7 +96,7 @@ class Index:
         self._store = registry.acquire(path, k=k, blocks=blocks, shards=shards, create=create,
                                        readonly=readonly, sync=sync, scheme=scheme,
                                        prefix_blocks=prefix_blocks, width=width,
-                                       calibration=calibration)
+                                       calibration=calibration, lock=lock)
         self.path = self._store.path
 
     # ------------------------------------------------------------ lifetime

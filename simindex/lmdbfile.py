@@ -126,18 +126,34 @@ def remove(env_dir: str) -> None:
             pass
 
 
+def problems(env_dir: str) -> list:
+    """What is wrong with one environment's data file (a list of str, [] when sound), read
+    with plain file reads: its size against its meta page, then every page (walk)."""
+    try:
+        check_size(env_dir, readonly=True, existing=True)
+    except CorruptError as e:
+        return [str(e)]
+    f = os.path.join(env_dir, DATA_MDB)
+    meta = read_meta(f)
+    return walk(f, meta) if meta is not None else [f"{f}: no valid meta page"]
+
+
 def walk(path: str, meta: Meta) -> list:
     """Problems found in the data file `path` by walking every page reachable from the
-    roots of `meta` (a list of str, [] when sound)."""
+    roots of `meta` (a list of str, [] when sound): each page's structure, and the order of
+    its keys, which must ascend and lie between the keys that lead to the page (a damaged
+    key sends LMDB's search to the wrong page, and a stored key reads as absent). Every
+    database simindex makes orders its keys as bytes; the free-page list's are integers
+    and go unchecked."""
     psize, last, roots = meta.psize, meta.last_page, meta.roots
     name = os.path.join(os.path.basename(os.path.dirname(path)), DATA_MDB)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        todo = [(r, 0, "free-page list" if i == 0 else "main database")
+        todo = [(r, 0, "free-page list" if i == 0 else "main database", None, None)
                 for i, r in enumerate(roots) if r != NO_PAGE]
         seen = set()
         while todo:
-            pgno, depth, what = todo.pop()
+            pgno, depth, what, lo, hi = todo.pop()
             if pgno in seen:
                 return [f"{name}: page {pgno} is referenced twice ({what})"]
             seen.add(pgno)
@@ -146,14 +162,16 @@ def walk(path: str, meta: Meta) -> list:
             if (pgno + 1) * psize > size:
                 return [f"{name}: page {pgno} of the {what} lies past the end of the file"]
             page = os.pread(f.fileno(), psize, pgno * psize)
-            problem = _page(page, pgno, psize, last, depth, what, todo, f.fileno())
+            problem = _page(page, pgno, psize, last, depth, what, todo, f.fileno(), lo, hi)
             if problem:
                 return [f"{name}: page {pgno} of the {what} is damaged ({problem})"]
     return []
 
 
-def _page(page, pgno, psize, last, depth, what, todo, fd):
-    """What is wrong with one branch or leaf page (None when nothing); queues its children."""
+def _page(page, pgno, psize, last, depth, what, todo, fd, lo=None, hi=None):
+    """What is wrong with one branch or leaf page (None when nothing); queues its children
+    with the bounds of their keys. `lo`, `hi`: every key of the page must lie in [lo, hi)
+    (None: unbounded)."""
     header = LMDB_PAGE_HEADER
     if int.from_bytes(page[0:8], "little") != pgno:
         return f"its header names page {int.from_bytes(page[0:8], 'little')}"
@@ -168,19 +186,31 @@ def _page(page, pgno, psize, last, depth, what, todo, fd):
     n = (lower - header) // 2
     if flags & LMDB_P_BRANCH and n < 1:
         return "an empty branch page"
+    ordered = what != "free-page list"
+    children = []
+    prev = lo
     for i in range(n):
         off = int.from_bytes(page[header + 2 * i:header + 2 * i + 2], "little")
         if not upper <= off <= psize - 8:
             return f"node {i} at offset {off}"
-        lo, hi, nflags, ksize = (int.from_bytes(page[off + j:off + j + 2], "little")
-                                 for j in (0, 2, 4, 6))
+        nlo, nhi, nflags, ksize = (int.from_bytes(page[off + j:off + j + 2], "little")
+                                   for j in (0, 2, 4, 6))
         data = off + 8 + ksize
+        if data > psize:
+            return f"node {i} runs past the page"
+        # (a branch page's first key is not stored: its child's keys start at `lo`)
+        first = i == (1 if flags & LMDB_P_BRANCH else 0)
+        if ordered and (i or not flags & LMDB_P_BRANCH):
+            key = page[off + 8:data]
+            if prev is not None and (key < prev or (key == prev and not first)):
+                return f"node {i}'s key is out of order"
+            if hi is not None and key >= hi:
+                return f"node {i}'s key lies beyond the page's range"
+            prev = key
         if flags & LMDB_P_BRANCH:
-            if data > psize:
-                return f"node {i} runs past the page"
-            todo.append((lo | hi << 16 | nflags << 32, depth + 1, what))
+            children.append((nlo | nhi << 16 | nflags << 32, prev if i else lo))
             continue
-        dsize = lo | hi << 16
+        dsize = nlo | nhi << 16
         if nflags & LMDB_F_BIGDATA:
             if data + 8 > psize:
                 return f"node {i} runs past the page"
@@ -202,5 +232,8 @@ def _page(page, pgno, psize, last, depth, what, todo, fd):
             root = int.from_bytes(page[data + 40:data + 48], "little")
             if root != NO_PAGE:
                 key = page[off + 8:off + 8 + ksize].decode("utf-8", "replace")
-                todo.append((root, 0, f"database {key!r}"))
+                todo.append((root, 0, f"database {key!r}", None, None))
+    for j, (child, low) in enumerate(children):
+        todo.append((child, depth + 1, what, low,
+                     children[j + 1][1] if j + 1 < len(children) else hi))
     return None

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 from ._layout import (
-    BLOCK_BYTES, FORMAT_CLASSIC, FORMAT_VERSION as FORMAT, LAYOUT_V1, LAYOUT_V2 as LAYOUT,
+    BLOCK_BYTES, FORMAT_CLASSIC, FORMAT_FLIPS, FORMAT_VERSION as FORMAT, LAYOUT_V1,
+    LAYOUT_V2 as LAYOUT,
     MANIFEST as NAME, MANIFEST_MAGIC as MAGIC, V1_MAX_ENTRIES, WIDTH,
 )
 from ._version import __version__ as _version
@@ -24,18 +25,20 @@ _MAX_BYTES = 1 << 16
 
 def make(plan, scheme=None, calibration=None) -> dict:
     """The manifest of a new index with `plan`, fingerprint `scheme` and the `calibration`
-    of its radius (or None): format 1 for the paper's plans (older versions read it),
-    format 2 with prefix_blocks for plans with flips (older versions refuse it rather than
-    misread its tables)."""
-    m = {"magic": MAGIC, "format": FORMAT_CLASSIC, "width": plan.width, "k": plan.k,
-         "blocks": plan.blocks, "shards": plan.shards, "tables": plan.ntables,
-         "layout": LAYOUT, "block_bytes": BLOCK_BYTES, "scheme": scheme,
-         "created_by": f"simindex {_version}"}
+    of its radius (or None), in format 3: its records carry checksums, so versions that
+    read only formats 1 and 2 refuse it rather than misread them."""
+    m = {"magic": MAGIC, "format": FORMAT, "width": plan.width, "k": plan.k,
+         "blocks": plan.blocks, "prefix_blocks": plan.prefix_blocks, "shards": plan.shards,
+         "tables": plan.ntables, "layout": LAYOUT, "block_bytes": BLOCK_BYTES,
+         "scheme": scheme, "created_by": f"simindex {_version}"}
     if calibration is not None:
         m["calibration"] = dict(calibration)
-    if not plan.classic or plan.width != WIDTH:
-        m.update(format=FORMAT, prefix_blocks=plan.prefix_blocks)
     return m
+
+
+def record_sums(m) -> bool:
+    """Whether the records of the index of manifest `m` carry checksums (format 3)."""
+    return m["format"] >= FORMAT
 
 
 def plan_args(m) -> dict:
@@ -83,20 +86,22 @@ def read(dirpath):
     if not isinstance(m, dict) or m.get("magic") != MAGIC:
         raise CorruptError(f"{path} is not a simindex manifest (bad magic)")
     fmt = m.get("format")
-    if fmt not in (FORMAT_CLASSIC, FORMAT):
+    if isinstance(fmt, bool) or fmt not in (FORMAT_CLASSIC, FORMAT_FLIPS, FORMAT):
         raise FormatError(f"{path} has on-disk format {fmt!r}; this simindex reads formats "
-                          f"{FORMAT_CLASSIC} and {FORMAT}")
-    if (fmt == FORMAT) != ("prefix_blocks" in m):
-        raise CorruptError(f"{path}: format {fmt} {'needs' if fmt == FORMAT else 'has no'} "
-                           f"field 'prefix_blocks'")
+                          f"{FORMAT_CLASSIC} to {FORMAT}")
+    if (fmt != FORMAT_CLASSIC) != ("prefix_blocks" in m):
+        raise CorruptError(f"{path}: format {fmt} "
+                           f"{'has no' if fmt == FORMAT_CLASSIC else 'needs'} field "
+                           f"'prefix_blocks'")
     layout = m.get("layout")
     field, value = _LAYOUTS.get(layout, (None, None)) if isinstance(layout, str) else (None, None)
     width = m.get("width")
     if field is None or m.get(field) != value or width not in WIDTHS or \
-            (width != WIDTH and (fmt != FORMAT or layout != LAYOUT)):
+            (width != WIDTH and (fmt == FORMAT_CLASSIC or layout != LAYOUT)):
         raise FormatError(f"{path} names layout {m.get('layout')!r}, width {width!r}, format "
                           f"{fmt}; this simindex reads {' or '.join(_LAYOUTS)} at width "
-                          f"{WIDTH}, and {LAYOUT} in format {FORMAT} at widths 128 and 256")
+                          f"{WIDTH}, and {LAYOUT} in formats {FORMAT_FLIPS} and {FORMAT} at "
+                          f"widths 128 and 256")
     scheme = m.get("scheme")
     from .fingerprints import schemes
     if scheme is not None and (not isinstance(scheme, str) or scheme not in schemes):
@@ -106,7 +111,8 @@ def read(dirpath):
     if cal is not None and not _calibration_ok(cal, m):
         raise CorruptError(f"{path}: field 'calibration' is {cal!r:.200}, not the calibration "
                            f"of this index's radius")
-    counts = ("k", "blocks", "shards", "tables") + (("prefix_blocks",) if fmt == FORMAT else ())
+    counts = ("k", "blocks", "shards", "tables") + \
+        (("prefix_blocks",) if fmt != FORMAT_CLASSIC else ())
     for field in counts:
         v = m.get(field)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:

@@ -12,9 +12,11 @@ from typing import Optional, Union
 
 import numpy as np
 
-from ._layout import DB_IDS, DB_INFO, DB_SEQS, INFO_NEXT_SEQ, INFO_REQUEST, INFO_STALE
+from ._layout import (
+    DB_IDS, DB_INFO, DB_SEQS, INFO_NEXT_SEQ, INFO_REQUEST, INFO_STALE,
+)
 from ._lmdb import Txn
-from ._records import read_tail, records_lookup, records_put
+from ._records import read_tail, record_body_of, records_lookup, records_put, split_record
 from .codec import decode_id, encode_ids
 from .errors import CorruptError, InputError
 
@@ -85,15 +87,26 @@ def remove(txn: Txn, idkey: bytes) -> bool:
     return True
 
 
-def get(txn: Txn, idkey: bytes) -> Optional[bytes]:
-    """The stored record value of an id key, or None."""
+def get(txn: Txn, idkey: bytes, words: int = 1) -> Optional[bytes]:
+    """The stored record of an id key (its value without the checksum), or None. The
+    record must be whole and hold that id key: a damaged id entry is an error, never
+    another document's record."""
     seq = txn.get(DB_IDS, idkey)
     if seq is None:
         return None
+    if len(seq) != 8:
+        raise CorruptError(f"{txn.env.path}: the id entry of {decode_id(idkey)!r:.80} is "
+                           f"damaged (it holds {len(seq)} bytes, not a seq)")
     value = txn.get(DB_SEQS, seq)
+    n = int.from_bytes(seq, "big")
     if value is None:
-        raise CorruptError(f"{txn.env.path}: an id points to a missing record")
-    return value
+        raise CorruptError(f"{txn.env.path}: the id entry of {decode_id(idkey)!r:.80} leads "
+                           f"to seq {n}, which holds no record")
+    body = record_body_of(txn, n, value, words)
+    if split_record(body, words)[1] != idkey:
+        raise CorruptError(f"{txn.env.path}: the id entry of {decode_id(idkey)!r:.80} leads "
+                           f"to the record of seq {n}, which holds another id")
+    return body
 
 
 def count(txn: Txn) -> int:

@@ -31,17 +31,22 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None,
-            prefix_blocks=None, width=None, calibration=None) -> Store:
-    """The process's store for the index at `path`, opening or creating it if needed."""
+            prefix_blocks=None, width=None, calibration=None, lock=True) -> Store:
+    """The process's store for the index at `path`, opening or creating it if needed.
+    lock=False (read-only opens only) takes no LMDB reader locks; a store opened with locks
+    serves such a handle too (locks are only safer), the other way round is refused."""
     if scheme is not None:
         scheme = scheme_name(scheme)               # a clear error for an unknown name
         scheme_width(scheme, 64 if width is None else width)   # and one without the width
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise ParameterTypeError(f"path must be a str, bytes or os.PathLike, got "
                                  f"{type(path).__name__} {path!r:.60}")
-    for name, flag in (("create", create), ("readonly", readonly), ("sync", sync)):
+    for name, flag in (("create", create), ("readonly", readonly), ("sync", sync),
+                       ("lock", lock)):
         if not isinstance(flag, bool):
             raise ParameterTypeError(f"{name} must be True or False, got {flag!r:.60}")
+    if not lock and not readonly:
+        raise ParameterError("lock=False is for readonly=True opens (a writer always locks)")
     path = os.path.abspath(os.fsdecode(os.fspath(path)))
     with _registry_lock:
         key = _identity(path)
@@ -57,6 +62,10 @@ def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None,
                 raise ParameterError(
                     f"{path} is already open read-only in this process; close it before "
                     f"opening it for writing")
+            if not store.lock and lock:
+                raise ParameterError(
+                    f"{path} is already open with lock=False in this process; close it "
+                    f"before opening it with locks")
             if store.sync != sync and not readonly:
                 raise ParameterError(
                     f"{path} is already open in this process with sync={store.sync}; "
@@ -65,7 +74,7 @@ def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None,
             return store
         store = Store(path, k=k, blocks=blocks, shards=shards, create=create,
                       readonly=readonly, sync=sync, scheme=scheme, prefix_blocks=prefix_blocks,
-                      width=width, calibration=calibration)
+                      width=width, calibration=calibration, lock=lock)
         _registry[_identity(path)] = store
         return store
 

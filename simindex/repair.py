@@ -22,17 +22,6 @@ DAMAGED = "data.mdb.damaged"
 _SHARD = re.compile(SHARD_PREFIX + r"(\d+)")
 
 
-def _file_problems(env_dir: str) -> list:
-    """What is wrong with one environment's data file, read with plain file reads."""
-    try:
-        lmdbfile.check_size(env_dir, readonly=True, existing=True)
-    except CorruptError as e:
-        return [str(e)]
-    f = os.path.join(env_dir, lmdbfile.DATA_MDB)
-    meta = lmdbfile.read_meta(f)
-    return lmdbfile.walk(f, meta) if meta is not None else [f"{f}: no valid meta page"]
-
-
 def _remake(path: str, shard: int) -> None:
     """Set shard `shard`'s data file aside and make an empty environment in its place."""
     d = os.path.join(path, shard_dir(shard))
@@ -52,14 +41,14 @@ def repair(path: Union[str, os.PathLike]) -> list[str]:
     if not os.path.exists(os.path.join(path, manifest.NAME)):
         raise MissingIndexError(f"no simindex index at {path}")
     plan = Plan(**manifest.plan_args(manifest.read(path)))
-    bad = _file_problems(os.path.join(path, RECORDS_DIR))
+    bad = lmdbfile.problems(os.path.join(path, RECORDS_DIR))
     if bad:
         raise CorruptError(f"{bad[0]}: the index's records are damaged or lost and cannot "
                            f"be rebuilt; restore {RECORDS_DIR}/ from a backup (nothing was "
                            f"changed)")
     done = []
     for s in range(plan.shards):
-        found = _file_problems(os.path.join(path, shard_dir(s)))
+        found = lmdbfile.problems(os.path.join(path, shard_dir(s)))
         if found:
             _remake(path, s)
             done.append(f"shard {s} rebuilt from the records ({found[0]})")

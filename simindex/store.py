@@ -40,9 +40,11 @@ class Store:
     def __init__(self, path: str, *, k: Optional[int], blocks: Optional[int],
                  shards: Optional[int], create: bool, readonly: bool, sync: bool,
                  scheme: Optional[str] = None, prefix_blocks: Optional[int] = None,
-                 width: Optional[int] = None, calibration: Optional[dict] = None) -> None:
+                 width: Optional[int] = None, calibration: Optional[dict] = None,
+                 lock: bool = True) -> None:
         self.path = path
         self.readonly = readonly
+        self.lock = lock
         self.sync = sync
         self.pid = os.getpid()
         self.refs = 1
@@ -76,8 +78,9 @@ class Store:
             raise CorruptError(f"{path}: the manifest's table count does not match k and blocks")
         envs: list = []
         try:
-            envs.append(environments.open_records(path, readonly=readonly, sync=sync))
-            envs += [environments.open_shard(path, s, readonly=readonly, sync=sync)
+            envs.append(environments.open_records(path, readonly=readonly, sync=sync,
+                                                  sums=manifest.record_sums(m), lock=lock))
+            envs += [environments.open_shard(path, s, readonly=readonly, sync=sync, lock=lock)
                      for s in range(self.plan.shards)]
         except BaseException as e:
             for env in envs:
@@ -212,7 +215,7 @@ class Store:
 
     def get(self, idkey: bytes) -> Optional[bytes]:
         self.check_open()
-        return self.read_records(lambda txn: records.get(txn, idkey))
+        return self.read_records(lambda txn: records.get(txn, idkey, self.plan.words))
 
     def count(self) -> int:
         self.check_open()

@@ -1,9 +1,12 @@
-"""verify(): check every environment's pages, every block, and every table against records/.
+"""verify(): check every environment's pages, every record, every block, and every table
+against records/.
 
 LMDB aborts the process on a cursor step onto a damaged page, so the pages of the snapshot
-are walked with plain file reads first (simindex/lmdbfile.py); an environment with damaged
-pages is reported and not read through LMDB. Then every block is read with its checksum,
-and each shard's entries of each table are compared with what the records say they must be.
+are walked with plain file reads first (simindex/lmdbfile.py: their structure and the order
+of their keys); an environment with damaged pages is reported and not read through LMDB.
+Then every record is read with its checksum and every id entry must lead to the record that
+holds it; every block is read with its checksum, and each shard's entries of each table are
+compared with what the records say they must be.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import numpy as np
 
 from . import lmdbfile
 from ._blocks import read_run
-from ._layout import DB_BLOCKS, DB_IDS, shard_dir
+from ._layout import DB_BLOCKS, DB_IDS, DB_SEQS, shard_dir
+from ._records import records_problems
 from .records import tail
 from .errors import CorruptError
 from .shard import load_state, runs_of
@@ -35,6 +39,9 @@ def problems(store) -> list:
             return found
         rtxn, stxns = txns[0], txns[1:]
         words = plan.words
+        found += records_problems(rtxn, DB_IDS, DB_SEQS, words)
+        if found:
+            return found
         seqs, fps = tail(rtxn, 0, 0, words)
         n_ids = rtxn.entries(DB_IDS)
         if n_ids != len(seqs):
@@ -71,6 +78,21 @@ def problems(store) -> list:
     return found
 
 
+def files(path: str) -> list:
+    """What is wrong with the data files of the index at `path` (a list of str), read with
+    plain file reads, never through LMDB: for an index too damaged to open."""
+    from . import manifest
+    from ._layout import RECORDS_DIR
+    try:
+        shards = manifest.read(path)["shards"]
+    except CorruptError as e:
+        return [str(e)]
+    found = []
+    for sub in [RECORDS_DIR] + [shard_dir(s) for s in range(shards)]:
+        found += lmdbfile.problems(os.path.join(path, sub))
+    return found
+
+
 def _sorted_pairs(keys, seqs):
     """(key, seq) rows sorted, as one structured array for exact comparison (a wide key's
     words are fields k0, k1, ...)."""
@@ -81,3 +103,4 @@ def _sorted_pairs(keys, seqs):
         out[n] = keys[:, w]
     out["s"] = seqs
     return np.sort(out, order=names + ["s"])
+

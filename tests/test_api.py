@@ -298,7 +298,7 @@ def test_stats_and_flush(tmp_path):
         assert s["count"] == 1000 and s["k"] == 3 and s["blocks"] == 4 and s["tables"] == 4
         assert s["shards"] == 4 and s["width"] == 64 and s["unapplied"] == 0
         assert s["entries"] == 4000 and s["runs"] >= 4 and s["bytes"] > 0
-        assert s["format"] == 1                 # the paper's plan: older versions read it too
+        assert s["format"] == 3                 # records with their checksums
         assert s["prefix_blocks"] == 1 and s["flips"] == 0 and s["probes"] == 4
 
 

@@ -44,7 +44,7 @@ def test_build_query_info_pairs_clusters(tmp_path):
     info = dict(line.split("\t", 1) for line in run("info", tmp_path / "idx", check=0)
                 .stdout.splitlines())
     assert info["count"] == "4" and info["k"] == "3" and info["shards"] == "4"
-    assert info["scheme"] == "simindex-v1" and info["format"] == "1"
+    assert info["scheme"] == "simindex-v1" and info["format"] == "3"
     pairs = sorted(run("pairs", tmp_path / "idx", check=0).stdout.splitlines())
     assert pairs == ["a\tb\t3", "a\td\t1", "b\td\t2"]
     assert run("clusters", tmp_path / "idx", check=0).stdout == "a\tb\td\n"
@@ -161,7 +161,7 @@ def test_remove_verify_compact(tmp_path):
 
 def test_version_and_plan(tmp_path):
     v = run("--version", check=0).stdout
-    assert "simindex" in v and "on-disk format 2 (and 1)" in v and "LMDB" in v and "msgpack" in v
+    assert "simindex" in v and "on-disk format 3 (and 1, 2)" in v and "LMDB" in v and "msgpack" in v
     # python -m simindex is the same command
     m = subprocess.run([sys.executable, "-m", "simindex", "--version"], capture_output=True,
                        text=True, timeout=120, cwd=tmp_path)

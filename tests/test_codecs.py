@@ -8,7 +8,9 @@ import pytest
 import simindex
 from simindex._blocks import read_run, write_run
 from simindex._lmdb import Env, Txn
-from simindex._records import read_tail, records_lookup, records_put, split_record
+from simindex._records import (
+    read_tail, record_body_of, records_lookup, records_problems, records_put, split_record,
+)
 
 
 @pytest.fixture
@@ -64,8 +66,10 @@ def test_bad_tails_are_refused(env):
                 write_run(txn, "blocks", 4, keys, seqs, bad)
 
 
+@pytest.mark.parametrize("sums", [True, False], ids=["format 3", "formats 1 and 2"])
 @pytest.mark.parametrize("words", [1, 2, 4])
-def test_records_round_trip_at_every_width(env, words):
+def test_records_round_trip_at_every_width(env, words, sums):
+    env.sums = sums
     rng = np.random.default_rng(words)
     n = 300
     fps = rng.integers(0, 2 ** 64, (n, words), dtype=np.uint64)
@@ -88,8 +92,21 @@ def test_records_round_trip_at_every_width(env, words):
         assert names == ["doc0", None, "doc5"]
         assert np.array_equal(found.reshape(3, words)[[0, 2]], fps[[0, 0]])
         raw = txn.get("seqs", (n).to_bytes(8, "big"))
-        fp, idkey, meta = split_record(raw, words)
+        fp, idkey, meta = split_record(record_body_of(txn, n, raw, words), words)
         assert fp == as_int[n - 1] and idkey == ids[n - 1] and meta == metas[n - 1]
+        assert len(raw) == record_header(words) + len(idkey) + len(meta) + 4 * sums
+        assert records_problems(txn, "ids", "seqs", words) == []
+        if sums:        # the checksum covers every byte, and the seq the record is under
+            for at in range(len(raw)):
+                bad = raw[:at] + bytes([raw[at] ^ 0x40]) + raw[at + 1:]
+                with pytest.raises(simindex.CorruptError, match=f"seq {n} is damaged"):
+                    record_body_of(txn, n, bad, words)
+            with pytest.raises(simindex.CorruptError, match=f"seq {n - 1} is damaged"):
+                record_body_of(txn, n - 1, raw, words)
+
+
+def record_header(words):
+    return 10 + 8 * (words - 1)
 
 
 @pytest.mark.parametrize("width", [64, 128, 256])

@@ -58,7 +58,7 @@ def test_layout(tmp_path):
                      "shard-001", "shard-002", "shard-003"]
     assert os.listdir(path / "pending") == []
     m = msgpack.unpackb((path / "manifest.msgpack").read_bytes())
-    assert m["magic"] == "simindex" and m["format"] == 1 and m["k"] == 3 and m["shards"] == 4
+    assert m["magic"] == "simindex" and m["format"] == 3 and m["k"] == 3 and m["shards"] == 4
     assert m["layout"] == "packed-blocks-v2" and m["block_bytes"] == 16368
 
 

@@ -138,25 +138,24 @@ def test_add_unique_with_flips(tmp_path):
         assert len(idx) == 2
 
 
-def test_a_flip_plan_writes_format_2_and_reopens_checked(tmp_path):
+def test_a_flip_plan_names_its_prefix_blocks_and_reopens_checked(tmp_path):
     path = tmp_path / "i"
     simindex.Index(path, k=8, blocks=4, prefix_blocks=1).close()
     m = msgpack.unpackb((path / "manifest.msgpack").read_bytes())
-    assert m["format"] == 2 and m["prefix_blocks"] == 1 and m["tables"] == 4
+    assert m["format"] == 3 and m["prefix_blocks"] == 1 and m["tables"] == 4
     with pytest.raises(simindex.ParameterError, match="prefix_blocks=2 was given, but the "
                        "index was built with prefix_blocks=1"):
         simindex.Index(path, prefix_blocks=2)
     with simindex.Index(path, prefix_blocks=1) as idx:
-        assert idx.stats()["format"] == 2 and idx.stats()["probes"] == 4 * 137
-    # the paper's plans keep format 1, which older versions read; naming their prefix
-    # blocks on reopen is fine
+        assert idx.stats()["format"] == 3 and idx.stats()["probes"] == 4 * 137
+    # the paper's plans name theirs too; naming them on reopen is fine
     simindex.Index(tmp_path / "c", k=3, blocks=5).close()
     m = msgpack.unpackb((tmp_path / "c" / "manifest.msgpack").read_bytes())
-    assert m["format"] == 1 and "prefix_blocks" not in m
+    assert m["format"] == 3 and m["prefix_blocks"] == 2
     simindex.Index(tmp_path / "c", prefix_blocks=2).close()
-    # format 2 without its field, or format 1 with it, is damage
-    for fmt, extra in [(2, {}), (1, {"prefix_blocks": 1})]:
-        bad = dict(m, format=fmt, **extra)
+    # format 2 or 3 without the field, or format 1 with it, is damage
+    for fmt, extra in [(3, {}), (2, {}), (1, {"prefix_blocks": 1})]:
+        bad = {**{f: v for f, v in m.items() if f != "prefix_blocks"}, "format": fmt, **extra}
         (tmp_path / "c" / "manifest.msgpack").write_bytes(msgpack.packb(bad))
         with pytest.raises(simindex.CorruptError, match="prefix_blocks"):
             simindex.Index(tmp_path / "c")

@@ -484,3 +484,226 @@ def test_a_damaged_block_is_reported_at_its_shard(tmp_path):
             with pytest.raises(simindex.CorruptError, match=r"shard-001: a table block is "
                                                             r"damaged"):
                 call()
+
+
+# ------------------------------------------------------------------ damage inside records
+def records_index(path, n=3000):
+    """An index of n records d0.. with metas; (fingerprints, data file of records/)."""
+    fps = np.random.default_rng(5).integers(0, 2**64, n, dtype=np.uint64)
+    with simindex.Index(path, k=3, shards=2) as idx:
+        idx.add_many([(f"d{i}", int(f), {"n": i}) for i, f in enumerate(fps)])
+    return fps, path / "records" / "data.mdb"
+
+
+def change(f, at, new):
+    """Overwrite the bytes of data file `f` at offset `at` with `new` (the damage)."""
+    with open(f, "r+b") as fh:
+        fh.seek(at)
+        fh.write(new)
+
+
+def record_at(f, i, fp):
+    """Offset of record d{i}'s value in records/data.mdb: fp, id key length, id key."""
+    key = f"sd{i}".encode()
+    at = f.read_bytes().index(int(fp).to_bytes(8, "little") + len(key).to_bytes(2, "little") + key)
+    return at
+
+
+def id_entry_at(f, i):
+    """Offset of the id entry of d{i} in records/data.mdb: its key, then its seq (u64 BE)."""
+    key = f"sd{i}".encode()
+    node = bytes([8, 0, 0, 0, 0, 0, len(key), 0]) + key         # a leaf node of 8 data bytes
+    return f.read_bytes().index(node) + 8
+
+
+def verify_of(path):
+    with simindex.Index(path, readonly=True) as idx:
+        return idx.verify()
+
+
+@pytest.mark.parametrize("where", ["id", "meta", "fingerprint", "checksum"])
+def test_a_byte_changed_inside_a_record_is_an_error_on_every_read_and_in_verify(tmp_path,
+                                                                                 where):
+    """One byte of a stored record, changed: a query, get() and verify() all say so (its
+    checksum no longer matches), never answer another id or meta."""
+    path = tmp_path / "i"
+    fps, f = records_index(path)
+    i = 1234
+    at = record_at(f, i, fps[i])
+    off = {"fingerprint": 3, "id": 10 + 5, "meta": 10 + 6 + 2}
+    if where == "checksum":
+        raw = f.read_bytes()
+        off[where] = raw.index(b"n", at) + 3 - at        # msgpack {"n": 1234}: past its end
+    pos = at + off[where]
+    b = f.read_bytes()[pos]
+    change(f, pos, bytes([b ^ 0x08]))                     # "d1234" -> "d123<" for the id
+    with simindex.Index(path, readonly=True) as idx:
+        with pytest.raises(simindex.CorruptError, match="record of seq 1235 is damaged"):
+            idx.query(int(fps[i]))
+        with pytest.raises(simindex.CorruptError, match="record of seq 1235 is damaged"):
+            idx.query_many(fps[i - 2:i + 2])
+        with pytest.raises(simindex.CorruptError, match="record of seq 1235 is damaged"):
+            idx.get(f"d{i}")
+        assert idx.get(f"d{i + 1}").meta == {"n": i + 1}   # the others still read
+        found = idx.verify()
+    assert any("the record of seq 1235 is damaged" in p for p in found), found
+    cli = subprocess.run([sys.executable, "-m", "simindex.cli", "verify", str(path)],
+                         env=ENV, capture_output=True, text=True)
+    assert cli.returncode == 1 and "seq 1235" in cli.stdout + cli.stderr
+
+
+def test_an_id_entry_leading_to_another_record_is_an_error_never_its_answer(tmp_path):
+    path = tmp_path / "i"
+    fps, f = records_index(path)
+    at = id_entry_at(f, 1234)
+    seq = int.from_bytes(f.read_bytes()[at + 6:at + 14], "big")
+    assert seq == 1235
+    change(f, at + 6, (seq + 1).to_bytes(8, "big"))          # now the seq of d1235
+    with simindex.Index(path, readonly=True) as idx:
+        with pytest.raises(simindex.CorruptError, match="id entry of 'd1234' leads to the "
+                                                        "record of seq 1236, which holds "
+                                                        "another id"):
+            idx.get("d1234")
+        assert [m.id for m in idx.query(int(fps[1235]))] == ["d1235"]
+    assert any("b'sd1234' leads to the record of seq 1236" in p for p in verify_of(path))
+
+
+def test_an_id_key_changed_in_place_is_found_by_verify(tmp_path):
+    """'d1234' stored as 'd123<': get('d1234') cannot know the key it asks for was lost,
+    but verify() finds the entry that leads to a record of another id."""
+    path = tmp_path / "i"
+    fps, f = records_index(path)
+    at = id_entry_at(f, 1234)
+    change(f, at + 5, b"<")
+    found = verify_of(path)
+    assert found and all(p.startswith("records") for p in found), found
+
+
+def _branch_separator(f, db):
+    """Offset of the second key of the root (a branch page) of database `db`: the first key
+    that sends LMDB's search to the root's second child."""
+    meta = hook.read_meta(str(f))
+    data = f.read_bytes()
+    root = _root_of(str(f), db)
+    page = data[root * meta.psize:(root + 1) * meta.psize]
+    assert int.from_bytes(page[10:12], "little") & 1, "the root is a branch page"
+    off = int.from_bytes(page[18:20], "little")                       # node 1
+    ksize = int.from_bytes(page[off + 6:off + 8], "little")
+    return root * meta.psize + off + 8, ksize
+
+
+@pytest.mark.parametrize("db, by", [("seqs", +1), ("seqs", -1), ("ids", +1)])
+def test_a_changed_branch_key_is_found_by_verify(tmp_path, db, by):
+    """A branch page's key moved up or down: LMDB's search now misses records that are
+    there (a query drops their matches, a get answers None), and verify() says which page."""
+    path = tmp_path / "i"
+    fps, f = records_index(path)
+    at, ksize = _branch_separator(f, db)
+    last = f.read_bytes()[at + ksize - 1]
+    change(f, at + ksize - 1, bytes([(last + by) % 256]))
+    found = verify_of(path)
+    assert len(found) == 1 and f"database '{db}' is damaged" in found[0] and \
+        "key" in found[0], found
+
+
+# ------------------------------------------------------------------ damaged pages, queried
+QUERY_FIRST = r"""
+import sys, numpy as np, simindex
+path, readonly = sys.argv[1], sys.argv[2] == "ro"
+fps = np.random.default_rng(5).integers(0, 2**64, 3000, dtype=np.uint64)
+try:
+    with simindex.Index(path, readonly=readonly) as idx:
+        for f in fps:
+            idx.query(int(f))
+        idx.query_many(fps)
+        [idx.get(f"d{i}") for i in range(3000)]
+    print("answered")
+except simindex.CorruptError as e:
+    print("error", e)
+"""
+
+
+def query_first(path, readonly=True):
+    p = subprocess.run([sys.executable, "-c", QUERY_FIRST, str(path), "ro" if readonly else "rw"],
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    return p.stdout
+
+
+@pytest.mark.parametrize("readonly", [True, False])
+def test_a_page_whose_bounds_run_past_the_file_is_an_error_not_a_sigbus(tmp_path, readonly):
+    """The page of a shard's state claims thousands of nodes (one byte of its lower bound):
+    LMDB reads their offsets past the end of the file, which is SIGBUS, at the open; the
+    guard makes it an error, and `simindex verify` names the page."""
+    path = tmp_path / "i"
+    records_index(path)
+    f = path / "shard-000" / "data.mdb"
+    leaf = _root_of(str(f), "state")
+    assert (leaf + 16) * 4096 > os.path.getsize(f)       # its nodes' offsets reach past the end
+    change(f, leaf * 4096 + 13, b"\xed")
+    out = query_first(path, readonly)
+    assert out.startswith("error") and "damaged page" in out, out
+    cli = subprocess.run([sys.executable, "-m", "simindex.cli", "verify", str(path)],
+                         env=ENV, capture_output=True, text=True)
+    assert cli.returncode == 1 and f"page {leaf}" in cli.stdout + cli.stderr, cli
+
+
+def test_a_query_that_steps_onto_a_zeroed_page_is_an_error_not_an_lmdb_abort(tmp_path):
+    """A zeroed leaf page of the records: LMDB fails an assertion when a cursor steps onto
+    it, which would abort the process; the guard makes it an error."""
+    path = tmp_path / "i"
+    records_index(path)
+    f = path / "records" / "data.mdb"
+    leaf = _second_leaf_of(str(f), "seqs")
+    change(f, leaf * 4096, bytes(4096))
+    out = query_first(path)
+    assert out.startswith("error"), out
+    assert any(f"page {leaf}" in p for p in verify_of(path))
+
+
+# ------------------------------------------------------------------ readers without write access
+NO_WRITE_ACCESS = r"""
+import sys, simindex
+path = sys.argv[1]
+try:
+    simindex.Index(path, readonly=True)
+except simindex.StorageError as e:
+    print("refused", e.errno, e)
+with simindex.Index(path, readonly=True, lock=False) as idx:
+    print("read", [m.id for m in idx.query(5)], idx.verify())
+"""
+
+
+def test_a_reader_that_may_not_write_the_lock_files_is_told_and_may_read_without_locks(tmp_path):
+    """LMDB's readers register in the lock file: a user who may not write it gets an error
+    that says so, and reads with lock=False (an index no process writes)."""
+    path = tmp_path / "i"
+    with simindex.Index(path, k=3, shards=2) as idx:
+        idx.add("a", 5)
+    for d in ["records", "shard-000", "shard-001"]:
+        os.chmod(path / d / "lock.mdb", 0o444)
+    # as root without the capability to override file permissions: as another user
+    p = subprocess.run(["setpriv", "--bounding-set", "-dac_override,-dac_read_search",
+                        sys.executable, "-c", NO_WRITE_ACCESS, str(path)], env=ENV,
+                       capture_output=True, text=True)
+    if p.returncode != 0 and "setpriv" in p.stderr:
+        pytest.skip(f"this machine does not let setpriv drop capabilities: {p.stderr[-200:]}")
+    assert p.returncode == 0, p.stderr
+    refused, read = p.stdout.splitlines()
+    assert refused.startswith("refused 13 ") and "lock=False" in refused and "lock.mdb" in refused
+    assert read == "read ['a'] []"
+
+
+def test_lock_false_is_for_readers_and_never_loosens_an_open_store(tmp_path):
+    path = tmp_path / "i"
+    with pytest.raises(simindex.ParameterError, match="lock=False is for readonly=True"):
+        simindex.Index(path, lock=False)
+    with pytest.raises(simindex.ParameterTypeError, match="lock must be True or False"):
+        simindex.Index(path, readonly=True, lock="no")
+    simindex.Index(path).close()
+    with simindex.Index(path, readonly=True, lock=False):
+        with pytest.raises(simindex.ParameterError, match="already open with lock=False"):
+            simindex.Index(path, readonly=True)
+    with simindex.Index(path, readonly=True) as a, simindex.Index(path, readonly=True,
+                                                                    lock=False) as b:
+        assert a.query(5) == b.query(5) == []

@@ -245,7 +245,8 @@ out = {}
 
 def answers(idx):
     return [sorted((str(m.id), m.distance) for m in ms)
-            for ms in idx.query_many(np.array(probes, dtype=np.uint64))]
+            for ms in idx.query_many(np.array(probes, dtype=np.uint64))] + \
+        [[str(r) for r in idx.get(f"d{i}") or ()] for i in range(len(probes) - 80 + 1)]
 
 def verify(idx):
     try:
@@ -279,8 +280,10 @@ def build_pristine(path, n=3000, shards=4):
         idx.compact()
         idx.add_many([f"d{i}" for i in range(n // 2, n)], fps[n // 2:])
         idx.remove("d7")
-        probes = [int(x) for x in fps[:40]] + [int(x) ^ 0b1011 for x in fps[40:80]]
+        # every stored fingerprint, some near ones, and get() of every id (and of one more)
+        probes = [int(x) for x in fps] + [int(x) ^ 0b1011 for x in fps[:80]]
         answers = [sorted((str(m.id), m.distance) for m in ms) for ms in idx.query_many(probes)]
+        answers += [[str(r) for r in idx.get(f"d{i}") or ()] for i in range(n + 1)]
     return probes, answers
 
 
@@ -327,13 +330,57 @@ def damage(path, seed):
         return f"{name} bits flipped at {at}"
 
 
-def corrupt_trial(pristine, probes, answers, work, seed, cli=False, first="verify"):
-    """Copy the pristine index, damage it, open, verify and query it in a child process
-    (`first`="query": query before verifying). Returns (description, outcome, list of rule
-    violations)."""
+PAGE_KINDS = ("meta", "branch", "leaf", "overflow")
+
+
+def page_kinds(f):
+    """{kind: [page numbers]} of LMDB data file `f`: its two meta pages, then each page by
+    the flags of its header (the pages inside an overflow run, and free pages, have none of
+    these and are left out)."""
+    data = open(f, "rb").read()
+    kinds = {k: [] for k in PAGE_KINDS}
+    psize = 4096
+    for pgno in range(len(data) // psize):
+        head = data[pgno * psize:pgno * psize + 16]
+        flags = int.from_bytes(head[10:12], "little")
+        if pgno < 2:
+            kinds["meta"].append(pgno)
+        elif int.from_bytes(head[0:8], "little") == pgno:
+            kind = {1: "branch", 2: "leaf", 4: "overflow"}.get(flags & 7)
+            if kind:
+                kinds[kind].append(pgno)
+    return kinds
+
+
+def damage_byte(path, seed):
+    """Change one byte of one page of a data file of the copy at `path`: a page kind
+    (meta, branch, leaf, overflow) of records/ or of a shard taken at random, then a byte
+    of its header (one time in three) or anywhere in it. Returns a description."""
+    rng = random.Random(seed)
+    subs = ["records"] + sorted(d for d in os.listdir(path) if d.startswith("shard-"))
+    sub = rng.choice(["records", rng.choice(subs[1:])])
+    f = os.path.join(path, sub, "data.mdb")
+    kinds = {k: v for k, v in page_kinds(f).items() if v}
+    kind = rng.choice(sorted(kinds))
+    pgno = rng.choice(kinds[kind])
+    off = rng.randrange(16) if rng.random() < 1 / 3 else rng.randrange(4096)
+    with open(f, "r+b") as fh:
+        fh.seek(pgno * 4096 + off)
+        old = fh.read(1)[0]
+        new = (old + rng.randrange(1, 256)) % 256
+        fh.seek(pgno * 4096 + off)
+        fh.write(bytes([new]))
+    return f"{sub}/data.mdb {kind} page {pgno} byte {off}: {old:#04x} -> {new:#04x}"
+
+
+def corrupt_trial(pristine, probes, answers, work, seed, cli=False, first="verify",
+                  how=damage):
+    """Copy the pristine index, damage it (`how`: damage or damage_byte), open, verify and
+    query it in a child process (`first`="query": query before verifying). Returns
+    (description, outcome, list of rule violations)."""
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(pristine, work)
-    what = damage(work, seed)
+    what = how(work, seed)
     wrong = []
     try:
         p = subprocess.run([sys.executable, "-c", CHECKER, work, json.dumps(probes), first],

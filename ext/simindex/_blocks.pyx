@@ -14,6 +14,7 @@ from libc.stdlib cimport calloc, malloc, realloc, free, qsort
 from libc.string cimport memcpy, memset, strlen
 
 from simindex.clmdb cimport (
+    si_guard_install,
     MDB_txn, MDB_cursor, MDB_dbi, MDB_val, MDB_APPEND, MDB_RESERVE, MDB_SET_RANGE, MDB_NEXT,
     MDB_NOTFOUND, MDB_KEYEXIST, mdb_put, mdb_get, mdb_cursor_open, mdb_cursor_close,
     mdb_cursor_get, mdb_cursor_del,
@@ -23,6 +24,10 @@ cimport simindex.layout as layout
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from simindex._lmdb cimport Txn, error, val_in_pages, CORRUPT_STATE, NO_MEMORY
 from simindex.errors import CorruptError
+
+if si_guard_install():           # LMDB calls return an error on a damaged page (guard.h)
+    raise OSError("cannot install the page-fault handlers")
+
 
 cdef extern from "zlib.h" nogil:
     unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int len)

@@ -7,6 +7,7 @@ cimport simindex.layout as layout
 
 FORMAT_VERSION = layout.FORMAT_VERSION
 FORMAT_CLASSIC = layout.FORMAT_CLASSIC
+FORMAT_FLIPS = layout.FORMAT_FLIPS
 WIDTH = layout.WIDTH
 
 MANIFEST = layout.MANIFEST.decode()
@@ -47,6 +48,7 @@ LOG_MAGIC = <bytes>layout.LOG_MAGIC[:layout.LOG_MAGIC_SIZE]
 LOG_ENTRY_HEADER = layout.LOG_ENTRY_HEADER
 
 RECORD_HEADER = layout.RECORD_HEADER
+RECORD_SUM = layout.RECORD_SUM
 ID_TAG_STR = bytes([layout.ID_TAG_STR])
 ID_TAG_BYTES = bytes([layout.ID_TAG_BYTES])
 ID_TAG_INT = bytes([layout.ID_TAG_INT])

@@ -50,6 +50,7 @@ cdef class Env:
     cdef set deps
     cdef dict dbis
     cdef readonly size_t psize
+    cdef public bint sums     # records/ of a format 3 index: every record ends in its checksum
     cdef size_t mapgen        # bumped by every set_mapsize: the map may have moved
     cdef int check(self) except -1
     cdef MDB_dbi dbi(self, name) except? 0

@@ -15,8 +15,9 @@ from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes
 from posix.unistd cimport getpid, usleep
 
 from simindex.clmdb cimport (
+    si_guard_install, si_guard_assert, SI_PAGE_FAULT, MDB_assert_func, mdb_env_set_assert,
     MDB_env, MDB_txn, MDB_cursor, MDB_dbi, MDB_val, MDB_stat, MDB_envinfo,
-    MDB_NOTLS, MDB_RDONLY, MDB_NOSYNC, MDB_NOMETASYNC, MDB_CREATE, MDB_APPEND,
+    MDB_NOTLS, MDB_NOLOCK, MDB_RDONLY, MDB_NOSYNC, MDB_NOMETASYNC, MDB_CREATE, MDB_APPEND,
     MDB_SET_RANGE, MDB_NEXT, MDB_NOTFOUND, MDB_MAP_FULL, MDB_MAP_RESIZED, MDB_CORRUPTED,
     MDB_PAGE_NOTFOUND, MDB_INVALID, MDB_VERSION_MISMATCH, MDB_PANIC,
     mdb_version, mdb_strerror, mdb_env_create, mdb_env_open, mdb_env_close, mdb_env_stat,
@@ -29,6 +30,10 @@ from simindex.errors import (
     ClosedError, CorruptError, MapFullError, MapResizedError, ReadOnlyError, StorageError,
     closed_error,
 )
+
+if si_guard_install():           # LMDB calls return an error on a damaged page (guard.h)
+    raise OSError("cannot install the page-fault handlers")
+
 
 cdef extern from "pthread.h" nogil:
     int pthread_atfork(void (*prepare)() noexcept nogil, void (*parent)() noexcept nogil,
@@ -81,6 +86,9 @@ cdef object error(int rc, str what):
         return CorruptError(f"{what}: a stored record is damaged", code=rc)
     if rc == CORRUPT_KEY:
         return CorruptError(f"{what}: a table key has the wrong size", code=rc)
+    if rc == SI_PAGE_FAULT:
+        return CorruptError(f"{what}: a damaged page of the data file stopped LMDB's read "
+                            f"(`simindex verify` names it)", code=rc)
     if rc == NO_MEMORY:
         return MemoryError(what)
     if rc > 0:
@@ -234,7 +242,8 @@ cdef class Env:
         self.env = NULL
 
     def __init__(self, path, *, bint readonly=False, bint sync=True, bint metasync=True,
-                 size_t mapsize=1 << 30, unsigned int maxdbs=4, unsigned int maxreaders=1024):
+                 size_t mapsize=1 << 30, unsigned int maxdbs=4, unsigned int maxreaders=1024,
+                 bint lock=True):
         cdef int rc
         cdef unsigned int flags = MDB_NOTLS
         cdef bytes bpath = os.fsencode(path)
@@ -246,6 +255,8 @@ cdef class Env:
         self.pid = _pid
         if readonly:
             flags |= MDB_RDONLY
+        if not lock:
+            flags |= MDB_NOLOCK          # a reader of an index no process writes
         if not sync:
             flags |= MDB_NOSYNC
         elif not metasync:
@@ -254,6 +265,7 @@ cdef class Env:
         if rc:
             self.env = NULL
             raise error(rc, f"cannot create an LMDB environment for {self.path}")
+        mdb_env_set_assert(self.env, <MDB_assert_func *>si_guard_assert)  # see guard.h
         mdb_env_set_maxdbs(self.env, maxdbs)
         mdb_env_set_maxreaders(self.env, maxreaders)
         mdb_env_set_mapsize(self.env, mapsize)

@@ -106,6 +106,7 @@ cdef class ReadContext(Handle):
     cdef ViewState rec_state
     cdef MDB_dbi seqs_dbi
     cdef size_t psize
+    cdef bint sums             # the records end in their checksums (Env.sums)
     cdef readonly size_t anomalies
     # the unapplied records of this context's last own records snapshot, kept across calls:
     # every record of seq ctail_from..ctail_upto that snapshot held (or held since removed)
@@ -117,6 +118,7 @@ cdef class ReadContext(Handle):
     cdef size_t tail_work              # records passed over on ctail since it changed
     cdef readonly size_t tail_builds   # tail tables built (tests, tools)
     cdef RunDir *failed_dir            # the run whose block a failed probe was reading
+    cdef uint64_t bad_seq              # the seq of the damaged record a call met (0: none)
     cdef int _tail(self, MDB_cursor *cur, uint64_t start, uint64_t last, int words,
                    Tail **out) noexcept nogil
     cdef int _waiting(self, MDB_cursor *cur, uint64_t last, int words, int ntables, bint own,
@@ -124,6 +126,7 @@ cdef class ReadContext(Handle):
     cdef int _tail_check(self, const Tables *tb, Tail *tail, uint64_t applied,
                          const uint64_t *q, int words, int k, size_t nq,
                          HitBuf *hits) noexcept nogil
+    cdef object _error(self, int rc, str what)
     cdef int _begin_records(self) noexcept nogil
     cdef int _activate(self, int s, int ntables) noexcept nogil
     cdef void _release(self) noexcept nogil

@@ -14,6 +14,7 @@ from libc.stdlib cimport malloc, calloc, realloc, free, qsort
 from libc.string cimport memcpy, memmove, memset
 
 from simindex.clmdb cimport (
+    si_guard_install,
     MDB_env, MDB_txn, MDB_cursor, MDB_cursor_op, MDB_dbi, MDB_val, MDB_RDONLY, MDB_SET_RANGE,
     MDB_NEXT, MDB_LAST, MDB_SET_KEY, MDB_NOTFOUND, mdb_txn_begin, mdb_txn_renew, mdb_txn_reset, mdb_txn_abort,
     mdb_txn_id, mdb_cursor_open, mdb_cursor_renew, mdb_cursor_close, mdb_cursor_get, mdb_get,
@@ -33,12 +34,15 @@ from simindex._blocks cimport (
     sort_pairs)
 from simindex._records cimport (
     Tail, load_tail, drop_tail_below, free_tail, record_id_meta, record_fp, record_header,
-    record_plain_int,
+    record_plain_int, record_body,
 )
 from simindex._join cimport PairBuf, pair_push, pair_arrays, free_pairs
 import os.path
 
-from simindex.errors import MapResizedError
+from simindex.errors import CorruptError, MapResizedError
+
+if si_guard_install():           # LMDB calls return an error on a damaged page (guard.h)
+    raise OSError("cannot install the page-fault handlers")
 
 
 # ---------------------------------------------------------------- hits
@@ -131,13 +135,18 @@ cdef int _group_hits(HitBuf *hits, size_t *qstart, Py_ssize_t n) noexcept nogil:
     return 0
 
 
-cdef inline int _check_record(const MDB_val *val, const uint64_t *q, int words, size_t psize,
-                              uint32_t dist, uint64_t *fp) noexcept nogil:
-    """1 if a hit's record (its value in records/seqs) lies at `dist` bits from q, 0 if not
-    (a table entry disagreeing with its record), or CORRUPT_RECORD; its first word in fp."""
+cdef inline int _check_record(const MDB_val *val, uint64_t seq, bint sums, const uint64_t *q,
+                              int words, size_t psize, uint32_t dist, uint64_t *fp,
+                              size_t *body) noexcept nogil:
+    """1 if a hit's record (its value in records/seqs, stored under `seq`) lies at `dist`
+    bits from q, 0 if not (a table entry disagreeing with its record), or CORRUPT_RECORD
+    (its checksum or size is wrong); its first word in fp, its length without the checksum
+    in body."""
     cdef uint32_t d
     cdef int ww
-    if val.mv_size < record_header(words) or not val_in_pages(val, psize):
+    if not val_in_pages(val, psize) or \
+            not record_body(seq, <const uint8_t *>val.mv_data, val.mv_size, sums, body) or \
+            body[0] < record_header(words):
         return CORRUPT_RECORD
     fp[0] = bits.load64(val.mv_data)
     d = <uint32_t>bits.popcount(fp[0] ^ q[0])
@@ -900,6 +909,7 @@ cdef class ReadContext(Handle):
             raise MemoryError()
         self.seqs_dbi = records.dbi(layout.DB_SEQS.decode())
         self.psize = page_size(records.env)
+        self.sums = records.sums
         for s in range(self.nshards):
             env = <Env>self.envs[s]
             env.check()
@@ -948,6 +958,13 @@ cdef class ReadContext(Handle):
         self.ctail_ok = False
         _free_tail_tables(&self.ttab)
 
+    cdef object _error(self, int rc, str what):
+        """The error of a call that failed with `rc`, naming the damaged record it met."""
+        if rc == CORRUPT_RECORD and self.bad_seq:
+            return CorruptError(f"{what}: the stored record of seq {self.bad_seq} is damaged "
+                                f"(its checksum or size is wrong)", code=rc)
+        return error(rc, what)
+
     def close(self):
         self.invalidate()
         self.records.deps.discard(self)
@@ -991,6 +1008,7 @@ cdef class ReadContext(Handle):
         if not self.ctail_ok or c.words != words or start < self.ctail_from:
             free_tail(c)                     # a first load (or, never seen, a lower start)
             c.words = words
+            c.sums = self.sums
             self.ctail_from = start
             self.ctail_upto = start - 1
             changed = True
@@ -1203,6 +1221,7 @@ cdef class ReadContext(Handle):
         cdef int rc = 0, ok = 0
         cdef bint have = False
         cdef uint64_t fp
+        cdef size_t body = 0
         if order == NULL:
             return NO_MEMORY
         i = 0
@@ -1239,16 +1258,18 @@ cdef class ReadContext(Handle):
             h.val = NULL
             if val.mv_data == NULL:
                 continue
-            ok = _check_record(&val, queries + h.q * words, words, psize, h.dist, &fp)
+            ok = _check_record(&val, seq, self.sums, queries + h.q * words, words, psize,
+                               h.dist, &fp, &body)
             if ok < 0:
                 rc = ok
+                self.bad_seq = seq
                 break
             if ok == 0:
                 self.anomalies += 1         # a table entry disagrees with its record
                 continue
             h.fp = fp
             h.val = <const uint8_t *>val.mv_data
-            h.vlen = val.mv_size
+            h.vlen = body
             h.plain = record_plain_int(h.val, h.vlen, words, &h.id)
         free(order)
         if rc:
@@ -1279,6 +1300,7 @@ cdef class ReadContext(Handle):
         cdef uint8_t kbuf[8]
         cdef int rc
         cdef uint64_t fp
+        cdef size_t body = 0
         _dedup(hits, start)
         n = hits.n - start
         h = hits.h + start
@@ -1291,8 +1313,10 @@ cdef class ReadContext(Handle):
                 continue        # removed or replaced since the table entry was written
             if rc:
                 return rc
-            rc = _check_record(&val, q, words, psize, h[i].dist, &fp)
+            rc = _check_record(&val, h[i].seq, self.sums, q, words, psize, h[i].dist, &fp,
+                               &body)
             if rc < 0:
+                self.bad_seq = h[i].seq
                 return rc
             if rc == 0:
                 self.anomalies += 1     # a table entry disagrees with its record
@@ -1300,7 +1324,7 @@ cdef class ReadContext(Handle):
             h[w] = h[i]
             h[w].fp = fp
             h[w].val = <const uint8_t *>val.mv_data
-            h[w].vlen = val.mv_size
+            h[w].vlen = body
             h[w].plain = record_plain_int(h[w].val, h[w].vlen, words, &h[w].id)
             w += 1
         hits.n = start + w
@@ -1370,6 +1394,7 @@ cdef class ReadContext(Handle):
         if nc and qidx[nc - 1] >= <uint64_t>n:
             raise ValueError("resolve: qidx out of range")
         memset(&hits, 0, sizeof(HitBuf))
+        self.bad_seq = 0
         memset(&tail, 0, sizeof(Tail))
         self.records.check()
         qstart = <size_t *>malloc((n + 1) * sizeof(size_t))
@@ -1387,6 +1412,7 @@ cdef class ReadContext(Handle):
                 elif rc == 0:
                     rc = mdb_cursor_open(rtxn, self.seqs_dbi, &rc_cur)
                 tail.words = words
+                tail.sums = self.sums
                 if rc == 0 and n:
                     rc = load_tail(rc_cur, lowest + 1, &tail)
                 c = 0
@@ -1405,7 +1431,7 @@ cdef class ReadContext(Handle):
                     qi += 1
                 qstart[n] = hits.n
             if rc:
-                raise error(rc, f"resolving candidates on {self.records.path}")
+                raise self._error(rc, f"resolving candidates on {self.records.path}")
             return _hit_lists(&hits, qstart, n, False, words)
         finally:
             self._end_call(rc_cur, qstart, &hits, &tail)
@@ -1467,6 +1493,7 @@ cdef class ReadContext(Handle):
         cdef str where = self.records.path
         cdef int bad = -1              # the shard whose read failed, when it is known
         self.failed_dir = NULL
+        self.bad_seq = 0
         cdef bint own = txn is None
         cdef size_t vpsize = 0 if txn is not None and txn.write else self.psize
         cdef int active
@@ -1531,6 +1558,7 @@ cdef class ReadContext(Handle):
                         rc = 0
                 qi = 0
                 tail.words = words
+                tail.sums = self.sums
                 keyed = rc == 0 and n > 1 and <size_t>n >= _key_order_min and \
                     self._entries() >= _key_order_entries
                 if keyed:
@@ -1622,7 +1650,7 @@ cdef class ReadContext(Handle):
                     where = (<Env>self.envs[bad]).path
                 elif rc == CORRUPT_BLOCK or rc == CORRUPT_STATE:
                     where = f"a shard of {os.path.dirname(self.records.path)}"
-                raise error(rc, f"query on {where}")
+                raise self._error(rc, f"query on {where}")
             return _hit_lists(&hits, qstart, n, matches, words)
         finally:
             free(pkws)

@@ -1,9 +1,17 @@
 # The record codec (ext/simindex/_records.pyx): records/ keeps each record under its seq
 # (format: layout.pxd) and each id key under ids. The query engine reads them through these.
-from libc.stdint cimport uint8_t, uint64_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from simindex.clmdb cimport MDB_cursor
 cimport simindex.bits as bits
 cimport simindex.layout as layout
+
+cdef extern from *:
+    """
+    #define XXH_INLINE_ALL
+    #include <xxhash.h>
+    """
+    unsigned long long XXH3_64bits_withSeed(const void *p, size_t n,
+                                            unsigned long long seed) nogil
 
 
 cdef struct Tail:
@@ -13,12 +21,32 @@ cdef struct Tail:
     size_t n
     size_t cap
     int words                # 64-bit words per fingerprint (0 counts as 1)
+    bint sums                # the records end in their checksums (Env.sums)
 
 
 cdef inline size_t record_header(int words) noexcept nogil:
     """Bytes before a record's id key: fp word 0 (u64 LE), id key length (u16 LE), then
     (wide fingerprints) the other words, u64 LE each, most significant first."""
     return 10 + 8 * (words - 1 if words > 1 else 0)
+
+
+cdef inline uint32_t record_sum(uint64_t seq, const uint8_t *p, size_t n) noexcept nogil:
+    """The checksum of a record's `n` bytes before its sum (layout.pxd: RECORD_SUM)."""
+    return <uint32_t>XXH3_64bits_withSeed(p, n, seq)
+
+
+cdef inline bint record_body(uint64_t seq, const uint8_t *p, size_t n, bint sums,
+                             size_t *body) noexcept nogil:
+    """Whether the stored record of `seq` (its value, `n` bytes) is whole, its length
+    without the checksum in `body`: with `sums`, its checksum matches; always, it holds a
+    header (the fingerprint and the id key's length) for `words` = 1."""
+    if not sums:
+        body[0] = n
+        return n >= layout.RECORD_HEADER
+    if n < layout.RECORD_HEADER + layout.RECORD_SUM:
+        return False
+    body[0] = n - layout.RECORD_SUM
+    return bits.load32(p + body[0]) == record_sum(seq, p, body[0])
 
 
 cdef inline bint record_plain_int(const uint8_t *p, size_t n, int words,

@@ -1,8 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The record codec: records/ stores each record under a fresh seq and each id key under ids.
 
-A record is `fp | id key length | id key | msgpack(meta)` (layout.pxd). Writing assigns seqs
-in input order and replaces an id's older record; reading decodes ids back to their type.
+A record is `fp | id key length | id key | msgpack(meta) | checksum` (layout.pxd; format 3,
+the checksum seeded with the seq). Writing assigns seqs in input order and replaces an id's
+older record; reading checks the checksum and decodes ids back to their type.
 Python's simindex/records.py runs these inside the write protocol's transactions.
 """
 
@@ -21,6 +22,7 @@ cdef extern from "zlib.h" nogil:
     unsigned long crc32(unsigned long crc, const unsigned char *buf, unsigned int len)
 
 from simindex.clmdb cimport (
+    si_guard_install,
     MDB_txn, MDB_cursor, MDB_dbi, MDB_val, MDB_APPEND, MDB_RESERVE, MDB_SET_RANGE, MDB_SET_KEY,
     MDB_NEXT, MDB_LAST, MDB_NOTFOUND, MDB_KEYEXIST, mdb_put, mdb_get, mdb_del,
     mdb_cursor_open, mdb_cursor_close, mdb_cursor_get, mdb_cursor_put,
@@ -29,6 +31,9 @@ cimport simindex.bits as bits
 cimport simindex.layout as layout
 from simindex._lmdb cimport Txn, error, val_in_pages, CORRUPT_RECORD, NO_MEMORY
 from simindex.errors import CorruptError
+
+if si_guard_install():           # LMDB calls return an error on a damaged page (guard.h)
+    raise OSError("cannot install the page-fault handlers")
 
 
 def checksum(bytes data not None, unsigned long start=0):
@@ -82,7 +87,7 @@ cdef enum:
 
 cdef int _put_records(MDB_txn *t, MDB_dbi ids, MDB_dbi sq, IdRef *refs,
                       const char **mp, const size_t *ml, const uint64_t[:, ::1] fw,
-                      Py_ssize_t n, uint64_t next_seq, size_t *replaced,
+                      Py_ssize_t n, uint64_t next_seq, bint sums, size_t *replaced,
                       int *rc_out, uint64_t *at) noexcept nogil:
     """records_put's writes, without the GIL (a bulk load sorts its table entries on the
     other core meanwhile): 0, or the PUT_ stage that failed with its LMDB code in rc_out."""
@@ -108,7 +113,7 @@ cdef int _put_records(MDB_txn *t, MDB_dbi ids, MDB_dbi sq, IdRef *refs,
         bits.store_be64(seqbuf, next_seq + i)
         sk.mv_size = 8
         sk.mv_data = seqbuf
-        v.mv_size = hdr + idlen + mlen
+        v.mv_size = hdr + idlen + mlen + (layout.RECORD_SUM if sums else 0)
         v.mv_data = NULL
         rc = mdb_cursor_put(cur, &sk, &v, MDB_APPEND | MDB_RESERVE)
         if rc:
@@ -124,6 +129,8 @@ cdef int _put_records(MDB_txn *t, MDB_dbi ids, MDB_dbi sq, IdRef *refs,
             bits.store64(p + layout.RECORD_HEADER + 8 * (w - 1), fw[i, w])
         memcpy(p + hdr, refs[i].p, idlen)
         memcpy(p + hdr + idlen, mp[i], mlen)
+        if sums:
+            bits.store32(p + hdr + idlen + mlen, record_sum(next_seq + i, p, hdr + idlen + mlen))
     mdb_cursor_close(cur)
     cur = NULL
     # ids often come in key order (ascending int ids, a range): then there is nothing to
@@ -218,6 +225,7 @@ def records_put(Txn txn, str ids_db, str seqs_db, idkeys not None,
     cdef char *keybuf = NULL
     cdef bint listed = isinstance(idkeys, list)
     cdef MDB_txn *t
+    cdef bint sums = txn.env.sums
     txn.check()
     t = txn.txn
     fw = fps.reshape(-1, 1) if fps.ndim == 1 else fps
@@ -257,8 +265,8 @@ def records_put(Txn txn, str ids_db, str seqs_db, idkeys not None,
             ml[i] = <size_t>PyBytes_GET_SIZE(mb)
         # (idkeys and metas hold the bytes the pointers point into until this returns)
         with nogil:
-            stage = _put_records(t, ids, sq, refs, mp, ml, fw, n, next_seq, &replaced,
-                                 &rc, &at)
+            stage = _put_records(t, ids, sq, refs, mp, ml, fw, n, next_seq, sums,
+                                 &replaced, &rc, &at)
     finally:
         free(refs)
         free(mp)
@@ -408,12 +416,16 @@ cdef int _read_tail(MDB_cursor *cur, uint64_t start, size_t limit, Tail *tail) n
     cdef MDB_val key, val
     cdef uint8_t kbuf[8]
     cdef int rc
+    cdef size_t body
     bits.store_be64(kbuf, start)
     key.mv_size = 8
     key.mv_data = kbuf
     rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE)
     while rc == 0:
-        if key.mv_size != 8 or val.mv_size < record_header(tail.words):
+        if key.mv_size != 8 or not record_body(bits.load_be64(key.mv_data),
+                                               <const uint8_t *>val.mv_data, val.mv_size,
+                                               tail.sums, &body) or \
+                body < record_header(tail.words):
             return CORRUPT_RECORD
         rc = _tail_push(tail, bits.load_be64(key.mv_data), <const uint8_t *>val.mv_data)
         if rc:
@@ -473,6 +485,7 @@ def read_tail(Txn txn, str seqs_db, uint64_t start, size_t limit=0, int words=1)
         raise error(rc, f"{txn.env.path}: cursor failed")
     memset(&tail, 0, sizeof(Tail))
     tail.words = words
+    tail.sums = txn.env.sums
     try:
         with nogil:
             rc = _read_tail(cur, start, limit, &tail)
@@ -513,6 +526,7 @@ def records_lookup(Txn txn, str seqs_db, const uint64_t[::1] seqs, int words=1):
     cdef MDB_val k, v
     cdef uint8_t kbuf[8]
     cdef int rc
+    cdef size_t body
     txn.check()
     if words not in (1, 2, 4):
         raise ValueError("fingerprints have 1, 2 or 4 words")
@@ -532,15 +546,125 @@ def records_lookup(Txn txn, str seqs_db, const uint64_t[::1] seqs, int words=1):
                 continue
             if rc:
                 raise error(rc, f"{txn.env.path}: reading records failed")
-            if v.mv_size < hdr or \
-                    (not txn.write and not val_in_pages(&v, txn.env.psize)):
-                raise CorruptError(f"{txn.env.path}: a stored record is damaged (its size "
-                                   f"runs past its page or is below its header)")
+            if not txn.write and not val_in_pages(&v, txn.env.psize):
+                raise CorruptError(f"{txn.env.path}: the stored record of seq {seqs[i]} is "
+                                   f"damaged (its size runs past its page)")
+            if not record_body(seqs[i], <const uint8_t *>v.mv_data, v.mv_size,
+                               txn.env.sums, &body) or body < hdr:
+                raise CorruptError(f"{txn.env.path}: the stored record of seq {seqs[i]} is "
+                                   f"damaged (its checksum or size is wrong)")
             fo[i, 0] = bits.load64(v.mv_data)
             for w in range(1, words):
                 fo[i, w] = bits.load64(<const uint8_t *>v.mv_data + layout.RECORD_HEADER +
                                        8 * (w - 1))
-            ids[i] = record_id_meta(<const uint8_t *>v.mv_data, v.mv_size, words)[0]
+            ids[i] = record_id_meta(<const uint8_t *>v.mv_data, body, words)[0]
     finally:
         mdb_cursor_close(cur)
     return (fps[:, 0].copy() if words == 1 else fps), ids
+
+
+def record_body_of(Txn txn, uint64_t seq, bytes value not None, int words=1):
+    """The stored record `value` of `seq` without its checksum (format 3), which must match:
+    what split_record and the Python readers take. Raises CorruptError for a damaged one."""
+    cdef size_t body
+    cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(value)
+    if not record_body(seq, p, <size_t>PyBytes_GET_SIZE(value), txn.env.sums, &body) or \
+            body < record_header(words):
+        raise CorruptError(f"{txn.env.path}: the stored record of seq {seq} is damaged (its "
+                           f"checksum or size is wrong)")
+    return value if body == <size_t>PyBytes_GET_SIZE(value) else value[:body]
+
+
+cdef enum:
+    FOUND_NO_RECORD = 1, FOUND_OTHER_ID, FOUND_BAD_RECORD, FOUND_BAD_ENTRY
+
+
+cdef int _check_ids(MDB_cursor *ic, MDB_cursor *sc, int words, bint sums, uint64_t *seq,
+                    MDB_val *idk, int *rc_out) noexcept nogil:
+    """Walk every id entry from `ic`'s position on: its seq's record must exist, be whole
+    and hold that id key. 0 when all do, else a FOUND_ code (the entry in idk, its seq in
+    `seq`), or -1 with LMDB's code in rc_out."""
+    cdef MDB_val k, v, sk
+    cdef uint8_t kbuf[8]
+    cdef size_t body, idlen, hdr = record_header(words)
+    cdef const uint8_t *p
+    cdef int rc = mdb_cursor_get(ic, &k, &v, MDB_NEXT)
+    while rc == 0:
+        idk[0] = k
+        if v.mv_size != 8:
+            seq[0] = 0
+            return FOUND_BAD_ENTRY
+        seq[0] = bits.load_be64(v.mv_data)
+        memcpy(kbuf, v.mv_data, 8)
+        sk.mv_size = 8
+        sk.mv_data = kbuf
+        rc = mdb_cursor_get(sc, &sk, &v, MDB_SET_KEY)
+        if rc == MDB_NOTFOUND:
+            return FOUND_NO_RECORD
+        if rc:
+            break
+        if not record_body(seq[0], <const uint8_t *>v.mv_data, v.mv_size, sums, &body) or \
+                body < hdr:
+            return FOUND_BAD_RECORD
+        p = <const uint8_t *>v.mv_data
+        idlen = p[8] | (<size_t>p[9] << 8)
+        if hdr + idlen > body or idlen != k.mv_size or memcmp(p + hdr, k.mv_data, idlen):
+            return FOUND_OTHER_ID
+        rc = mdb_cursor_get(ic, &k, &v, MDB_NEXT)
+    if rc == MDB_NOTFOUND:
+        return 0
+    rc_out[0] = rc
+    return -1
+
+
+def records_problems(Txn txn, str ids_db, str seqs_db, int words=1, int limit=10):
+    """What is wrong between records/'s two databases (a list of str, [] when sound):
+    every record must be whole (its checksum, in format 3), and every id entry must lead
+    to a record holding that id key. With as many ids as records (verify() compares the
+    counts), that makes ids and records one-to-one, so no get() or query answer is wrong."""
+    cdef MDB_cursor *ic = NULL
+    cdef MDB_cursor *sc = NULL
+    cdef MDB_val k, v, idk
+    cdef uint64_t seq = 0
+    cdef int rc = 0, found
+    cdef size_t body
+    cdef list out = []
+    txn.check()
+    where = txn.env.path
+    rc = mdb_cursor_open(txn.txn, txn.env.dbi(seqs_db), &sc)
+    if rc:
+        raise error(rc, f"{where}: reading records failed")
+    try:
+        rc = mdb_cursor_get(sc, &k, &v, MDB_NEXT)
+        while rc == 0 and len(out) < limit:
+            if k.mv_size != 8:
+                out.append(f"records: a record's seq key has {k.mv_size} bytes, not 8")
+            elif not record_body(bits.load_be64(k.mv_data), <const uint8_t *>v.mv_data,
+                                 v.mv_size, txn.env.sums, &body) or \
+                    body < record_header(words):
+                out.append(f"records: the record of seq {bits.load_be64(k.mv_data)} is "
+                           f"damaged (its checksum or size is wrong)")
+            rc = mdb_cursor_get(sc, &k, &v, MDB_NEXT)
+        if rc and rc != MDB_NOTFOUND:
+            raise error(rc, f"{where}: reading records failed")
+        rc = mdb_cursor_open(txn.txn, txn.env.dbi(ids_db), &ic)
+        if rc:
+            raise error(rc, f"{where}: reading ids failed")
+        while len(out) < limit:
+            with nogil:
+                found = _check_ids(ic, sc, words, txn.env.sums, &seq, &idk, &rc)
+            if found == 0:
+                break
+            if found < 0:
+                raise error(rc, f"{where}: reading ids failed")
+            name = PyBytes_FromStringAndSize(<const char *>idk.mv_data, idk.mv_size)
+            out.append("records: the id entry " + repr(name)[:80] + " " + {
+                FOUND_NO_RECORD: f"leads to seq {seq}, which holds no record",
+                FOUND_OTHER_ID: f"leads to the record of seq {seq}, which holds another id",
+                FOUND_BAD_RECORD: f"leads to the damaged record of seq {seq}",
+                FOUND_BAD_ENTRY: "holds no 8-byte seq"}[found])
+    finally:
+        if ic != NULL:
+            mdb_cursor_close(ic)
+        mdb_cursor_close(sc)
+    return out

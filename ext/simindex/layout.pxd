@@ -82,18 +82,22 @@ cdef extern from *:
     const unsigned int LMDB_META_MAGIC "SI_LMDB_META_MAGIC"
 
 cdef enum:
-    FORMAT_VERSION = 2        # the manifest's "format": the newest this version writes
-    FORMAT_CLASSIC = 1        # ...and what it writes for the paper's plans (no flips), which
-                              # older versions read too; format 2 adds prefix_blocks
+    FORMAT_VERSION = 3        # the manifest's "format": what this version writes (every
+                              # record carries its checksum, RECORD_SUM below)
+    FORMAT_CLASSIC = 1        # formats still read and written as they are: 1 (the paper's
+    FORMAT_FLIPS = 2          # plans), 2 (adds prefix_blocks), records without checksums
     WIDTH = 64                # bits of a fingerprint
     LOG_MAGIC_SIZE = 8
     LOG_ENTRY_HEADER = 8
     LOG_TOKEN_HEX = 32        # a log's name: 32 random hex digits, never reused
 
     # A record, the value of a seq in records/seqs: fp (u64 LE), id key length (u16 LE),
-    # id key, msgpack(meta). An id key is a tag then the UTF-8 text, the bytes, or the
+    # id key, msgpack(meta), then (format 3) its checksum: u32 LE, the low 32 bits of the
+    # XXH3-64 of every byte before it, seeded with the record's seq (so a record read under
+    # another seq fails it too). An id key is a tag then the UTF-8 text, the bytes, or the
     # 8-byte big-endian int. Seqs are u64 big-endian keys, never reused.
     RECORD_HEADER = 10
+    RECORD_SUM = 4
     ID_TAG_STR = 0x73         # b"s"
     ID_TAG_BYTES = 0x62       # b"b"
     ID_TAG_INT = 0x69         # b"i"

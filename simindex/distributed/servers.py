@@ -173,7 +173,7 @@ class LedgerServer(_Server):
         return self._once(request, lambda txn: records.remove(txn, idk))
 
     def get(self, idk):
-        return self.txns.read_txn(self.env, lambda txn: records.get(txn, idk))
+        return self.txns.read_txn(self.env, lambda txn: records.get(txn, idk, self.plan.words))
 
     def count(self):
         return self.txns.read_txn(self.env, records.count)
