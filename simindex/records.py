@@ -16,7 +16,7 @@ from ._layout import (
     DB_IDS, DB_INFO, DB_SEQS, INFO_NEXT_SEQ, INFO_REQUEST, INFO_STALE,
 )
 from ._lmdb import Txn
-from ._records import read_tail, record_body_of, records_lookup, records_put, split_record
+from ._records import read_tail, record_body_of, records_lookup, records_put
 from .codec import decode_id, encode_ids
 from .errors import CorruptError, InputError
 
@@ -102,8 +102,8 @@ def get(txn: Txn, idkey: bytes, words: int = 1) -> Optional[bytes]:
     if value is None:
         raise CorruptError(f"{txn.env.path}: the id entry of {decode_id(idkey)!r:.80} leads "
                            f"to seq {n}, which holds no record")
-    body = record_body_of(txn, n, value, words)
-    if split_record(body, words)[1] != idkey:
+    body = record_body_of(txn, n, value, words, idkey)
+    if body is None:
         raise CorruptError(f"{txn.env.path}: the id entry of {decode_id(idkey)!r:.80} leads "
                            f"to the record of seq {n}, which holds another id")
     return body

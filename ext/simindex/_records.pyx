@@ -563,15 +563,22 @@ def records_lookup(Txn txn, str seqs_db, const uint64_t[::1] seqs, int words=1):
     return (fps[:, 0].copy() if words == 1 else fps), ids
 
 
-def record_body_of(Txn txn, uint64_t seq, bytes value not None, int words=1):
+def record_body_of(Txn txn, uint64_t seq, bytes value not None, int words=1,
+                   bytes idkey=None):
     """The stored record `value` of `seq` without its checksum (format 3), which must match:
-    what split_record and the Python readers take. Raises CorruptError for a damaged one."""
-    cdef size_t body
+    what split_record and the Python readers take. Raises CorruptError for a damaged one;
+    None when `idkey` is given and the record holds another id key."""
+    cdef size_t body, idlen, hdr = record_header(words)
     cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(value)
     if not record_body(seq, p, <size_t>PyBytes_GET_SIZE(value), txn.env.sums, &body) or \
-            body < record_header(words):
+            body < hdr:
         raise CorruptError(f"{txn.env.path}: the stored record of seq {seq} is damaged (its "
                            f"checksum or size is wrong)")
+    if idkey is not None:
+        idlen = p[8] | (<size_t>p[9] << 8)
+        if idlen != <size_t>PyBytes_GET_SIZE(idkey) or hdr + idlen > body or \
+                memcmp(p + hdr, PyBytes_AS_STRING(idkey), idlen):
+            return None
     return value if body == <size_t>PyBytes_GET_SIZE(value) else value[:body]
 
 
