@@ -58,6 +58,24 @@ def read_meta(path: str, txnid: Optional[int] = None) -> Optional[Meta]:
     return best
 
 
+def _bad_page_size(path: str) -> Optional[str]:
+    """What is wrong with the page sizes the meta pages of `path` claim (None when both are
+    one of LMDB's): LMDB divides by the one it reads and finds the second meta page by the
+    first's, so a damaged one must be refused before LMDB opens the file."""
+    with open(path, "rb") as fh:
+        first = fh.read(152)
+        psize = int.from_bytes(first[40:44], "little") if len(first) >= 44 else 0
+        if psize not in _PAGE_SIZES:
+            return f"meta page 0 claims a page size of {psize} bytes: it is damaged"
+        fh.seek(psize)
+        second = fh.read(152)
+    if len(second) >= 44 and int.from_bytes(second[16:20], "little") == LMDB_META_MAGIC and \
+            int.from_bytes(second[40:44], "little") not in _PAGE_SIZES:
+        return (f"meta page 1 claims a page size of {int.from_bytes(second[40:44], 'little')} "
+                f"bytes: it is damaged")
+    return None
+
+
 def check_size(env_dir: str, readonly: bool = False, existing: bool = False) -> None:
     """Refuse a data file cut short of its root pages (LMDB would SIGBUS reading them), or
     whose meta page claims a size the file cannot have; with `existing` (an index that was
@@ -83,6 +101,9 @@ def check_size(env_dir: str, readonly: bool = False, existing: bool = False) -> 
     meta = read_meta(f)
     if meta is None:
         raise CorruptError(f"{f} is damaged or not an LMDB data file (no valid meta page)")
+    bad = _bad_page_size(f)
+    if bad:
+        raise CorruptError(f"{f}: {bad}")
     for root in meta.roots:
         if root != NO_PAGE and (root > meta.last_page or (root + 1) * meta.psize > size):
             raise CorruptError(f"{f} is truncated: {size} bytes, its root page {root} "

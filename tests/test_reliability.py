@@ -731,3 +731,14 @@ def test_lock_false_is_for_readers_and_never_loosens_an_open_store(tmp_path):
     with simindex.Index(path, readonly=True) as a, simindex.Index(path, readonly=True,
                                                                     lock=False) as b:
         assert a.query(5) == b.query(5) == []
+
+
+@pytest.mark.parametrize("meta", [0, 1])
+def test_a_meta_page_claiming_no_page_size_is_damage_not_a_division_by_zero(tmp_path, meta):
+    """LMDB divides by the page size a meta page claims (SIGFPE at 0, found by
+    tools/fuzz/fuzz_pages.py): the open refuses it first, naming the meta page."""
+    path = tmp_path / "i"
+    records_index(path, n=200)
+    change(path / "records" / "data.mdb", meta * 4096 + 40, bytes(4))
+    out = query_first(path)
+    assert out.startswith("error") and f"meta page {meta} claims a page size of 0" in out, out

@@ -75,7 +75,6 @@ cdef extern from "lmdb.h" nogil:
     char *mdb_strerror(int err)
 
     int mdb_env_create(MDB_env **env)
-    int mdb_env_open(MDB_env *env, const char *path, unsigned int flags, unsigned int mode)
     int mdb_env_info(MDB_env *env, MDB_envinfo *stat)
     int mdb_env_sync(MDB_env *env, int force)
     void mdb_env_close(MDB_env *env)
@@ -120,4 +119,6 @@ cdef extern from "guard.h" nogil:
                                        MDB_dbi *dbi)
     int mdb_stat "si_mdb_stat"(MDB_txn *txn, MDB_dbi dbi, MDB_stat *stat)
     int mdb_env_copy2 "si_mdb_env_copy2"(MDB_env *env, const char *path, unsigned int flags)
+    int mdb_env_open "si_mdb_env_open"(MDB_env *env, const char *path, unsigned int flags,
+                                       unsigned int mode)
     int mdb_txn_commit "si_mdb_txn_commit"(MDB_txn *txn)

@@ -1,8 +1,8 @@
 /* LMDB calls that survive a damaged page.
 
    LMDB trusts its pages: a damaged page number sends a read past the end of the file
-   (SIGBUS) or of the map (SIGSEGV), and a damaged page header fails one of its assertions
-   (abort). A host process (a crawler) must get an error instead, so every LMDB call the
+   (SIGBUS) or of the map (SIGSEGV), a damaged page size in a meta page divides by zero
+   (SIGFPE), and a damaged page header fails one of its assertions (abort). A host process (a crawler) must get an error instead, so every LMDB call the
    core makes goes through a wrapper here that arms a per-thread jump point first: the
    signal handler, or LMDB's assert callback, jumps back to it and the call returns
    SI_PAGE_FAULT. A fault outside a wrapper is not ours: the handler hands it to the
@@ -24,13 +24,14 @@
 #define SI_PAGE_FAULT (-1006)
 
 static __thread sigjmp_buf *si_guard_jump;     /* the armed jump point of this thread */
-static struct sigaction si_guard_prev_bus, si_guard_prev_segv;
+static const int si_guard_signals[3] = {SIGBUS, SIGSEGV, SIGFPE};
+static struct sigaction si_guard_prev[3];   /* the handlers found, by si_guard_signals */
 static int si_guard_ready;
 
 static void si_guard_signal(int sig, siginfo_t *info, void *uc)
 {
     sigjmp_buf *j = si_guard_jump;
-    struct sigaction *prev = sig == SIGBUS ? &si_guard_prev_bus : &si_guard_prev_segv;
+    struct sigaction *prev = &si_guard_prev[sig == SIGBUS ? 0 : sig == SIGSEGV ? 1 : 2];
     if (j != NULL) {
         si_guard_jump = NULL;
         siglongjmp(*j, 1);
@@ -63,13 +64,15 @@ static __attribute__((unused)) void si_guard_assert(MDB_env *env, const char *ms
 static __attribute__((unused)) int si_guard_install(void)
 {
     struct sigaction sa;
+    int i;
     if (si_guard_ready)
         return 0;
     sa.sa_sigaction = si_guard_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
-    if (sigaction(SIGBUS, &sa, &si_guard_prev_bus) || sigaction(SIGSEGV, &sa, &si_guard_prev_segv))
-        return -1;
+    for (i = 0; i < 3; i++)
+        if (sigaction(si_guard_signals[i], &sa, &si_guard_prev[i]))
+            return -1;
     si_guard_ready = 1;
     return 0;
 }
@@ -106,6 +109,8 @@ static inline int si_mdb_stat(MDB_txn *t, MDB_dbi d, MDB_stat *s)
 { int rc; SI_GUARDED(rc, mdb_stat(t, d, s)); return rc; }
 static inline int si_mdb_env_copy2(MDB_env *e, const char *path, unsigned int f)
 { int rc; SI_GUARDED(rc, mdb_env_copy2(e, path, f)); return rc; }
+static inline int si_mdb_env_open(MDB_env *e, const char *path, unsigned int f, mdb_mode_t m)
+{ int rc; SI_GUARDED(rc, mdb_env_open(e, path, f, m)); return rc; }
 static inline int si_mdb_txn_commit(MDB_txn *t)
 {
     int rc, aborted = 0;
