@@ -16,7 +16,7 @@ from ._layout import (
     DB_IDS, DB_INFO, DB_SEQS, INFO_NEXT_SEQ, INFO_REQUEST, INFO_STALE,
 )
 from ._lmdb import Txn
-from ._records import read_tail, record_body_of, records_lookup, records_put
+from ._records import read_tail, record_get, records_lookup, records_put
 from .codec import decode_id, encode_ids
 from .errors import CorruptError, InputError
 
@@ -91,22 +91,14 @@ def get(txn: Txn, idkey: bytes, words: int = 1) -> Optional[bytes]:
     """The stored record of an id key (its value without the checksum), or None. The
     record must be whole and hold that id key: a damaged id entry is an error, never
     another document's record."""
-    seq = txn.get(DB_IDS, idkey)
-    if seq is None:
-        return None
-    if len(seq) != 8:
-        raise CorruptError(f"{txn.env.path}: the id entry of {decode_id(idkey)!r:.80} is "
-                           f"damaged (it holds {len(seq)} bytes, not a seq)")
-    value = txn.get(DB_SEQS, seq)
-    n = int.from_bytes(seq, "big")
-    if value is None:
-        raise CorruptError(f"{txn.env.path}: the id entry of {decode_id(idkey)!r:.80} leads "
-                           f"to seq {n}, which holds no record")
-    body = record_body_of(txn, n, value, words, idkey)
-    if body is None:
-        raise CorruptError(f"{txn.env.path}: the id entry of {decode_id(idkey)!r:.80} leads "
-                           f"to the record of seq {n}, which holds another id")
-    return body
+    got = record_get(txn, DB_IDS, DB_SEQS, idkey, words)
+    if got is None or isinstance(got, bytes):
+        return got
+    why, seq = got
+    raise CorruptError(f"{txn.env.path}: the id entry of {decode_id(idkey)!r:.80} " + {
+        "size": "is damaged (it holds no 8-byte seq)",
+        "missing": f"leads to seq {seq}, which holds no record",
+        "other id": f"leads to the record of seq {seq}, which holds another id"}[why])
 
 
 def count(txn: Txn) -> int:

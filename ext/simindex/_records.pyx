@@ -563,23 +563,58 @@ def records_lookup(Txn txn, str seqs_db, const uint64_t[::1] seqs, int words=1):
     return (fps[:, 0].copy() if words == 1 else fps), ids
 
 
-def record_body_of(Txn txn, uint64_t seq, bytes value not None, int words=1,
-                   bytes idkey=None):
+def record_body_of(Txn txn, uint64_t seq, bytes value not None, int words=1):
     """The stored record `value` of `seq` without its checksum (format 3), which must match:
-    what split_record and the Python readers take. Raises CorruptError for a damaged one;
-    None when `idkey` is given and the record holds another id key."""
-    cdef size_t body, idlen, hdr = record_header(words)
+    what split_record takes. Raises CorruptError for a damaged one."""
+    cdef size_t body
     cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(value)
     if not record_body(seq, p, <size_t>PyBytes_GET_SIZE(value), txn.env.sums, &body) or \
-            body < hdr:
+            body < record_header(words):
         raise CorruptError(f"{txn.env.path}: the stored record of seq {seq} is damaged (its "
                            f"checksum or size is wrong)")
-    if idkey is not None:
-        idlen = p[8] | (<size_t>p[9] << 8)
-        if idlen != <size_t>PyBytes_GET_SIZE(idkey) or hdr + idlen > body or \
-                memcmp(p + hdr, PyBytes_AS_STRING(idkey), idlen):
-            return None
     return value if body == <size_t>PyBytes_GET_SIZE(value) else value[:body]
+
+
+def record_get(Txn txn, str ids_db, str seqs_db, bytes idkey not None, int words=1):
+    """The stored record of an id key without its checksum, or None: both lookups and every
+    check in one call. A record that is damaged raises CorruptError; an id entry that is
+    not a seq, leads to no record, or to a record of another id key gives (why, seq), why
+    one of "size", "missing", "other id", for the caller to name the id."""
+    cdef MDB_val k, v
+    cdef uint8_t kbuf[8]
+    cdef uint64_t seq
+    cdef size_t body, idlen, hdr = record_header(words)
+    cdef const uint8_t *p
+    cdef int rc
+    txn.check()
+    k.mv_size = <size_t>PyBytes_GET_SIZE(idkey)
+    k.mv_data = <void *>PyBytes_AS_STRING(idkey)
+    rc = mdb_get(txn.txn, txn.env.dbi(ids_db), &k, &v)
+    if rc == MDB_NOTFOUND:
+        return None
+    if rc:
+        raise error(rc, f"{txn.env.path}: reading an id failed")
+    if v.mv_size != 8:
+        return ("size", 0)
+    memcpy(kbuf, v.mv_data, 8)
+    seq = bits.load_be64(kbuf)
+    k.mv_size = 8
+    k.mv_data = kbuf
+    rc = mdb_get(txn.txn, txn.env.dbi(seqs_db), &k, &v)
+    if rc == MDB_NOTFOUND:
+        return ("missing", seq)
+    if rc:
+        raise error(rc, f"{txn.env.path}: reading a record failed")
+    p = <const uint8_t *>v.mv_data
+    if (not txn.write and not val_in_pages(&v, txn.env.psize)) or \
+            not record_body(seq, p, v.mv_size, txn.env.sums, &body) or body < hdr:
+        raise CorruptError(f"{txn.env.path}: the stored record of seq {seq} is damaged (its "
+                           f"checksum or size is wrong)")
+    idlen = p[8] | (<size_t>p[9] << 8)
+    if idlen != <size_t>PyBytes_GET_SIZE(idkey) or hdr + idlen > body or \
+            memcmp(p + hdr, PyBytes_AS_STRING(idkey), idlen):
+        return ("other id", seq)
+    return PyBytes_FromStringAndSize(<const char *>p, body)
 
 
 cdef enum:
