@@ -663,7 +663,7 @@ def serve(index, host, port, workers, token_file, readonly, max_body, max_batch,
           access_log, log_level):
     """Serve INDEX over HTTP (JSON) until SIGTERM or Ctrl-C: queries by fingerprint or text,
     adds, the atomic add-if-novel, removes, stats, a web page at / and go-simstore's
-    GET /search?sig=. Needs the 'server' extra. See README "Serve over HTTP"."""
+    GET /search?sig=. Needs the 'server' extra. See docs/tutorials/serve.md."""
     from .server.app import Settings, read_token
     from .server.run import serve as run
     try:

@@ -41,7 +41,7 @@ def hamming(a: int, b: int) -> int:
 
 
 class Index:
-    """A persistent, sharded, exact near-duplicate index of 64-bit fingerprints.
+    """A persistent, sharded, exact near-duplicate index of 64-, 128- or 256-bit fingerprints.
 
     `Index(path)` opens (or creates) the index in directory `path`. Parameters come from the
     manifest on reopen; one given that differs from the stored value raises. A new index
@@ -232,7 +232,7 @@ class Index:
     def add(self, id: Id, fingerprint: int, meta: Any = None) -> None:
         """Store `fingerprint` under `id` (replacing any earlier record of that id).
 
-        With sync=False the record goes to this process's write buffer (see README).
+        With sync=False the record goes to this process's write buffer (see docs/design/processes.md).
         """
         idk = encode_id(id)
         st = self._writable_store()
@@ -487,7 +487,7 @@ class Index:
         self._folded_writable_store().compact()
 
     def stats(self) -> dict[str, Any]:
-        """Counts, parameters, runs and bytes on disk (README lists every key)."""
+        """Counts, parameters, runs and bytes on disk (docs/guide/python.md lists every key)."""
         st = self._open_store()
         buffered = st.buffered()
         st.fold()

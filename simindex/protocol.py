@@ -1,4 +1,4 @@
-"""The write protocol of an index, in one place (README "How it works", "Guarantees").
+"""The write protocol of an index, in one place (docs/design/how-it-works.md, guarantees.md).
 
 1. records/ commits first: that commit is the durability point (`commit`).
 2. Each shard then applies the records it has not seen (seq above its applied seq) as one

@@ -37,3 +37,38 @@ def test_example_builds_and_finds_near_duplicates(tmp_path):
     assert "(0 new or changed)" in again.stdout                  # incremental across runs
     bad = subprocess.run(p.args + ["--k", "5"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "k=5 was given" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def blocks(text, lang):
+    return re.findall(rf"```{lang}\n(.*?)\n```", text, re.S)
+
+
+def test_readme_is_short_and_its_python_runs_as_written(tmp_path):
+    """README is read in five minutes, and each of its Python blocks runs as copied."""
+    import subprocess
+    import sys
+    text = open(os.path.join(ROOT, "README.md")).read()
+    assert len(text.splitlines()) < 250
+    code = blocks(text, "python")
+    assert code
+    for block in code:
+        p = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=300,
+                           env=dict(os.environ, PYTHONPATH=ROOT))
+        assert p.returncode == 0, f"{block[:200]}\n{p.stderr[-2000:]}"
+
+
+def test_the_documentation_site_builds_strictly(tmp_path):
+    """mkdocs builds docs/ with every page in the navigation, every link resolved and the
+    API reference generated from the docstrings, warnings counted as errors."""
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d",
+                        str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    assert "add_unique_text" in api and "CorruptError" in api
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    for link in re.findall(r"\]\((docs/[^)#]+)", readme):
+        assert os.path.exists(os.path.join(ROOT, link)), link

@@ -25,6 +25,7 @@ FIGURES = [   # (figure name in bench.py's rows, short label, higher is better)
     ("build (add_many, durable)", "bulk build, durable (s)", False),
     ("query_many, 1 thread", "query_many (q/s)", True),
     ("query single call, median", "query, one call, median (us)", False),
+    ("get() single call, median", "get(), one call, median (us)", False),
     ("add_many batches of 1000, sync", "batches of 1,000, sync (rec/s)", True),
     ("query_many, 2 threads", "query_many, 2 threads (q/s)", True),
     ("pairs() over the stored index", "pairs() (s)", False),

@@ -11,7 +11,7 @@ Peers (skipped with a note when not installed): faiss-cpu IndexBinaryMultiHash (
 nflip=0; nhash=2 b=32 nflip=1; faiss keeps dis < radius, so radius k+1) and IndexBinaryFlat;
 PyPI simhash 2.1.2 SimhashIndex (on --simhash-n fingerprints: it is slow to build); seomoz
 simhash-py 0.4.0 find_all, from --simhash-py SITE_PACKAGES (its sdist does not build on
-Python 3.11 as shipped and its module name clashes with PyPI simhash: README says how it was
+Python 3.11 as shipped and its module name clashes with PyPI simhash: docs/benchmarks.md says how it was
 built beside the project; its compiled module is loaded here under another name).
 """
 
@@ -187,6 +187,12 @@ def bench_simindex(fps, queries, k, sample, truth, rows, root, incremental, plan
         idx.query(q)
         lat.append(time.perf_counter() - t)
     rows.append(Row("simindex", "query single call, median", np.median(lat) * 1e6, "us"))
+    lat = []
+    for i in range(0, len(fps), max(1, len(fps) // 2000)):
+        t = time.perf_counter()
+        idx.get(i)
+        lat.append(time.perf_counter() - t)
+    rows.append(Row("simindex", "get() single call, median", np.median(lat) * 1e6, "us"))
     _, dt = timed(lambda: sum(1 for _ in idx.pairs()))
     rows.append(Row("simindex", "pairs() over the stored index", dt, "s"))
     if incremental:
@@ -377,7 +383,7 @@ def bench_simhash_py(fps, k, rows, site):
     mod = load_simhash_py(site) if site else None
     if mod is None:
         rows.append(Row("seomoz simhash-py 0.4.0", "-", float("nan"), "",
-                        note="  not installed (see README: it builds only by hand on 3.11)"))
+                        note="  not installed (see docs/benchmarks.md: it builds only by hand on 3.11)"))
         return
     values = fps.tolist()
     got, dt = timed(lambda: mod.find_all(values, k + 2, k))

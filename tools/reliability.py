@@ -1,4 +1,4 @@
-"""Run the reliability trials and print the figures README's "Reliability" section shows.
+"""Run the reliability trials and print the figures docs/design/reliability.md shows.
 
     python3 tools/reliability.py                      # a few minutes
     python3 tools/reliability.py --crashes 200 --corrupt 300 --bytes 500 --io-stride 1

@@ -39,7 +39,7 @@ each round. Printed: per workload and connection count, the median and (min-max)
 rounds of requests/s, p50 and p99; the goals as per-round ratios (median and range):
 single-query rate / hello rate (>= 0.8), single-query p99 / hello p99 at 8 connections
 (<= 2), and batch cost per fingerprint, 1 / (batch requests/s * B), / query_many's cost per
-fingerprint (<= 2); then a markdown table for the README. Any non-2xx answer or socket error
+fingerprint (<= 2); then a markdown table for docs/tutorials/serve.md. Any non-2xx answer or socket error
 under load is printed loudly and makes the exit status 1: the load must run without errors.
 
 wrk, the servers and this process share the machine's cores: on a small machine the client
@@ -538,7 +538,7 @@ def summary(args: argparse.Namespace, http: dict, lib: list) -> None:
 
 
 def markdown(args: argparse.Namespace, http: dict, lib: list) -> None:
-    print(f"\n## For the README\n\n{args.n:,} fingerprints, k={args.k}, {args.workers} "
+    print(f"\n## For docs/tutorials/serve.md\n\n{args.n:,} fingerprints, k={args.k}, {args.workers} "
           f"worker{'s' * (args.workers > 1)}, wrk -t1 {args.duration} s runs, {args.rounds} "
           f"round{'s' * (args.rounds > 1)} (median), {os.cpu_count()} cores shared with wrk.\n")
     print("| Workload | Connections | Requests/s | p50 (ms) | p99 (ms) |")

@@ -3,7 +3,7 @@
     python tools/timing.py --n 1000000
 
 Fixed seed, k=3; N random fingerprints plus 10k queries (half planted within k, half random).
-The first line names the version and parameters, so the output can be pasted into README.
+The first line names the version and parameters, so the output can be pasted into the docs.
 """
 
 import argparse

@@ -2,7 +2,7 @@
 #
 # Every number and name that the files hold or are found by lives here. The compiled
 # modules cimport this file (`cimport simindex.layout as layout`); Python reads the same
-# values from the compiled module simindex._layout, which publishes them. README "On disk"
+# values from the compiled module simindex._layout, which publishes them. docs/reference/on-disk.md
 # describes the format in prose; change a value here only with a new format or layout
 # version (and a test that an index written before still opens).
 #
