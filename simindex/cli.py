@@ -580,7 +580,9 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
               "estimated run time fits (the summary then says the recall falls short).")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet"]),
               help="Input format (default: from each file's extension).")
-@click.option("--output-format", type=click.Choice(["jsonl", "csv", "parquet"]))
+@click.option("--output-format", type=click.Choice(["jsonl", "csv", "parquet"]),
+              help="Format of the kept rows (default: from --output's suffix, else the "
+              "first input's format).")
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), default=None,
               help="Fingerprinting threads (processes for the compatibility schemes), and "
               "with more than one a reader one batch ahead (default: every core).")
@@ -644,7 +646,8 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
 @click.argument("index")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. "
               "One that other machines reach needs a token (or --insecure).")
-@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+              help="TCP port to listen on, at --host.")
 @click.option("--workers", "-w", type=click.IntRange(1, 256), default=os.cpu_count() or 1,
               show_default="all cores", help="Worker processes; each opens the index once.")
 @click.option("--token-file", type=click.Path(dir_okay=False), help="A file whose first line is "

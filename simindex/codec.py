@@ -123,8 +123,18 @@ def fp_array(fps):
 
 
 def check_wide_fp(fp, width, what="fingerprint"):
-    """A `width`-bit fingerprint as a Python int: an int in [0, 2**width) or big-endian
-    bytes of exactly width/8."""
+    """A `width`-bit fingerprint as a Python int: an int in [0, 2**width), big-endian
+    bytes of exactly width/8, or (width 128 and 256) a row of width/64 uint64 words, most
+    significant first, as the (n, words) arrays of fingerprints hold them."""
+    if isinstance(fp, np.ndarray) and fp.ndim == 1 and width > 64:
+        if fp.dtype != np.uint64 or len(fp) != width // 64:
+            raise InputTypeError(f"a {what} as an array is a row of {width // 64} uint64 "
+                                 f"words at width {width}, got {fp.dtype} of shape "
+                                 f"{fp.shape}")
+        v = 0
+        for w in fp.tolist():
+            v = (v << 64) | w
+        return v
     if isinstance(fp, (bytes, bytearray, memoryview)):
         fp = bytes(fp)
         if len(fp) != width // 8:

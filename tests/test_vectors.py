@@ -239,3 +239,22 @@ def test_the_cosine_workflow_runs_end_to_end(tmp_path):
         assert p.returncode == 0, p.stderr
         assert "5 documents" in p.stdout
         assert "exact answer: 3 pairs; found 3 (recall 1.000), none wrong: True" in p.stdout
+
+
+@pytest.mark.parametrize("width", [128, 256])
+def test_a_row_of_the_signature_array_is_a_fingerprint_in_every_call(tmp_path, width):
+    """Hyperplanes.fingerprints gives an (n, words) array; one of its rows is a fingerprint
+    for add, query and add_unique, as the int of its words would be."""
+    h = simindex.Hyperplanes(dim=8, width=width, seed=1)
+    fps = h.fingerprints(np.random.default_rng(0).normal(size=(6, 8)))
+    as_int = [int.from_bytes(r.astype(">u8").tobytes(), "big") for r in fps]
+    with simindex.Index(tmp_path / "i", width=width, k=8) as idx:
+        idx.add_many([str(i) for i in range(5)], fps[:5])
+        assert [m.id for m in idx.query(fps[3])] == [m.id for m in idx.query(as_int[3])]
+        idx.add("row", fps[5])
+        assert idx.get("row").fingerprint == as_int[5]
+        assert [m.id for m in idx.add_unique("again", fps[5])] == ["row"]
+        with pytest.raises(simindex.InputTypeError, match="row of .* uint64 words"):
+            idx.query(fps[3].astype(np.int64))
+        with pytest.raises(simindex.InputTypeError, match="row of .* uint64 words"):
+            idx.query(fps[3][:1])
