@@ -93,10 +93,18 @@ def test_the_wheel_works_with_the_system_libraries_hidden(wheel, tmp_path):
     libs = [system_copy(n) for n in LIBS]
     assert all(libs), dict(zip(LIBS, libs))
     venv = tmp_path / "venv"
-    # the system site-packages provide numpy, msgpack and click: nothing is downloaded
+    # the packages of the environment running the tests (a virtual environment of its own,
+    # or the system's) provide numpy, msgpack and click: nothing is downloaded. A venv made
+    # from a venv sees the base interpreter's packages only, so they are named in a .pth
+    # (whose paths come after the new venv's own site-packages: the wheel's simindex wins)
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
                    check=True)
     py = str(venv / "bin" / "python")
+    site_dir = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    import site
+    with open(os.path.join(site_dir, "outer-environment.pth"), "w") as f:
+        f.write("\n".join(site.getsitepackages()) + "\n")
     subprocess.run([py, "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel],
                    check=True, cwd=tmp_path)
     # the masks work: nothing can load the system's LMDB inside the namespace
