@@ -69,6 +69,8 @@ def test_the_documentation_site_builds_strictly(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
     assert "add_unique_text" in api and "CorruptError" in api
+    cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    assert all(f"simindex {c}" in cli for c in ("build", "dedup", "serve", "repair"))
     readme = open(os.path.join(ROOT, "README.md")).read()
     for link in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert os.path.exists(os.path.join(ROOT, link)), link
