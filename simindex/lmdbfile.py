@@ -26,11 +26,13 @@ MAX_UNWRITTEN_TAIL = 1024        # pages a crash may leave unwritten past a smal
 
 
 class Meta(NamedTuple):
-    """What a meta page says: page size, transaction id, last page, [free root, main root]."""
+    """What a meta page says: page size, transaction id, last page, [free root, main root];
+    and the page size each meta page of the file claims (None for one without LMDB's magic)."""
     psize: int
     txnid: int
     last_page: int
     roots: list
+    claimed: tuple = ()
 
 
 def read_meta(path: str, txnid: Optional[int] = None) -> Optional[Meta]:
@@ -45,35 +47,22 @@ def read_meta(path: str, txnid: Optional[int] = None) -> Optional[Meta]:
     psize = int.from_bytes(head[40:44], "little") if len(head) >= 44 else 0
     if psize not in _PAGE_SIZES:
         psize = 4096
-    best = None
+    found: list = []
+    claimed: list[Optional[int]] = []
     for i in range(2):
         page = head[i * psize:(i + 1) * psize]
         if len(page) < 152 or int.from_bytes(page[16:20], "little") != LMDB_META_MAGIC:
+            claimed.append(None)
             continue
+        claimed.append(int.from_bytes(page[40:44], "little"))
         roots = [int.from_bytes(page[o:o + 8], "little") for o in (80, 128)]
-        last_pg = int.from_bytes(page[136:144], "little")
-        t = int.from_bytes(page[144:152], "little")
+        found.append((int.from_bytes(page[144:152], "little"),
+                      int.from_bytes(page[136:144], "little"), roots))
+    best = None
+    for t, last_pg, roots in found:
         if (txnid is None and (best is None or t > best.txnid)) or t == txnid:
-            best = Meta(psize, t, last_pg, roots)
+            best = Meta(psize, t, last_pg, roots, tuple(claimed))
     return best
-
-
-def _bad_page_size(path: str) -> Optional[str]:
-    """What is wrong with the page sizes the meta pages of `path` claim (None when both are
-    one of LMDB's): LMDB divides by the one it reads and finds the second meta page by the
-    first's, so a damaged one must be refused before LMDB opens the file."""
-    with open(path, "rb") as fh:
-        first = fh.read(152)
-        psize = int.from_bytes(first[40:44], "little") if len(first) >= 44 else 0
-        if psize not in _PAGE_SIZES:
-            return f"meta page 0 claims a page size of {psize} bytes: it is damaged"
-        fh.seek(psize)
-        second = fh.read(152)
-    if len(second) >= 44 and int.from_bytes(second[16:20], "little") == LMDB_META_MAGIC and \
-            int.from_bytes(second[40:44], "little") not in _PAGE_SIZES:
-        return (f"meta page 1 claims a page size of {int.from_bytes(second[40:44], 'little')} "
-                f"bytes: it is damaged")
-    return None
 
 
 def check_size(env_dir: str, readonly: bool = False, existing: bool = False) -> None:
@@ -101,9 +90,11 @@ def check_size(env_dir: str, readonly: bool = False, existing: bool = False) -> 
     meta = read_meta(f)
     if meta is None:
         raise CorruptError(f"{f} is damaged or not an LMDB data file (no valid meta page)")
-    bad = _bad_page_size(f)
-    if bad:
-        raise CorruptError(f"{f}: {bad}")
+    # LMDB divides by the page size the meta pages claim, and finds the second by the first's
+    for i, claim in enumerate(meta.claimed):
+        if claim is not None and claim not in _PAGE_SIZES:
+            raise CorruptError(f"{f}: meta page {i} claims a page size of {claim} bytes: it "
+                               f"is damaged")
     for root in meta.roots:
         if root != NO_PAGE and (root > meta.last_page or (root + 1) * meta.psize > size):
             raise CorruptError(f"{f} is truncated: {size} bytes, its root page {root} "

@@ -9,7 +9,7 @@ import simindex
 from simindex._blocks import read_run, write_run
 from simindex._lmdb import Env, Txn
 from simindex._records import (
-    read_tail, record_body_of, records_lookup, records_problems, records_put, split_record,
+    read_tail, record_get, records_lookup, records_problems, records_put, split_record,
 )
 
 
@@ -92,17 +92,21 @@ def test_records_round_trip_at_every_width(env, words, sums):
         assert names == ["doc0", None, "doc5"]
         assert np.array_equal(found.reshape(3, words)[[0, 2]], fps[[0, 0]])
         raw = txn.get("seqs", (n).to_bytes(8, "big"))
-        fp, idkey, meta = split_record(record_body_of(txn, n, raw, words), words)
+        fp, idkey, meta = split_record(record_get(txn, "ids", "seqs", ids[n - 1], words), words)
         assert fp == as_int[n - 1] and idkey == ids[n - 1] and meta == metas[n - 1]
         assert len(raw) == record_header(words) + len(idkey) + len(meta) + 4 * sums
         assert records_problems(txn, "ids", "seqs", words) == []
-        if sums:        # the checksum covers every byte, and the seq the record is under
-            for at in range(len(raw)):
-                bad = raw[:at] + bytes([raw[at] ^ 0x40]) + raw[at + 1:]
+    if sums:            # the checksum covers every byte, and the seq the record is under
+        for at in range(len(raw)):
+            with Txn(env, write=True) as txn:
+                txn.put("seqs", (n).to_bytes(8, "big"), raw[:at] + bytes([raw[at] ^ 0x40]) +
+                        raw[at + 1:])
                 with pytest.raises(simindex.CorruptError, match=f"seq {n} is damaged"):
-                    record_body_of(txn, n, bad, words)
+                    record_get(txn, "ids", "seqs", ids[n - 1], words)
+        with Txn(env, write=True) as txn:
+            txn.put("seqs", (n - 1).to_bytes(8, "big"), raw)
             with pytest.raises(simindex.CorruptError, match=f"seq {n - 1} is damaged"):
-                record_body_of(txn, n - 1, raw, words)
+                record_get(txn, "ids", "seqs", ids[n - 2], words)
 
 
 def record_header(words):

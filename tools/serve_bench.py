@@ -72,7 +72,7 @@ import simindex
 SEED = 19
 QUERIES = 10_000
 LIBRARY_SINGLE = 2_000          # queries timed one call at a time per round
-WARMUP = 1                      # seconds of untimed load on each server before round 1
+WARMUP = 1                     # seconds of untimed load on each server before the first timed round
 WRK_TIMEOUT = "10s"             # a request slower than this counts as a socket error
 HTTP = ["hello", "hello-asgi", "search", "query", "batch", "add-unique"]
 HELLOS = ["hello", "hello-asgi"]

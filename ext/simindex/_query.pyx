@@ -34,12 +34,12 @@ from simindex._blocks cimport (
     sort_pairs)
 from simindex._records cimport (
     Tail, load_tail, drop_tail_below, free_tail, record_id_meta, record_fp, record_header,
-    record_plain_int, record_body,
+    record_plain_int, record_body, damaged_record,
 )
 from simindex._join cimport PairBuf, pair_push, pair_arrays, free_pairs
 import os.path
 
-from simindex.errors import CorruptError, MapResizedError
+from simindex.errors import MapResizedError
 
 if si_guard_install():           # LMDB calls return an error on a damaged page (guard.h)
     raise OSError("cannot install the page-fault handlers")
@@ -961,8 +961,7 @@ cdef class ReadContext(Handle):
     cdef object _error(self, int rc, str what):
         """The error of a call that failed with `rc`, naming the damaged record it met."""
         if rc == CORRUPT_RECORD and self.bad_seq:
-            return CorruptError(f"{what}: the stored record of seq {self.bad_seq} is damaged "
-                                f"(its checksum or size is wrong)", code=rc)
+            return damaged_record(what, self.bad_seq)
         return error(rc, what)
 
     def close(self):

@@ -66,5 +66,6 @@ cdef inline bint record_plain_int(const uint8_t *p, size_t n, int words,
 cdef int load_tail(MDB_cursor *cur, uint64_t start, Tail *tail) noexcept nogil
 cdef void drop_tail_below(Tail *tail, uint64_t start) noexcept nogil
 cdef void free_tail(Tail *tail) noexcept nogil
+cdef object damaged_record(str where, uint64_t seq)
 cdef tuple record_id_meta(const uint8_t *p, size_t n, int words=*)
 cdef object record_fp(const uint8_t *p, int words)

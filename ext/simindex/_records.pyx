@@ -551,8 +551,7 @@ def records_lookup(Txn txn, str seqs_db, const uint64_t[::1] seqs, int words=1):
                                    f"damaged (its size runs past its page)")
             if not record_body(seqs[i], <const uint8_t *>v.mv_data, v.mv_size,
                                txn.env.sums, &body) or body < hdr:
-                raise CorruptError(f"{txn.env.path}: the stored record of seq {seqs[i]} is "
-                                   f"damaged (its checksum or size is wrong)")
+                raise damaged_record(txn.env.path, seqs[i])
             fo[i, 0] = bits.load64(v.mv_data)
             for w in range(1, words):
                 fo[i, w] = bits.load64(<const uint8_t *>v.mv_data + layout.RECORD_HEADER +
@@ -563,16 +562,10 @@ def records_lookup(Txn txn, str seqs_db, const uint64_t[::1] seqs, int words=1):
     return (fps[:, 0].copy() if words == 1 else fps), ids
 
 
-def record_body_of(Txn txn, uint64_t seq, bytes value not None, int words=1):
-    """The stored record `value` of `seq` without its checksum (format 3), which must match:
-    what split_record takes. Raises CorruptError for a damaged one."""
-    cdef size_t body
-    cdef const uint8_t *p = <const uint8_t *>PyBytes_AS_STRING(value)
-    if not record_body(seq, p, <size_t>PyBytes_GET_SIZE(value), txn.env.sums, &body) or \
-            body < record_header(words):
-        raise CorruptError(f"{txn.env.path}: the stored record of seq {seq} is damaged (its "
-                           f"checksum or size is wrong)")
-    return value if body == <size_t>PyBytes_GET_SIZE(value) else value[:body]
+cdef object damaged_record(str where, uint64_t seq):
+    """The error of a stored record whose checksum or size is wrong."""
+    return CorruptError(f"{where}: the stored record of seq {seq} is damaged (its checksum "
+                        f"or size is wrong)", code=CORRUPT_RECORD)
 
 
 def record_get(Txn txn, str ids_db, str seqs_db, bytes idkey not None, int words=1):
@@ -608,8 +601,7 @@ def record_get(Txn txn, str ids_db, str seqs_db, bytes idkey not None, int words
     p = <const uint8_t *>v.mv_data
     if (not txn.write and not val_in_pages(&v, txn.env.psize)) or \
             not record_body(seq, p, v.mv_size, txn.env.sums, &body) or body < hdr:
-        raise CorruptError(f"{txn.env.path}: the stored record of seq {seq} is damaged (its "
-                           f"checksum or size is wrong)")
+        raise damaged_record(txn.env.path, seq)
     idlen = p[8] | (<size_t>p[9] << 8)
     if idlen != <size_t>PyBytes_GET_SIZE(idkey) or hdr + idlen > body or \
             memcmp(p + hdr, PyBytes_AS_STRING(idkey), idlen):

@@ -202,8 +202,8 @@ static inline void si_mh_offer(si_pass *s, uint64_t g, int32_t round) {
     }
 }
 
-/* One shingle hash into the MinHash code: round 0 at once; later rounds need the shingle
- * only while a bin is empty. */
+/* One shingle hash into the MinHash code: its first hash (round 0 of the bins) at once; the
+ * later hash rounds that fill empty bins need the shingle only while a bin is empty. */
 static inline void si_mh_add(si_pass *s, uint64_t x) {
     si_mh_offer(s, si_mh_mix(x), 0);
     if (s->mh_filled < 64 * s->mh_words && si_push64(&s->xs, &s->nxs, &s->capxs, x))
