@@ -1,5 +1,6 @@
-"""Build of the compiled modules (ext/simindex/): the core's modules (LMDB, zlib) and
-_fingerprint (xxh3, MD5 from OpenSSL). See README "Layout of the code" for what each holds."""
+"""Build of the compiled modules, each next to the Python layer it serves: the storage engine's
+(ext/simindex/engine/, over LMDB and zlib) and the signatures' (ext/simindex/signatures/: xxh3,
+MD5 from OpenSSL). docs/design/layout.md says what each holds."""
 import platform
 
 from Cython.Build import cythonize
@@ -12,10 +13,15 @@ if platform.machine() in ("x86_64", "AMD64"):
     extra.append("-mpopcnt")
 
 
-def core(name, libraries=()):
-    return Extension(f"simindex.{name}", sources=[f"ext/simindex/{name}.pyx"],
-                     include_dirs=["ext/simindex"], libraries=list(libraries),
+def compiled(package, name, libraries=()):
+    folder = f"ext/simindex/{package}"
+    return Extension(f"simindex.{package}.{name}", sources=[f"{folder}/{name}.pyx"],
+                     include_dirs=[folder], libraries=list(libraries),
                      extra_compile_args=extra)
+
+
+def core(name, libraries=()):
+    return compiled("engine", name, libraries)
 
 
 modules = [
@@ -28,8 +34,8 @@ modules = [
     core("_query", ["lmdb"]),             # the query engine
     # xxh3 comes from the system header (Debian libxxhash-dev), compiled inline; MD5 from
     # OpenSSL (libssl-dev) for the compatibility schemes.
-    core("_fingerprint", ["crypto"]),
-    core("_text"),                        # the text pass: tokens, shingles, codes, sketches
+    compiled("signatures", "_fingerprint", ["crypto"]),
+    compiled("signatures", "_text"),                        # the text pass: tokens, shingles, codes, sketches
 ]
 
 setup(

@@ -5,24 +5,24 @@ Block-permutation tables (Manku, Jain, Das Sarma, WWW 2007) stored in LMDB, scan
 compiled core. Every stored fingerprint within k bits of a query is returned, nothing else.
 """
 
-from ._layout import FORMAT_VERSION
+from .engine._layout import FORMAT_VERSION
 from ._version import __version__
 from .errors import (
     BadLine, ClosedError, CorruptError, DiskFullError, Error, FormatError, InputError,
     InputTypeError, MapFullError, MissingIndexError, NotAnIndexError, ParameterError,
     ParameterTypeError, ReadOnlyError, StorageError,
 )
-from .fingerprints import (
+from .signatures.fingerprints import (
     HASHES, WIDTHS, Scheme, compute, fingerprint, schemes, shingles, simhash, tokenize,
 )
 from .radius import Calibration, calibrate
 from .repair import repair
 from .textcheck import TextCheck
-from .datasets import Decision, decisions, dedup
+from .datasets.run import Decision, decisions, dedup
 from .index import Index, hamming
-from .pairs import find_all
-from .results import Match, Record
-from .vectors import (
+from .engine.pairs import find_all
+from .engine.results import Match, Record
+from .signatures.vectors import (
     Hyperplanes, cosine_for_radius, match_probability, radius_for_cosine, simhash_rows,
 )
 

@@ -14,11 +14,13 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from . import _query, environments, protocol, records, registry, transactions, writebuffer
-from ._layout import DB_INFO, INFO_LOG_MARKER, INFO_NEXT_SEQ
-from .codec import encode_id, pack_meta
+from .engine import (
+    _query, environments, protocol, records, registry, transactions, writebuffer,
+)
+from .engine._layout import DB_INFO, INFO_LOG_MARKER, INFO_NEXT_SEQ
+from .engine.codec import encode_id, pack_meta
 from .index import Index
-from .lmdbfile import Meta, read_meta  # noqa: F401  (the meta page of a data file)
+from .engine.lmdbfile import Meta, read_meta  # noqa: F401  (the meta page of a data file)
 
 # Tuning knobs tests shrink to reach rare paths quickly: name -> (module, attribute).
 KNOBS = {

@@ -17,10 +17,10 @@ import msgpack
 from . import (
     FORMAT_VERSION, BadLine, CorruptError, Error, Index, ParameterError, __version__, schemes,
 )
-from ._lmdb import lmdb_version
+from .engine._lmdb import lmdb_version
 from .inputs import FORMATS, FP_FORMATS, MAX_LINE, open_input, read_items
-from .results import json_id
-from .plan import (
+from .engine.results import json_id
+from .engine.plan import (
     DEFAULT_K, Plan, candidate_plans, default_plan, default_shards, index_bytes,
     physical_memory, query_cost,
 )
@@ -396,7 +396,7 @@ def verify(index):
         with Index(index, readonly=True) as idx:
             problems = idx.verify()
     except CorruptError as e:
-        from .verify import files                  # too damaged to open: read the files
+        from .engine.verify import files                  # too damaged to open: read the files
         for p in files(index):
             click.echo(p)
         _fail(str(e))
@@ -503,7 +503,7 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
     and how many that k finds (with a 95% lower bound), the pairs within k per row for the
     whole input, and the estimated search time per row and run time. The width of least
     time is marked: it is what `simindex dedup --min-similarity` chooses without --k."""
-    from .datasets import RUN_SAMPLE_BYTES, RUN_SAMPLE_ROWS, calibrate_inputs
+    from .datasets.run import RUN_SAMPLE_BYTES, RUN_SAMPLE_ROWS, calibrate_inputs
     try:
         cal = calibrate_inputs(list(inputs), min_similarity, fmt=fmt, text_field=text_field,
                                recall=recall, scheme=scheme,
@@ -597,9 +597,9 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
     of a row kept before them to --output: in input order, a row is kept when no kept row
     is within k bits (the crawler's rule, add_unique); each removed row names the kept row
     it matched. With --index the kept rows stay indexed for later runs."""
-    from .datasets import Summary, decisions
-    from .reports import DedupOutputs
-    from .rows import format_of
+    from .datasets.run import Summary, decisions
+    from .datasets.reports import DedupOutputs
+    from .datasets.rows import format_of
 
     try:
         out_fmt = output_format or _known_format(output) or format_of(inputs[0], fmt)
@@ -683,7 +683,7 @@ def serve(index, host, port, workers, token_file, readonly, max_body, max_batch,
 
 def _known_format(path):
     """The format a path's extension names, or None."""
-    from .rows import format_of
+    from .datasets.rows import format_of
     try:
         return format_of(path)
     except Error:

@@ -7,23 +7,26 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
-from . import registry, verify as _verify
-from ._join import hamming as _hamming
-from ._layout import DB_IDS, MANIFEST
-from ._query import ReadContext
-from .codec import (
+from .engine import registry, verify as _verify
+from .engine._join import hamming as _hamming
+from .engine._layout import DB_IDS, MANIFEST
+from .engine._query import ReadContext
+from .engine.codec import (
     MAX_FP, Packed, check_fp, check_wide_fp, encode_id, encode_records, fp_array, pack_meta,
     words_array,
 )
-from .errors import InputError, InputTypeError, ParameterError, ReadOnlyError, closed_error
-from .fingerprints import fingerprint as _fingerprint
-from .pairs import group_pairs, stored_pairs
-from .plan import DEFAULT_K, Plan, default_plan, default_shards
+from .errors import (
+    FormatError, InputError, InputTypeError, ParameterError, ReadOnlyError, closed_error,
+)
+from .signatures.fingerprints import DEFAULT_SCHEME, check_stored, scheme_name, scheme_width
+from .signatures.fingerprints import fingerprint as _fingerprint
+from .engine.pairs import group_pairs, stored_pairs
+from .engine.plan import DEFAULT_K, Plan, default_plan, default_shards
 from .radius import Calibration
-from .records import last_seq, stale
-from .results import Id, Match, Record, match_of, record_of, verified, verified_many
-from .shard import load_state
-from .store import Store
+from .engine.records import last_seq, stale
+from .engine.results import Id, Match, Record, match_of, record_of, verified, verified_many
+from .engine.shard import load_state
+from .engine.store import Store
 from .textcheck import Hit, TextCheck, keeps_sketches, text_check, text_sketch
 
 Fingerprints = Union[Iterable[int], np.ndarray]
@@ -93,11 +96,23 @@ class Index:
                     prefix_blocks = p
             if shards is None:
                 shards = default_shards(expected)
-        self._store = registry.acquire(path, k=k, blocks=blocks, shards=shards, create=create,
-                                       readonly=readonly, sync=sync, scheme=scheme,
-                                       prefix_blocks=prefix_blocks, width=width,
-                                       calibration=calibration, lock=lock)
-        self.path = self._store.path
+        if scheme is not None:
+            scheme = scheme_name(scheme)               # a clear error for an unknown name
+            scheme_width(scheme, 64 if width is None else width)   # and one without the width
+        elif isinstance(path, (str, bytes, os.PathLike)) and \
+                not os.path.exists(os.path.join(os.fsdecode(os.fspath(path)), MANIFEST)):
+            scheme = DEFAULT_SCHEME                    # what a new index records
+        store = registry.acquire(path, k=k, blocks=blocks, shards=shards, create=create,
+                                 readonly=readonly, sync=sync, scheme=scheme,
+                                 prefix_blocks=prefix_blocks, width=width,
+                                 calibration=calibration, lock=lock)
+        try:
+            check_stored(store.manifest.get("scheme"), os.path.join(store.path, MANIFEST))
+        except FormatError:
+            registry.release(store)
+            raise
+        self._store = store
+        self.path = store.path
 
     # ------------------------------------------------------------ lifetime
     def close(self) -> None:

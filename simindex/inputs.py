@@ -7,7 +7,9 @@ import sys
 import zlib
 from typing import Any, NamedTuple, Optional
 
-from .codec import MAX_FP, check_fp, check_wide_fp, encode_id, pack_meta
+from .engine.codec import encode_id, pack_meta
+
+from .values import MAX_FP, check_fp, check_wide_fp
 from .errors import BadLine, InputError
 
 MAX_LINE = 16 << 20

@@ -23,11 +23,11 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from . import _text
+from .signatures import _text
 from .errors import InputError, ParameterError
-from .fingerprints import WORD_SCHEMES, pass_args, scheme_width, schemes
-from .plan import default_plan, query_cost
-from .similarity import shingle_set
+from .signatures.fingerprints import WORD_SCHEMES, pass_args, scheme_width, schemes
+from .engine.plan import default_plan, query_cost
+from .signatures.similarity import shingle_set
 
 DEFAULT_SCHEME = "minhash-v1"     # the scheme a similarity threshold gets unless told
 DEFAULT_RECALL = 0.99
@@ -268,7 +268,7 @@ def _sample(texts: list, scheme: str, widths: list, sets: Optional[list] = None,
     """(shingle sets, {width: codes as (n, words) uint64}, seconds per text of the pass)
     of the sample: minhash-v1's codes come from the sets of one pass (or from `sets`, made
     by the caller's pass of `seconds`)."""
-    from .fingerprints import fingerprint
+    from .signatures.fingerprints import fingerprint
     start = time.perf_counter()
     if sets is not None and scheme == "minhash-v1":
         start -= seconds or 0.0

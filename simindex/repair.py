@@ -12,11 +12,11 @@ import os
 import re
 from typing import Union
 
-from . import environments, lmdbfile, manifest
-from ._layout import RECORDS_DIR, SHARD_PREFIX, shard_dir
+from .engine import environments, lmdbfile, manifest
+from .engine._layout import RECORDS_DIR, SHARD_PREFIX, shard_dir
+from .engine.plan import Plan
 from .errors import CorruptError, MissingIndexError
 from .index import Index
-from .plan import Plan
 
 DAMAGED = "data.mdb.damaged"
 _SHARD = re.compile(SHARD_PREFIX + r"(\d+)")

@@ -29,12 +29,12 @@ except ImportError as e:                                   # pragma: no cover
     raise ImportError("simindex.scrapy needs Scrapy 2.11 or later: "
                       "pip install 'simindex[scrapy]'") from e
 
-from ._layout import MANIFEST
+from .engine._layout import MANIFEST
 from .errors import Error, InputError, ParameterError, ParameterTypeError
-from .fingerprints import schemes
+from .signatures.fingerprints import schemes
 from .index import Index
 from .radius import DEFAULT_RECALL, calibrate
-from .results import Id, Match
+from .engine.results import Id, Match
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider

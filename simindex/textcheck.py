@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional
 
-from . import _text
-from .codec import stored_sketch
+from .signatures import _text
+from .engine.codec import stored_sketch
 from .errors import ParameterError
-from .fingerprints import DEFAULT_SCHEME
+from .signatures.fingerprints import DEFAULT_SCHEME
 from .radius import DEFAULT_RECALL, DEFAULT_SCHEME as SIMILARITY_SCHEME, model_k
-from .similarity import estimate, fingerprint_and_set
+from .signatures.similarity import estimate, fingerprint_and_set
 
 
 class Hit(NamedTuple):

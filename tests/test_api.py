@@ -337,10 +337,10 @@ def test_paths_and_flags_are_checked(tmp_path):
 def test_expected_size_picks_the_plan_of_a_new_index(tmp_path, monkeypatch):
     # small indexes keep k+1 blocks; a large expected size buys longer prefixes, as long
     # as the bigger index still fits in memory (here: a machine with 256 GiB)
-    monkeypatch.setattr(simindex.plan, "physical_memory", lambda: 256 << 30)
+    monkeypatch.setattr(simindex.engine.plan, "physical_memory", lambda: 256 << 30)
     # where even k+1 tables would not fit in memory, fewer tables probed with flips do
-    assert simindex.plan.default_plan(3, 100_000_000, memory=16 << 30) == (2, 1)
-    assert simindex.plan.Plan(3, 2, 16, prefix_blocks=1).flips == 1
+    assert simindex.engine.plan.default_plan(3, 100_000_000, memory=16 << 30) == (2, 1)
+    assert simindex.engine.plan.Plan(3, 2, 16, prefix_blocks=1).flips == 1
     with Index(tmp_path / "small", k=3, expected=1_000_000) as idx:
         assert idx.blocks == 4
     with Index(tmp_path / "big", k=3, expected=100_000_000) as idx:
@@ -355,7 +355,7 @@ def test_expected_size_picks_the_plan_of_a_new_index(tmp_path, monkeypatch):
 
 def test_expected_size_picks_the_fewest_shards_of_16_8M_fingerprints_or_less(tmp_path):
     # every batch commits each shard it touches (an fsync each): small indexes get few shards
-    shards = simindex.plan.default_shards
+    shards = simindex.engine.plan.default_shards
     assert shards(None) == 16
     assert shards(0) == shards(1) == shards(1 << 24) == 1
     assert shards((1 << 24) + 1) == 2 and shards(100_000_000) == 8

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import simindex
-from simindex import _testing, protocol, records
-from simindex.codec import encode_id, pack_meta
-from simindex.plan import Plan
+from simindex import _testing
+from simindex.engine import protocol, records
+from simindex.engine.codec import encode_id, pack_meta
+from simindex.engine.plan import Plan
 from conftest import brute
 from test_exact import build_data
 
@@ -243,7 +244,7 @@ def test_gather_shards_refuses_regions_it_would_overrun():
 
 
 def test_sort_entries_sorts_into_given_buffers_and_checks_them():
-    from simindex._blocks import sort_entries
+    from simindex.engine._blocks import sort_entries
     rng = np.random.default_rng(5)
     for n in (0, 1, 1000, 300_000):            # above 2**18: through the partitions
         keys = rng.integers(0, 2**64, n, dtype=np.uint64)

@@ -16,7 +16,7 @@ import pytest
 
 import simindex
 from simindex import radius as cal
-from simindex import datasets as dedup_module
+from simindex.datasets import run as dedup_module
 from textpairs import pair_at, tokens
 from trials import ENV
 
@@ -446,7 +446,7 @@ def test_a_damaged_calibration_is_refused_on_open(tmp_path):
     """The manifest's calibration is checked field by field: one that names another k, a
     threshold out of range or a missing field makes the index refuse to open."""
     import msgpack
-    from simindex import manifest
+    from simindex.engine import manifest
     rng = random.Random(20)
     corpus(tmp_path, rng, pairs=3, others=3)
     assert run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o.jsonl", "--index",
@@ -503,8 +503,8 @@ def test_fingerprints_from_a_column_keep_the_default_scheme(tmp_path):
 def test_codes_from_shingle_sets_equal_the_text_pass(tmp_path):
     """A calibrated run codes its sampled rows from their sets and the rest from the text:
     both give the same code, and the sketch of the sorted set is similarity's."""
-    from simindex import _text
-    from simindex.similarity import sketch
+    from simindex.signatures import _text
+    from simindex.signatures.similarity import sketch
     rng = random.Random(22)
     texts = [" ".join(tokens(rng, n)) for n in (1, 2, 3, 40, 300, 3000)]
     texts += ["Straße STRASSE ﬁne e\u0301 漢字 😀 " * 20, "short"]

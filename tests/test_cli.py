@@ -179,7 +179,7 @@ def test_version_and_plan(tmp_path):
     flips = run("plan", "--size", "1000000", "--k", "8", "--top", "1000", check=0).stdout
     assert "4\t1\t4\t2\t548\t16\t" in flips and "1\t0\t1\t0\t1\t0\t" in flips
     # the plan build --expected picks is the one `plan` marks (it depends on this machine's RAM)
-    chosen = simindex.plan.default_plan(3, 100_000_000)
+    chosen = simindex.engine.plan.default_plan(3, 100_000_000)
     big = run("plan", "--size", "100000000", check=0).stdout.splitlines()
     assert [tuple(map(int, r.split("\t")[:2])) for r in big[1:]
             if r.endswith("--expected 100000000 (8 shards)")] == [chosen]

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import simindex
-from simindex._blocks import read_run, write_run
-from simindex._lmdb import Env, Txn
-from simindex._records import (
+from simindex.engine._blocks import read_run, write_run
+from simindex.engine._lmdb import Env, Txn
+from simindex.engine._records import (
     read_tail, record_get, records_lookup, records_problems, records_put, split_record,
 )
 
@@ -115,7 +115,7 @@ def record_header(words):
 
 @pytest.mark.parametrize("width", [64, 128, 256])
 def test_log_records_round_trip_and_refuse_another_width(width):
-    from simindex.codec import encode_id, pack_log_record, unpack_log_record
+    from simindex.engine.codec import encode_id, pack_log_record, unpack_log_record
     for fp in (0, 1, 2 ** width - 1, 3 << (width - 2)):
         b = pack_log_record(encode_id("d"), fp, b"\xc0", width)
         assert unpack_log_record(b, width) == (encode_id("d"), fp, b"\xc0")

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import simindex
-from simindex import datasets as dedup_module
+from simindex.datasets import run as dedup_module
 from trials import ENV
 
 
@@ -521,7 +521,7 @@ def test_min_similarity_drops_matches_whose_texts_differ(tmp_path):
 
 
 def test_sketches_are_exact_for_short_texts_and_close_for_long_ones():
-    from simindex.similarity import SKETCH, jaccard, shingle_set, sketch, sketch_jaccard
+    from simindex.signatures.similarity import SKETCH, jaccard, shingle_set, sketch, sketch_jaccard
     rng = random.Random(10)
     short = texts(rng, 1, words=40)[0]
     a, b = shingle_set(short, "simindex-v1"), shingle_set(near_copy(short), "simindex-v1")
@@ -544,8 +544,8 @@ def test_sketches_are_exact_for_short_texts_and_close_for_long_ones():
 def test_compiled_shingle_sets_equal_the_schemes_tokens(text):
     """simindex-v1's compiled shingle hashes are xxh3 of the same windows `tokenize` and
     `shingles` give, joined by spaces."""
-    from simindex import _fingerprint
-    from simindex.similarity import shingle_set
+    from simindex.signatures import _fingerprint
+    from simindex.signatures.similarity import shingle_set
     items = [" ".join(sh).encode("utf-8", "surrogatepass")
              for sh in simindex.shingles(simindex.tokenize(text, scheme="simindex-v1"), 3)]
     want = sorted(set(_fingerprint.hash_many(items, 0, 1).reshape(-1).tolist())) if items else []

@@ -16,7 +16,7 @@ from conftest import (
     shard_boundary_fps,
 )
 from simindex import _testing
-from simindex.plan import Plan
+from simindex.engine.plan import Plan
 from textpairs import pairs_within
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'simindex[ray]')")
@@ -265,7 +265,7 @@ def test_placement_on_a_named_node(local_ray, tmp_path):
 def test_ledger_writes_run_once_per_request(tmp_path):
     # Ray re-runs a call whose reply was lost on the restarted actor: the ledger returns
     # the stored result instead of writing again (no Ray needed to show it)
-    from simindex.codec import encode_id, pack_meta
+    from simindex.engine.codec import encode_id, pack_meta
     from simindex.distributed.servers import LedgerServer
     with simindex.Index(tmp_path / "i", k=3, shards=2):
         pass
@@ -523,7 +523,7 @@ def test_build_of_wide_hex_gives_the_cli_index(local_ray, tmp_path, width, k):
 def test_request_records_keep_wide_results():
     # a ledger write's stored result (replayed to a retried call) keeps 2-d fingerprint
     # arrays and the full-width fingerprints of add_unique's refusing matches
-    from simindex.codec import pack, unpack
+    from simindex.engine.codec import pack, unpack
     from simindex.distributed.servers import _flat, _revive
     arr = np.arange(6, dtype=np.uint64).reshape(3, 2) | np.uint64(1 << 63)
     hits = [(3, 2 ** 255 + 5, 7, "id", b"\x90"), (0, 5, 8, b"raw", None)]

@@ -113,7 +113,7 @@ def crowded_fps(seed, free_bits, n):
     (9, 10, 24, 500)])
 def test_pairs_in_crowded_prefixes_equal_brute_force(tmp_path, k, blocks, free_bits, n):
     fps = crowded_fps(k * 10 + (blocks or 0), free_bits, n)
-    plan = simindex.plan.Plan(k=k, blocks=blocks, shards=1)
+    plan = simindex.engine.plan.Plan(k=k, blocks=blocks, shards=1)
     biggest = max(np.unique(plan.permuter.keys(t, np.array(fps, dtype=np.uint64)) &
                             np.uint64(plan.permuter.prefix_mask(t)), return_counts=True)[1].max()
                   for t in range(plan.ntables))
@@ -243,7 +243,7 @@ entries = st.lists(st.tuples(
 
 @given(es=entries, copies=st.integers(1, 40))
 def test_run_entries_sort_by_key_then_seq(es, copies):
-    from simindex._blocks import sort_entries
+    from simindex.engine._blocks import sort_entries
     es = es * copies                                # equal pairs and crowded buckets
     keys = np.array([k for k, _ in es], dtype=np.uint64)
     seqs = np.array([q for _, q in es], dtype=np.uint64)
@@ -254,7 +254,7 @@ def test_run_entries_sort_by_key_then_seq(es, copies):
 @pytest.mark.parametrize("keys", ["random", "one shard", "crowded", "equal", "narrow"])
 def test_large_runs_sort_through_partitions_by_key_then_seq(keys):
     # above 2**18 entries sort_entries splits by leading bits first, then sorts each part
-    from simindex._blocks import sort_entries
+    from simindex.engine._blocks import sort_entries
     rng = np.random.default_rng(9)
     n = 300_000
     k = rng.integers(0, 2**64, n, dtype=np.uint64)

@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings, strategies as st
 from hypothesis.stateful import initialize
 
 import simindex
-from simindex.plan import Plan, flips_needed
+from simindex.engine.plan import Plan, flips_needed
 from conftest import brute, brute_pairs
 from test_exact import build_data
 from test_state_machine import IndexMachine
@@ -177,9 +177,9 @@ def test_plan_errors_name_the_rule():
 
 def test_large_k_without_expected_gets_a_planned_default(tmp_path):
     # k + 1 blocks below k = 8; from there, the plan of least estimated time at 1M
-    assert simindex.plan.default_plan(3) == (4, 1)
+    assert simindex.engine.plan.default_plan(3) == (4, 1)
     with simindex.Index(tmp_path / "i", k=10) as idx:
-        chosen = simindex.plan.default_plan(10, simindex.plan.NOMINAL_SIZE)
+        chosen = simindex.engine.plan.default_plan(10, simindex.engine.plan.NOMINAL_SIZE)
         assert (idx.blocks, idx.prefix_blocks) == chosen
         assert min(idx.stats()["prefix_bits"]) > 7
 

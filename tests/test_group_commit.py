@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 import simindex
-from simindex import _testing as hook, protocol
+from simindex import _testing as hook
+from simindex.engine import protocol
 from conftest import brute, planted_family, run_py
 
 pytestmark = pytest.mark.group_commit

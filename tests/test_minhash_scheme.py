@@ -12,7 +12,7 @@ import xxhash
 from hypothesis import given, settings, strategies as st
 
 import simindex
-from simindex.similarity import shingle_set
+from simindex.signatures.similarity import shingle_set
 
 CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f"
 GOLDEN = 0x9E3779B97F4A7C15
@@ -143,7 +143,7 @@ _NF = []
 
 def needs_neighbours(ch):
     """A character the tables cannot map alone: above the BMP, or marked COMPLEX."""
-    from simindex import _text
+    from simindex.signatures import _text
     if not _NF:
         _NF.append(_text.build_tables()[0])
     c = ord(ch)
@@ -156,7 +156,7 @@ def test_stretches_normalized_alone_normalize_the_whole(text):
     """Each run of characters that need their neighbours, with the character before it, is
     normalized alone; every other character is left for the tables, which map it alone
     (NFKC of it alone); and the result normalizes to the text's NFKC."""
-    from simindex import _text
+    from simindex.signatures import _text
     out, mode = _text.normalize_around(text)
     nfkc = unicodedata.normalize("NFKC", text)
     if mode == 1:
@@ -182,7 +182,7 @@ def test_stretches_normalized_alone_normalize_the_whole(text):
 
 
 def test_many_stretches_normalize_the_whole_text_at_once():
-    from simindex import _text
+    from simindex.signatures import _text
     text = " ".join(f"word{i}e\u0301" for i in range(_text.SEGMENTS + 10))
     out, mode = _text.normalize_around(text)
     assert mode == 1 and out == unicodedata.normalize("NFKC", text)

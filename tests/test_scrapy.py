@@ -17,7 +17,7 @@ import pytest
 scrapy = pytest.importorskip("scrapy")
 
 import simindex  # noqa: E402
-from simindex.similarity import jaccard, shingle_set  # noqa: E402
+from simindex.signatures.similarity import jaccard, shingle_set  # noqa: E402
 from conftest import ROOT  # noqa: E402
 
 K = 8                 # the radius of every crawl here; the fixture is checked against it

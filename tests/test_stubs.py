@@ -1,4 +1,4 @@
-"""Types: the stubs of the compiled modules (simindex/_*.pyi) match the built modules (mypy's
+"""Types: the stubs of the compiled modules (simindex/*/_*.pyi) match the built modules (mypy's
 stubtest), and mypy finds nothing wrong in the package, so a signature changed in a .pyx
 cannot leave its stub behind and the annotations of the public API stay true."""
 
@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("mypy")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULES = ["simindex._layout", "simindex._lmdb", "simindex._permute", "simindex._blocks",
-           "simindex._records", "simindex._join", "simindex._query", "simindex._fingerprint",
-           "simindex._text"]
+MODULES = [*(f"simindex.engine.{m}" for m in ("_layout", "_lmdb", "_permute", "_blocks",
+                                                "_records", "_join", "_query")),
+           "simindex.signatures._fingerprint", "simindex.signatures._text"]
 
 
 def mypy(*args):

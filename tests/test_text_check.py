@@ -12,8 +12,9 @@ import pytest
 
 import simindex
 from simindex import radius
-from simindex.codec import stored_sketch, words_array
-from simindex.similarity import jaccard, shingle_set, sketch, sketch_jaccard
+from simindex.engine.codec import stored_sketch
+from simindex.values import words_array
+from simindex.signatures.similarity import jaccard, shingle_set, sketch, sketch_jaccard
 from textpairs import pair_at, pairs_within, tokens
 from trials import ENV
 
@@ -197,7 +198,7 @@ def test_a_meta_value_shaped_like_anything_stays_the_users(tmp_path):
 
 
 def test_damaged_sketch_bytes_are_corrupt_records(tmp_path):
-    from simindex.codec import pack_meta, unpack
+    from simindex.engine.codec import pack_meta, unpack
     good = pack_meta({"a": 1}, None, (b"abcd" * 3, 9))
     assert unpack(good) == {"a": 1}
     for bad in (good[:-1], good[:3] + b"\x00\x07" + good[5:], good[:1] + b"\x05" + good[2:],

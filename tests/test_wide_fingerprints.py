@@ -195,7 +195,7 @@ def test_every_named_hash_votes_with_its_library_value_at_every_width_it_covers(
 @given(st.lists(st.tuples(st.binary(max_size=6), st.floats(0, 1e6)), min_size=1, max_size=30),
        st.sampled_from([128, 256]))
 def test_float_weights_follow_the_bit_rule_at_wide_widths(features, width):
-    name = simindex.fingerprints.DEFAULT_HASH[width]
+    name = simindex.signatures.fingerprints.DEFAULT_HASH[width]
     ref = REFERENCE_HASHES[name]
     got = simindex.simhash(features, width=width)
     v = [0.0] * width

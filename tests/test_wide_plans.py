@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 import simindex
-from simindex.plan import Plan
+from simindex.engine.plan import Plan
 
 
 def brute_pairs(fps, k):
@@ -150,7 +150,7 @@ def test_simindex_plan_shows_wide_plans():
                         "31", "--width", "256"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     rows = [r.split("\t") for r in p.stdout.splitlines()[1:]]
-    chosen = simindex.plan.default_plan(31, 1_000_000, width=256)
+    chosen = simindex.engine.plan.default_plan(31, 1_000_000, width=256)
     assert [tuple(map(int, r[:2])) for r in rows if r[-1].startswith("<- build")] == [chosen]
     bad = subprocess.run([sys.executable, "-m", "simindex", "plan", "--size", "10", "--k",
                           "64"], capture_output=True, text=True, timeout=120)

@@ -37,7 +37,7 @@ def main(argv=None):
     ap.add_argument("--buffered", type=int, default=2_000)
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--fold", type=int, default=None,
-                    help="records a write buffer holds before it folds (simindex.writebuffer.FOLD)")
+                    help="records a write buffer holds before it folds (simindex.engine.writebuffer.FOLD)")
     a = ap.parse_args(argv)
     if a.fold is not None:
         hook.tune(fold=a.fold)

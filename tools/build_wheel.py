@@ -34,7 +34,13 @@ def build(out: str, isolation: bool = False) -> str:
     os.makedirs(out, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="simindex-wheel-") as tmp:
         raw, fixed = os.path.join(tmp, "raw"), os.path.join(tmp, "fixed")
-        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", raw, ROOT]
+        # from a copy of the sources alone: a checkout's build/ folder and in-place modules
+        # would otherwise go into the wheel with whatever an older build left there
+        src = os.path.join(tmp, "src")
+        shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+            ".git", "build", "wheelhouse", "*.so", "*.c", "*.egg-info", "__pycache__",
+            ".hypothesis", ".pytest_cache", "example-index", "site"))
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", raw, src]
         if not isolation:
             cmd.insert(4, "--no-build-isolation")   # the installed setuptools and Cython
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)

@@ -262,9 +262,9 @@ def run_decisions(path: str, scheme: str, width: int, k: int,
 
 
 def verified_pairs(cands: set, sets: dict, t: float, cache: dict = None) -> set:
-    """The candidate pairs whose exact Jaccard (`simindex.similarity.jaccard` of the
+    """The candidate pairs whose exact Jaccard (`simindex.signatures.similarity.jaccard` of the
     scheme's shingle sets, `sets` by position) is at least t."""
-    from simindex.similarity import jaccard
+    from simindex.signatures.similarity import jaccard
     cache = {} if cache is None else cache
     out = set()
     for i, j in cands:
@@ -278,7 +278,7 @@ def verified_pairs(cands: set, sets: dict, t: float, cache: dict = None) -> set:
 def run_verified(path: str, scheme: str, width: int, k: int, t: float) -> set:
     """End to end: read, fingerprint, every pair within k, then the exact Jaccard of the
     scheme's shingles of the documents in a candidate pair."""
-    from simindex.similarity import shingle_set as scheme_shingles
+    from simindex.signatures.similarity import shingle_set as scheme_shingles
     _, texts = read_jsonl(path)
     cands = simindex_pairs(simindex_fps(texts, scheme, width), k, width)
     sets = {i: scheme_shingles(texts[i], scheme) for i in {x for p in cands for x in p}}
@@ -374,7 +374,7 @@ def sweep(texts: list, truth: dict, configs=CONFIGS) -> list:
 def sweep_verified(texts: list, truth: dict, configs=VERIFIED) -> list:
     """Scores of simindex's candidates checked by exact Jaccard, one row per (scheme,
     width, threshold) at its best k."""
-    from simindex.similarity import shingle_set as scheme_shingles
+    from simindex.signatures.similarity import shingle_set as scheme_shingles
     rows = []
     for scheme, width, ks in configs:
         fps = simindex_fps(texts, scheme, width)

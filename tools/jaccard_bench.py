@@ -156,7 +156,7 @@ def read_jsonl(path: str) -> list:
 # --- the systems: each reads the file and returns the positions it removes -------------------
 
 def run_simindex(path: str, t: float) -> tuple:
-    summary = simindex.datasets.Summary()
+    summary = simindex.datasets.run.Summary()
     removed = {n for n, d in enumerate(simindex.decisions(
         path, id_field="id", min_similarity=t, jobs=1, summary=summary)) if not d.kept}
     r = summary.radius

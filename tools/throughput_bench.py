@@ -97,8 +97,8 @@ def peak_rss(args: list) -> float:
 
 FINGERPRINT = """
 import json, sys, time
-from simindex import _text
-from simindex.fingerprints import pass_args
+from simindex.signatures import _text
+from simindex.signatures.fingerprints import pass_args
 texts = [json.loads(line)["text"] for line in open(sys.argv[1], encoding="utf-8")]
 mb = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) / 1e6
 for scheme, width in (("simindex-v1", 64), ("minhash-v1", 64), ("minhash-v1", 256)):

@@ -9,14 +9,14 @@ from typing import Any, Optional
 import numpy as np
 import ray
 
-from .. import environments, manifest, records
-from ..codec import decode_id
+from ..engine import environments, manifest, records
+from ..engine.codec import decode_id
 from ..errors import ParameterError
-from ..fingerprints import DEFAULT_SCHEME
-from ..pairs import group_pairs, join_table
-from ..plan import DEFAULT_K, Plan, default_plan
-from ..shard import entry_order
-from ..transactions import Transactions
+from ..signatures.fingerprints import DEFAULT_SCHEME
+from ..engine.pairs import group_pairs, join_table
+from ..engine.plan import DEFAULT_K, Plan, default_plan
+from ..engine.shard import entry_order
+from ..engine.transactions import Transactions
 from .cluster import connect, release
 from .route import fetch
 from .parts import collect, partitions

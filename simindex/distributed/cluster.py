@@ -12,22 +12,21 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .. import manifest
-from ..codec import (
+from ..engine import manifest
+from ..engine.codec import (
     Packed, check_fp, check_wide_fp, encode_id, encode_records, fp_array, pack_meta,
     words_array,
 )
 from ..errors import (
     InputError, MissingIndexError, ParameterError, ReadOnlyError, StorageError, closed_error,
 )
-from ..fingerprints import fingerprint
-from ..protocol import LAG_LIMIT
-from ..results import (
-    Id, Match, Record, check_verify, match_of, record_of, verified,
-    verified_many,
+from ..signatures.fingerprints import check_stored, fingerprint
+from ..engine.protocol import LAG_LIMIT
+from ..engine.results import (
+    Id, Match, Record, check_verify, match_of, record_of, verified, verified_many,
 )
 from ..textcheck import TextCheck, keeps_sketches, text_check, text_sketch
-from ..transactions import is_io
+from ..engine.transactions import is_io
 from . import route
 from .parts import PART_RECORDS
 from .route import fetch
@@ -92,6 +91,7 @@ class Cluster:
             raise MissingIndexError(f"no simindex index at {self.path} (create it with "
                                     f"simindex.Index or simindex.distributed.build)")
         self._manifest = manifest.read(self.path)
+        check_stored(self._manifest.get("scheme"), os.path.join(self.path, manifest.NAME))
         self.plan = plan_of(self.path)
         self.readonly = bool(readonly)
         self._client = uuid.uuid4().bytes
@@ -279,7 +279,7 @@ class Cluster:
 
     def add_columns(self, idks: list, fps: np.ndarray, metas: list,
                     owners: Optional[np.ndarray] = None) -> None:
-        """add_many of records already encoded (simindex.codec.encode_records), with, when
+        """add_many of records already encoded (simindex.engine.codec.encode_records), with, when
         known, `owners`: the (shards, n) bools of route.owners (distributed.build has its
         map tasks compute them)."""
         self._check(write=True)

@@ -4,11 +4,11 @@ import os
 
 import ray
 
-from ..codec import encode_records
+from ..engine.codec import encode_records
 from ..errors import BadLine, Error, InputError
-from ..fingerprints import fingerprint
+from ..signatures.fingerprints import fingerprint
 from ..inputs import read_items
-from ..plan import Plan
+from ..engine.plan import Plan
 from . import route
 from .route import fetch
 

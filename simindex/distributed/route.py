@@ -6,7 +6,7 @@ import numpy as np
 import ray as _ray
 
 from ..errors import Error
-from ..plan import Plan
+from ..engine.plan import Plan
 
 
 def fetch(refs):

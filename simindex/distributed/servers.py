@@ -1,8 +1,8 @@
 """The processes of a Cluster: one ledger serving records/, one server per shard.
 
 Each is a plain class run as a Ray actor that holds its LMDB environment open. They write
-through the single-machine write protocol (simindex/protocol.py) and its transaction
-runners (simindex/transactions.py): the ledger commits records first (the durability
+through the single-machine write protocol (simindex/engine/protocol.py) and its transaction
+runners (simindex/engine/transactions.py): the ledger commits records first (the durability
 point), then each shard applies them as sorted runs and advances its applied seq; a shard
 that missed records (its actor restarted) is caught up from the ledger.
 """
@@ -13,12 +13,13 @@ import os
 
 import numpy as np
 
-from .. import environments, manifest, protocol, records
-from ..codec import pack, unpack, words_array
+from ..engine import environments, manifest, protocol, records
+from ..engine.codec import pack, unpack
+from ..values import words_array
 from ..errors import Error
-from ..plan import Plan
-from ..shard import load_state, scan as scan_shard
-from ..transactions import Transactions
+from ..engine.plan import Plan
+from ..engine.shard import load_state, scan as scan_shard
+from ..engine.transactions import Transactions
 from . import route
 
 

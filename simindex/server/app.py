@@ -23,7 +23,7 @@ from ..errors import (
     ClosedError, CorruptError, DiskFullError, Error, InputError, ParameterError, StorageError,
 )
 from ..index import Index
-from ..results import Match, json_id
+from ..engine.results import Match, json_id
 from ..textcheck import lowest_threshold
 from . import bodies
 from .asgi import (

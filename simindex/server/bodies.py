@@ -10,7 +10,7 @@ import decimal
 import json
 from typing import Any, Optional
 
-from ..codec import encode_id, pack_meta
+from ..engine.codec import encode_id, pack_meta
 from ..errors import InputError
 from ..inputs import hex_fp
 

@@ -14,8 +14,8 @@ with atheris.instrument_imports():
     import msgpack
 
     import simindex
-    from simindex import manifest
-    from simindex.plan import Plan
+    from simindex.engine import manifest
+    from simindex.engine.plan import Plan
 
 DIR = tempfile.mkdtemp(prefix="fuzz-manifest-")
 

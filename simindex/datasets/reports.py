@@ -1,0 +1,122 @@
+"""The files `simindex dedup` writes: the kept rows (or every row, annotated), the removed
+rows' report and the clusters report, all committed together when the run completes."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Optional
+
+from .run import Decision
+from ..errors import InputError
+from .rows import RowWriter
+
+# the columns --annotate appends to every row
+ANNOTATIONS = ("simindex_duplicate_of", "simindex_distance", "simindex_cluster",
+               "simindex_cluster_size")
+
+
+def _key(id_: Any) -> tuple:
+    """An id as a dict key that keeps 1 and "1" apart."""
+    return (type(id_).__name__, id_)
+
+
+class DedupOutputs:
+    """Where a run's decisions go. A group is its removed rows and its head (the kept row or
+    earlier record they are removed for, unless drop_all removed the head too); its size
+    counts both. Nothing is visible at the outputs' paths until commit()."""
+
+    def __init__(self, output: str, fmt: str, removed: Optional[str] = None,
+                 clusters: Optional[str] = None, annotate: bool = False,
+                 summary: Any = None) -> None:
+        self.writers: list = []
+        self.summary = summary        # its radius goes into every removed row
+        self.annotate = annotate
+        self.out = self._writer(output, fmt)
+        self.removed = self._writer(removed, "jsonl") if removed else None
+        self.clusters = self._writer(clusters, "jsonl") if clusters else None
+        self.sizes: dict = {}         # cluster key -> removed rows in it
+        self.removed_heads: set = set()   # groups whose head was removed too (drop_all)
+        self.members: list = []       # (id, cluster id) of the removed rows (for clusters)
+        self.scratch = None           # annotated rows before their group sizes are known
+        if annotate:
+            fd, self.scratch_path = tempfile.mkstemp(
+                prefix=f".{os.path.basename(output)}.", suffix=".annotate",
+                dir=os.path.dirname(os.path.abspath(output)))
+            self.scratch = os.fdopen(fd, "w+", encoding="utf-8")
+
+    def _writer(self, path: str, fmt: str) -> RowWriter:
+        w = RowWriter(path, fmt)
+        self.writers.append(w)
+        return w
+
+    def add(self, d: Decision) -> None:
+        if not d.kept:
+            self.sizes[_key(d.cluster)] = self.sizes.get(_key(d.cluster), 0) + 1
+            if _key(d.id) == _key(d.cluster):
+                self.removed_heads.add(_key(d.cluster))
+            if self.clusters is not None:
+                self.members.append((d.id, d.cluster))
+            if self.removed is not None:
+                out = {"id": d.id, "where": d.where, "match": d.match,
+                       "distance": d.distance, "reference": d.reference,
+                       "similarity": d.similarity, "evidence": d.evidence}
+                radius = getattr(self.summary, "radius", None)
+                if radius is not None:
+                    out.update(scheme=radius["scheme"], width=radius["width"],
+                               k=radius["k"], expected_recall=radius["expected_recall"])
+                self.removed.write(out)
+        if self.scratch is not None:
+            clash = [c for c in ANNOTATIONS if c in d.row]
+            if clash:
+                raise InputError(f"{d.where}: the row already has the column {clash[0]!r} "
+                                 f"that --annotate adds")
+            self.scratch.write(json.dumps([d.row, d.match, d.distance, d.cluster, d.kept],
+                                          ensure_ascii=False) + "\n")
+        elif d.kept:
+            self.out.write(d.row)
+
+    def _size(self, cluster: Any) -> int:
+        key = _key(cluster)
+        return self.sizes.get(key, 0) + (0 if key in self.removed_heads else 1)
+
+    def commit(self) -> None:
+        """Write what needs every decision (group sizes), then commit every file."""
+        if self.scratch is not None:
+            self.scratch.seek(0)
+            for line in self.scratch:
+                row, match, distance, cluster, _kept = json.loads(line)
+                row.update(zip(ANNOTATIONS, (match, distance, cluster, self._size(cluster))))
+                self.out.write(row)
+        if self.clusters is not None:
+            heads: dict = {}
+            for _id, cluster in self.members:
+                heads.setdefault(_key(cluster), cluster)
+            for cluster in heads.values():
+                self.clusters.write({"id": cluster, "cluster": cluster,
+                                     "size": self._size(cluster)})
+            for id_, cluster in self.members:
+                if _key(id_) != _key(cluster):
+                    self.clusters.write({"id": id_, "cluster": cluster,
+                                         "size": self._size(cluster)})
+        for w in self.writers:
+            w.commit()
+        self.writers = []
+        self._drop_scratch()
+
+    def abort(self) -> None:
+        """Leave every output path as it was."""
+        for w in self.writers:
+            w.abort()
+        self.writers = []
+        self._drop_scratch()
+
+    def _drop_scratch(self) -> None:
+        if self.scratch is not None:
+            self.scratch.close()
+            self.scratch = None
+            try:
+                os.unlink(self.scratch_path)
+            except OSError:
+                pass

@@ -1,0 +1,251 @@
+"""Dataset rows for `simindex dedup`: JSON lines and CSV (plain or gzip) and Parquet (with
+pyarrow), read as dicts one at a time and written to a temporary name that is renamed into
+place only when complete, so a failed or killed run never leaves a partial output."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import os
+import tempfile
+import zlib
+from typing import Any, Callable, Iterator, NamedTuple, Optional
+
+from ..errors import BadLine, ParameterError
+
+FORMATS = ("jsonl", "csv", "parquet")
+MAX_FIELD = 64 << 20          # CSV fields up to 64 MiB (documents can be long)
+
+
+class JsonRow(dict):
+    """A JSON line's object, with the line it was read from: a JSON lines output writes the
+    line back as it was (every column as read, and no time spent encoding it again)."""
+
+    __slots__ = ("line",)
+    line: str
+
+
+class Row(NamedTuple):
+    """One input row: its columns, its 1-based number in its file, and "file:row"."""
+    data: dict
+    number: int
+    where: str
+
+
+def format_of(path: str, fmt: Optional[str] = None) -> str:
+    """The format of a path: `fmt` when given, else from its extension (.jsonl, .json,
+    .ndjson, .csv, .parquet, each optionally .gz except Parquet)."""
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise ParameterError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
+        return fmt
+    name = path[:-3] if path.endswith(".gz") else path
+    ext = os.path.splitext(name)[1].lower()
+    if ext in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    if ext in (".csv",):
+        return "csv"
+    if ext in (".parquet", ".pq"):
+        return "parquet"
+    raise ParameterError(f"{path}: cannot tell the format from the extension (.jsonl, .csv, "
+                         f".parquet, optionally .gz); give --format")
+
+
+def _pyarrow():
+    try:
+        import pyarrow  # noqa: F401
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ParameterError("Parquet needs pyarrow: pip install 'simindex[parquet]'") from None
+    return pq
+
+
+def _open_text(path: str):
+    raw = open(path, "rb")
+    head = raw.peek(2)[:2]
+    stream = gzip.GzipFile(fileobj=raw) if head == b"\x1f\x8b" else raw
+    return io.TextIOWrapper(stream, encoding="utf-8", newline="")
+
+
+def read_rows(path: str, fmt: Optional[str] = None,
+              on_error: Optional[Callable[[BadLine], None]] = None) -> Iterator[Row]:
+    """The rows of one file, in order. A row that breaks the format raises BadLine naming
+    the file and row, or with `on_error` given is passed to it and skipped; an unreadable
+    file raises BadLine naming the file."""
+    fmt = format_of(path, fmt)
+    try:
+        if fmt == "parquet":
+            rows = _parquet_rows(path)
+        elif fmt == "jsonl":
+            rows = _jsonl_rows(path)
+        else:
+            rows = _csv_rows(path)
+        for row in rows:
+            if isinstance(row, BadLine):
+                if on_error is None:
+                    raise row
+                on_error(row)
+            else:
+                yield row
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
+        raise BadLine(path, f"cannot read: {getattr(e, 'strerror', None) or e}") from None
+
+
+def _jsonl_rows(path):
+    with _open_text(path) as f:
+        n = 0
+        for n, line in enumerate(f, 1):
+            if n == 1 and line.startswith("\ufeff"):
+                line = line[1:]
+            if not line.strip():
+                continue
+            where = f"{path}:{n}"
+            try:
+                obj = json.loads(line)
+            except (ValueError, RecursionError) as e:
+                yield BadLine(where, f"not valid JSON: {e}")
+                continue
+            if not isinstance(obj, dict):
+                yield BadLine(where, "a JSON line must be an object")
+                continue
+            row = JsonRow(obj)
+            row.line = line.rstrip("\r\n")
+            yield Row(row, n, where)
+
+
+def _csv_rows(path):
+    csv.field_size_limit(MAX_FIELD)
+    with _open_text(path) as f:
+        reader = csv.reader(f)
+        try:
+            header = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise BadLine(f"{path}:1", f"not valid CSV: {e}") from None
+        if header and header[0].startswith("\ufeff"):
+            header[0] = header[0][1:]
+        if len(set(header)) != len(header):
+            raise BadLine(f"{path}:1", f"the header repeats a column: {header}")
+        while True:
+            n = reader.line_num + 1
+            try:
+                cells = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as e:
+                yield BadLine(f"{path}:{n}", f"not valid CSV: {e}")
+                continue
+            if not cells:
+                continue
+            if len(cells) != len(header):
+                yield BadLine(f"{path}:{n}", f"{len(cells)} fields, the header has "
+                                             f"{len(header)}")
+                continue
+            yield Row(dict(zip(header, cells)), n, f"{path}:{n}")
+
+
+def _parquet_rows(path):
+    pq = _pyarrow()
+    try:
+        f = pq.ParquetFile(path)
+    except Exception as e:          # pyarrow raises its own types for damaged files
+        raise BadLine(path, f"not a readable Parquet file: {e}") from None
+    n = 0
+    for batch in f.iter_batches(batch_size=4096):
+        for obj in batch.to_pylist():
+            n += 1
+            yield Row(obj, n, f"{path}:{n}")
+
+
+class RowWriter:
+    """Rows written to `path` in a format, through a temporary file in the same directory
+    that commit() renames into place (fsynced first); abort() removes it."""
+
+    def __init__(self, path: str, fmt: str, columns: Optional[list] = None) -> None:
+        self.path = path
+        self.fmt = format_of(path, fmt)
+        self.columns = columns
+        self.count = 0
+        d = os.path.dirname(os.path.abspath(path))
+        fd, self.tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                        dir=d)
+        self._raw = os.fdopen(fd, "wb")
+        self._rows: list = []           # Parquet: buffered into row groups
+        self._pq_writer: Any = None
+        self._text: Any = None
+        self._gz: Optional[gzip.GzipFile] = None
+        self._csv: Optional[csv.DictWriter] = None
+        if self.fmt == "parquet":
+            _pyarrow()
+        else:
+            if path.endswith(".gz"):
+                self._gz = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0)
+            self._text = io.TextIOWrapper(self._gz or self._raw, encoding="utf-8", newline="")
+
+    def write(self, row: dict) -> None:
+        self.count += 1
+        if self.fmt == "jsonl":
+            line = row.line if type(row) is JsonRow else None
+            self._text.write((json.dumps(row, ensure_ascii=False) if line is None else line)
+                             + "\n")
+        elif self.fmt == "csv":
+            if self._csv is None:
+                if self.columns is None:
+                    self.columns = list(row)
+                self._csv = csv.DictWriter(self._text, fieldnames=self.columns,
+                                           lineterminator="\n", extrasaction="raise")
+                self._csv.writeheader()
+            self._csv.writerow(row)
+        else:
+            self._rows.append(row)
+            if len(self._rows) >= 65536:
+                self._flush_parquet()
+
+    def _flush_parquet(self):
+        import pyarrow as pa
+        pq = _pyarrow()
+        table = pa.Table.from_pylist(self._rows)
+        if self._pq_writer is None:
+            self._pq_writer = pq.ParquetWriter(self._raw, table.schema)
+        self._pq_writer.write_table(table)
+        self._rows = []
+
+    def commit(self) -> None:
+        """Finish the file, fsync it and rename it to its path."""
+        if self.fmt == "parquet":
+            if self._rows:
+                self._flush_parquet()
+            if self._pq_writer is None:
+                self._empty_parquet()
+            self._pq_writer.close()
+        else:
+            if self.fmt == "csv" and self._csv is None and self.columns:
+                csv.writer(self._text, lineterminator="\n").writerow(self.columns)
+            self._text.flush()
+            self._text.detach()
+            if self._gz is not None:
+                self._gz.close()
+        self._raw.flush()
+        os.fsync(self._raw.fileno())
+        self._raw.close()
+        os.replace(self.tmp, self.path)
+
+    def _empty_parquet(self):
+        import pyarrow as pa
+        pq = _pyarrow()
+        schema = pa.schema([(c, pa.string()) for c in (self.columns or [])])
+        self._pq_writer = pq.ParquetWriter(self._raw, schema)
+
+    def abort(self) -> None:
+        """Drop the temporary file: the path keeps what it held before."""
+        try:
+            self._raw.close()
+        except OSError:
+            pass
+        try:
+            os.unlink(self.tmp)
+        except OSError:
+            pass

@@ -1,0 +1,1074 @@
+"""Deduplicating datasets: rows of JSONL, CSV or Parquet files judged in input order against
+everything kept before, in this run and (with a kept index) in earlier runs.
+
+The rule is the crawler's (`Index.add_unique`): a row is kept when no kept row is within k
+bits of its fingerprint, and a removed row names the kept one it matched. There is no
+chaining: a row within k of a removed row only is kept.
+
+Rows go in batches: signatures (the compiled text pass, in `jobs` threads; other schemes in
+worker processes), one query_many of the batch against the index (and the reference index),
+the batch's own pairs (find_all), then the kept rows are added in one atomic add_many. Each
+kept record's meta holds the run's token and the row's position, which makes a re-run of a
+killed run give the output of an uninterrupted one: a record this run's earlier process kept
+at the same position is the row itself, and records it kept at later positions are not yet
+"before" the row.
+
+With a similarity threshold the check decides: a match within k bits counts only when the
+two rows' shingles are similar enough (Jaccard, or containment), computed exactly for rows
+of this run (their shingle sets wait in a temporary file) and estimated from the sketch
+stored in the record for rows of earlier runs. Without k, the radius comes from the data
+(`simindex.calibrate`) and the index keeps it, so later runs judge alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+from contextlib import closing
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from typing import (
+    Any, Callable, Generator, Iterable, Iterator, NamedTuple, Optional, Union,
+)
+
+import numpy as np
+
+from ..signatures import _text
+from ..engine import manifest
+from ..radius import DEFAULT_RECALL, MEASURES, SAMPLE_ROWS, Calibration, calibrate
+from ..radius import DEFAULT_SCHEME as SIMILARITY_SCHEME
+from ..engine.codec import Packed, pack_meta, unpack_sketched
+from ..values import check_fp, check_wide_fp
+from ..errors import BadLine, Error, InputError, ParameterError
+from ..signatures.fingerprints import (
+    DEFAULT_SCHEME, WORD_SCHEMES, fingerprint, pass_args, schemes,
+)
+from ..index import Index
+from ..inputs import parse_fp
+from ..engine.pairs import find_all
+from ..engine.results import Match
+from .rows import Row, read_rows
+from ..signatures.similarity import estimate, shingle_set
+
+BATCH = 4096              # rows judged together: one query_many, one add_many
+BATCH_CHARS = 8 << 20      # ... or fewer, when their texts hold this many characters
+# what a run reads to choose its radius when none is given: the model decides k, the
+# sample the width (its pairs within k, the cost of each step)
+RUN_SAMPLE_ROWS, RUN_SAMPLE_BYTES = 1000, 2 << 20
+MODES = ("greedy", "components")
+DEFAULT_K = 3
+
+
+class Decision(NamedTuple):
+    """What dedup decided for one input row."""
+    row: dict                       # the row's columns, as read
+    id: Any                         # its id (the --id-field value, or "file:row")
+    where: str                      # "file:row"
+    fingerprint: int
+    kept: bool
+    match: Any = None               # removed: the id of the kept record it matched
+    distance: Optional[int] = None  # removed: the distance to that record
+    reference: bool = False         # removed: the match is in the --against index
+    cluster: Any = None             # the id its group is known by: its kept row's (or,
+                                    # with drop_all, the row that would have been kept)
+    similarity: Optional[float] = None  # removed, with min_similarity: the similarity to
+                                        # the match
+    evidence: Optional[str] = None  # how `similarity` was known: "exact" (both shingle
+                                    # sets) or "sketch" (a stored sketch's estimate)
+
+
+class Summary:
+    """Counts of a run (also printed by the CLI), and the radius it used."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.kept = 0
+        self.removed = 0
+        self.skipped = 0
+        self.start = time.perf_counter()
+        self.calibration: Optional[Calibration] = None   # when the radius came from data
+        self.radius: Optional[dict] = None    # scheme, width, k, threshold of the run
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start
+
+    def __str__(self) -> str:
+        secs = self.seconds
+        rate = self.rows / secs if secs > 0 else 0.0
+        out = (f"rows in {self.rows}, kept {self.kept}, removed {self.removed}, skipped "
+               f"{self.skipped}, in {secs:.2f} s ({rate:,.0f} rows/s)")
+        if self.radius is not None:
+            r = self.radius
+            out += f"; {r['scheme']} {r['width']} bits, k={r['k']}"
+            if r.get("min_similarity") is not None:
+                out += f", {r['measure']} >= {r['min_similarity']:g}"
+            if r.get("expected_recall") is not None:
+                out += f", expected recall {r['expected_recall']:.4f}"
+            cal = self.calibration
+            if cal is not None and cal.chosen.capped:
+                out += (f" (k capped by the time budget of {cal.time_budget:g} s, below the "
+                        f"{cal.recall:g} recall asked for)")
+        return out
+
+
+def run_token(inputs: list, text_field: str, id_field: Optional[str],
+              fingerprint_field: Optional[str], judging: str = "") -> bytes:
+    """8 bytes naming a run: its inputs (absolute paths), the fields it reads and how it
+    judges (`judging`: its mode, k and check). A re-run of the same command has the same
+    token (see the module's docstring); one that judges otherwise is another run."""
+    h = hashlib.blake2b(digest_size=8)
+    for part in [*map(os.path.abspath, inputs), text_field, id_field or "",
+                 fingerprint_field or "", judging]:
+        h.update(part.encode("utf-8", "surrogateescape") + b"\0")
+    return h.digest()
+
+
+class Shingles:
+    """A row's shingles for the similarity check: the pass's shingle hashes, made into the
+    sorted distinct set, and that set's sketch (stored with a kept record), when first
+    needed."""
+
+    __slots__ = ("_raw", "_set", "_sketch")
+
+    def __init__(self, raw: np.ndarray) -> None:
+        self._raw: Optional[np.ndarray] = raw
+        self._set: Optional[np.ndarray] = None
+        self._sketch: Optional[bytes] = None
+
+    @classmethod
+    def of_set(cls, exact: Any) -> "Shingles":
+        """Shingles of a set already sorted and distinct."""
+        sh = cls(None)                       # type: ignore[arg-type]
+        sh._set = exact
+        return sh
+
+    @property
+    def set(self) -> np.ndarray:
+        if self._set is None:
+            assert self._raw is not None
+            self._set = _text.sorted_set(self._raw)
+            self._raw = None
+        return self._set
+
+    @property
+    def sketch(self) -> bytes:
+        if self._sketch is None:
+            self._sketch = _text.sketch_of_set(self.set)
+        return self._sketch
+
+
+def _signatures(args: tuple) -> list:
+    """One part of a batch: per text, its fingerprint (with its Shingles when `checked`),
+    or the InputError message of a text that has none."""
+    texts, scheme, width, checked = args
+    out: list = []
+    if scheme in WORD_SCHEMES:
+        codes, counts, raws = _text.signatures(
+            texts, schemes[scheme].shingle_width, shingles=checked,
+            **pass_args(scheme, width))
+        words = width // 64
+        fps = codes[:, 0].tolist() if words == 1 else [
+            int.from_bytes(row.astype(">u8").tobytes(), "big") for row in codes]
+        for i, fp in enumerate(fps):
+            if not counts[i]:
+                out.append(f"text has no tokens under scheme {scheme!r} (empty, or no word "
+                           f"characters): it has no fingerprint")
+            elif checked:
+                out.append((fp, Shingles(raws[i])))                # type: ignore[index]
+            else:
+                out.append(fp)
+        return out
+    for t in texts:
+        try:
+            fp = fingerprint(t, scheme=scheme, width=width)
+            if checked:
+                out.append((fp, Shingles.of_set(shingle_set(t, scheme))))
+            else:
+                out.append(fp)
+        except InputError as e:
+            out.append(str(e))
+    return out
+
+
+class Spill:
+    """Shingle sets of this run's rows, on disk so memory does not grow with the input: one
+    temporary file holds the sets, another the sorted (position, offset, count) of each,
+    searched by bisection. Positions must be put in increasing order."""
+
+    _ENTRY = np.dtype([("key", "<u8"), ("offset", "<u8"), ("count", "<u8")])
+
+    def __init__(self, scratch: str) -> None:
+        self.fds = []
+        for _ in range(2):
+            fd, path = tempfile.mkstemp(prefix="shingles-", dir=scratch)
+            os.unlink(path)
+            self.fds.append(fd)
+        self.end = 0              # bytes of sets written
+        self.entries = 0          # entries in the index file
+        self.last = -1
+
+    @staticmethod
+    def key(pos: list) -> int:
+        return (pos[0] << 40) | pos[1]
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+    def put(self, pos: list, exact: np.ndarray) -> None:
+        key = self.key(pos)
+        if key <= self.last:
+            return                      # already there
+        data = np.ascontiguousarray(exact, dtype=np.uint64).tobytes()
+        os.pwrite(self.fds[0], data, self.end)
+        entry = np.array([(key, self.end, len(exact))], dtype=self._ENTRY).tobytes()
+        os.pwrite(self.fds[1], entry, self.entries * self._ENTRY.itemsize)
+        self.end += len(data)
+        self.entries += 1
+        self.last = key
+
+    def get(self, pos: Any) -> Optional[np.ndarray]:
+        """The set put at `pos`, or None."""
+        try:
+            key = self.key(pos)
+        except (TypeError, IndexError):
+            return None
+        size = self._ENTRY.itemsize
+        lo, hi = 0, self.entries
+        while lo < hi:
+            mid = (lo + hi) // 2
+            e = np.frombuffer(os.pread(self.fds[1], size, mid * size), dtype=self._ENTRY)[0]
+            if int(e["key"]) < key:
+                lo = mid + 1
+            elif int(e["key"]) > key:
+                hi = mid
+            else:
+                raw = os.pread(self.fds[0], 8 * int(e["count"]), int(e["offset"]))
+                return np.frombuffer(raw, dtype=np.uint64)
+        return None
+
+
+class Check:
+    """The similarity check of a run: `measure` ("jaccard", or "containment": the share of
+    the judged row's shingles found in the other) at least `t`. Rows of this run are
+    compared exactly (the sets of rows judged in earlier batches wait in a Spill); records
+    of earlier runs and of a reference through the sketch (and set size) they store."""
+
+    def __init__(self, t: float, measure: str, token: bytes, scratch: str) -> None:
+        self.t, self.measure, self.token = t, measure, token
+        self.spill = Spill(scratch)
+
+    def close(self) -> None:
+        self.spill.close()
+
+    def recall(self, meta: Any, sketch: Optional[tuple]) -> Any:
+        """A stored record's shingles: its exact set when this run judged its row, else the
+        (sketch, set size or None) stored with it, else None (a record without them cannot
+        be checked)."""
+        if _is_mine(meta, self.token):
+            exact = self.spill.get(meta[1])
+            if exact is not None:
+                return exact
+        return sketch
+
+    def __call__(self, a: Shingles, b: Any, symmetric: bool = False) -> tuple:
+        """(passes, similarity, evidence) of row `a` against `b`: Shingles or an exact set
+        (exact), a (sketch, size) pair (estimated), or None (unknown: passes). Symmetric
+        containment divides by the smaller set."""
+        if b is None:
+            return True, None, None
+        if isinstance(b, tuple):
+            sim = estimate(self.measure, a.sketch, len(a.set), b[0], b[1], symmetric)
+            evidence = "sketch"
+        else:
+            x = a.set
+            y = b.set if isinstance(b, Shingles) else b
+            inter = _text.intersection_size(x, y)
+            if self.measure == "jaccard":
+                union = len(x) + len(y) - inter
+                sim = inter / union if union else 1.0
+            else:
+                base = min(len(x), len(y)) if symmetric else len(x)
+                sim = inter / base if base else 1.0
+            evidence = "exact"
+        return sim >= self.t, round(sim, 4), evidence
+
+
+def _matches(index: Index, fps: list, k: int, check: Optional[Check]) -> list:
+    """Per fingerprint, its (Match, stored sketch or None) in `index`: with a check, the
+    sketches kept with the records' meta (by dedup's kept rows and the text calls)."""
+    if check is None:
+        return [[(m, None) for m in ms] for ms in index.query_many(fps, k=k)]
+    out = []
+    for hits in index._hits_many(fps, k=k):
+        row = []
+        for dist, fp, _seq, id_, mb in hits:
+            meta, sketch = unpack_sketched(mb)
+            row.append((Match(id_, fp, dist, meta), sketch))
+        out.append(row)
+    return out
+
+
+def _is_mine(meta: Any, token: bytes) -> bool:
+    return isinstance(meta, list) and len(meta) == 2 and meta[0] == token
+
+
+class _Judge:
+    """The greedy decision of batches of rows against an index and a reference."""
+
+    def __init__(self, idx: Index, ref: Optional[Index], k: int, token: bytes,
+                 check: Optional[Check] = None) -> None:
+        self.idx, self.ref, self.k, self.token = idx, ref, k, token
+        self.check = check
+
+    def meta(self, pos: list, sh: Optional[Shingles]) -> Any:
+        """The meta of a kept record: the run token and the row's position, and with a
+        check the row's sketch and set size kept with them (for later runs' checks)."""
+        if self.check is None or sh is None:
+            return [self.token, pos]
+        return Packed(pack_meta([self.token, pos], None, (sh.sketch, len(sh.set))))
+
+    def batch(self, rows: list, ids: list, fps: list, positions: list,
+              sh: Optional[list] = None) -> list:
+        """Decisions for one batch, its kept rows added to the index (atomically). `sh`:
+        the rows' Shingles (with a check)."""
+        check = self.check
+        sh = sh if sh is not None else [None] * len(rows)
+        k, token = self.k, self.token
+        stored = _matches(self.idx, fps, k, check)
+        refs = _matches(self.ref, fps, k, check) if self.ref is not None else None
+        earlier: dict = {}
+        for a, b in (find_all(fps, k=k, width=self.idx.width) if len(fps) > 1 else []):
+            earlier.setdefault(b, []).append(a)
+        out: list = []
+        kept_here: dict = {}           # batch position -> True for kept rows
+        adds = []
+        for i, (row, id_, fp, pos) in enumerate(zip(rows, ids, fps, positions)):
+            best = None                # (distance, order, id, reference, similarity, how)
+            mine = False
+            for m, sketch in stored[i]:
+                meta = m.meta
+                if _is_mine(meta, token):
+                    if meta[1] == pos:
+                        mine = True    # kept by this run's earlier (killed) process
+                        continue
+                    if meta[1] > pos:
+                        continue       # kept later in this run's order: not before it
+                if best is not None and (m.distance, 0) >= best[:2]:
+                    continue
+                ok, sim, how = (True, None, None) if check is None else \
+                    check(sh[i], check.recall(meta, sketch))
+                if ok:
+                    best = (m.distance, 0, m.id, False, sim, how)
+            for m, sketch in refs[i] if refs is not None else ():
+                if best is not None and (m.distance, -1) >= best[:2]:
+                    break
+                ok, sim, how = (True, None, None) if check is None else \
+                    check(sh[i], check.recall(m.meta, sketch))
+                if ok:
+                    best = (m.distance, -1, m.id, True, sim, how)
+                    break
+            for j in earlier.get(i, ()):
+                if kept_here.get(j):
+                    d = _distance(fps[i], fps[j])
+                    if best is not None and (d, 1 + j) >= best[:2]:
+                        continue
+                    ok, sim, how = (True, None, None) if check is None else \
+                        check(sh[i], sh[j])
+                    if ok:
+                        best = (d, 1 + j, ids[j], False, sim, how)
+            if best is None:
+                kept_here[i] = True
+                if not mine:
+                    adds.append((id_, fp, self.meta(pos, sh[i])))
+                if check is not None and sh[i] is not None:
+                    check.spill.put(pos, sh[i].set)
+                out.append(Decision(row, id_, "", fp, True, cluster=id_))
+            else:
+                out.append(Decision(row, id_, "", fp, False, best[2], best[0], best[3],
+                                    best[2], best[4], best[5]))
+        if adds:
+            self.add(adds)
+        return out
+
+    def add(self, adds: list) -> None:
+        """Add kept rows' records, refusing an id that already names a record: adding it
+        would replace (and so lose) that record."""
+        try:
+            self.idx.add_many(adds, replace=False)
+        except InputError as e:
+            raise ParameterError(f"a kept row's {e}: ids must be unique, across runs "
+                                 f"too") from None
+
+
+def _distance(a: int, b: int) -> int:
+    return bin(a ^ b).count("1")
+
+
+def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
+              id_field: Optional[str] = None, fingerprint_field: Optional[str] = None,
+              k: Optional[int] = None, scheme: Optional[str] = None,
+              width: Optional[int] = None, index: Optional[str] = None,
+              against: Optional[str] = None, mode: Optional[str] = None, keep: str = "first",
+              drop_all: bool = False, min_similarity: Optional[float] = None,
+              recall: Optional[float] = None, containment: bool = False,
+              time_budget: Optional[float] = None, fmt: Optional[str] = None, jobs: int = 1,
+              on_error: Union[str, Callable[[BadLine], None]] = "stop",
+              summary: Optional[Summary] = None) -> Iterator[Decision]:
+    """A Decision for every row of `inputs`, in input order (see `dedup`)."""
+    paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    paths = [os.fspath(p) for p in paths]
+    if mode is None:
+        mode = "components" if drop_all or keep != "first" else "greedy"
+    if mode not in MODES:
+        raise ParameterError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    if mode == "greedy" and (keep != "first" or drop_all):
+        raise ParameterError("keep and drop_all choose among a component's rows: they need "
+                             "mode='components'")
+    if not isinstance(keep, str) or not keep:
+        raise ParameterError(f"keep must be 'first', 'longest' or a column name, got {keep!r}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ParameterError(f"jobs must be an int >= 1, got {jobs!r}")
+    if min_similarity is not None and (isinstance(min_similarity, bool) or not isinstance(
+            min_similarity, (int, float)) or not 0 < min_similarity <= 1):
+        raise ParameterError(f"min_similarity must be a similarity in (0, 1], got "
+                             f"{min_similarity!r}")
+    if recall is not None and (isinstance(recall, bool) or not isinstance(
+            recall, (int, float)) or not 0 < recall < 1):
+        raise ParameterError(f"recall must be a share in (0, 1), got {recall!r}")
+    if on_error not in ("stop", "skip") and not callable(on_error):
+        raise ParameterError(f"on_error must be 'stop', 'skip' or a callable, got "
+                             f"{on_error!r}")
+    measure = MEASURES[1] if containment else MEASURES[0]
+    summary = summary if summary is not None else Summary()
+    pool: Any = None
+    scratch = ref = idx = check = None
+    try:
+        scratch = tempfile.mkdtemp(prefix="simindex-dedup-")
+        if index is None:
+            index = os.path.join(scratch, "index")
+        new = not os.path.exists(os.path.join(index, manifest.NAME))
+        cal = None
+        made: dict = {}           # rows the calibration already read: their shingle sets
+        if new:
+            if min_similarity is not None and scheme is None and fingerprint_field is None:
+                scheme = SIMILARITY_SCHEME      # fingerprints read from a column are not
+            if min_similarity is not None and k is None and fingerprint_field is None:
+                # the radius from the data: a sample of the input's first rows
+                cal, made = _calibrate_inputs(
+                    paths, min_similarity, fmt=fmt, text_field=text_field, recall=recall,
+                    scheme=scheme, width=width, measure=measure, sample=RUN_SAMPLE_ROWS,
+                    sample_bytes=RUN_SAMPLE_BYTES, sample_truth=False,
+                    time_budget=time_budget)
+                summary.calibration = cal
+                scheme, width = cal.scheme, cal.width
+        if jobs > 1 and (fingerprint_field is None or min_similarity is not None):
+            word = (scheme or DEFAULT_SCHEME) in WORD_SCHEMES if new else None
+            if word is False or (word is None and not _index_reads_words(index)):
+                pool = ProcessPoolExecutor(jobs)
+                pool.submit(int).result()  # its workers fork now, before an index is open
+            else:
+                pool = ThreadPoolExecutor(jobs)
+        # a new index is made for k (default DEFAULT_K, or the calibration's); an existing
+        # one is asked at k, which must not exceed its own, and keeps its calibration
+        # batches commit without fsync; the flush at the end makes them durable before
+        # the caller renames its outputs into place (a killed process loses nothing)
+        idx = Index(index, k=(cal.k if cal is not None else DEFAULT_K if k is None else k)
+                    if new else None, scheme=scheme, width=width, sync=False,
+                    calibration=cal.stored() if cal is not None else None,
+                    expected=cal.expected_rows if cal is not None else None)
+        stored = idx.calibration
+        if stored is not None:
+            if min_similarity is not None and (min_similarity != stored["min_similarity"] or
+                                               measure != stored["measure"]):
+                raise ParameterError(
+                    f"the index {index} was calibrated for {stored['measure']} >= "
+                    f"{stored['min_similarity']:g}; give that threshold (or none) so this "
+                    f"run judges as the earlier ones did")
+            min_similarity, measure = stored["min_similarity"], stored["measure"]
+        if against is not None:
+            ref = Index(against, readonly=True)
+            if ref.width != idx.width:
+                raise ParameterError(f"the reference index {against} holds {ref.width}-bit "
+                                     f"fingerprints, this run {idx.width}-bit ones")
+            if ref.k < idx.k:
+                raise ParameterError(f"the reference index {against} finds up to k="
+                                     f"{ref.k}, this run needs k={idx.k}")
+        kk = idx.k if k is None else k
+        if kk > idx.k:
+            raise ParameterError(f"k ({kk}) is above the index's k ({idx.k})")
+        summary.radius = {"scheme": idx.scheme or DEFAULT_SCHEME, "width": idx.width, "k": kk,
+                          "min_similarity": min_similarity, "measure": measure,
+                          "expected_recall": stored["expected_recall"]
+                          if stored is not None and kk == stored["k"] else None}
+        token = run_token(paths, text_field, id_field, fingerprint_field,
+                          f"{mode} k={kk} {measure} >= {min_similarity}"
+                          if min_similarity is not None else f"{mode} k={kk}")
+        if min_similarity is not None:
+            check = Check(float(min_similarity), measure, token, scratch)
+        run = _Run(paths, fmt, text_field, id_field, fingerprint_field, keep, pool, on_error,
+                   summary, idx, check is not None, made)
+        judge = _Judge(idx, ref, kk, token, check)
+        if mode == "greedy":
+            with closing(run.batches()) as batches:      # its reader stops before the pool
+                for batch in batches:
+                    yield from run.judged(batch, judge)
+        else:
+            yield from _components(run, judge, drop_all)
+        idx.flush()
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+        if check is not None:
+            check.close()
+        if ref is not None:
+            ref.close()
+        if idx is not None:
+            idx.close()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _index_reads_words(index: str) -> bool:
+    """Whether an existing index's scheme is read by the compiled text pass (threads)."""
+    try:
+        m = manifest.read(index)
+    except Error:
+        return True
+    return (m.get("scheme") or DEFAULT_SCHEME) in WORD_SCHEMES
+
+
+def calibrate_inputs(paths: list, t: float, *, fmt: Optional[str] = None,
+                     text_field: str = "text", recall: Optional[float] = None,
+                     scheme: Optional[str] = None, width: Optional[int] = None,
+                     measure: str = "jaccard", sample: int = SAMPLE_ROWS,
+                     sample_bytes: Optional[int] = None, sample_truth: bool = True,
+                     time_budget: Optional[float] = None) -> Calibration:
+    """The calibration (`simindex.calibrate`) of input files from their first `sample`
+    texts (and at most `sample_bytes` of text, if given), for the rows the files hold
+    (estimated; rows without a text are left to the run itself to report)."""
+    return _calibrate_inputs(paths, t, fmt=fmt, text_field=text_field, recall=recall,
+                             scheme=scheme, width=width, measure=measure, sample=sample,
+                             sample_bytes=sample_bytes, sample_truth=sample_truth,
+                             time_budget=time_budget)[0]
+
+
+def _calibrate_inputs(paths: list, t: float, *, fmt: Optional[str], text_field: str,
+                      recall: Optional[float], scheme: Optional[str], width: Optional[int],
+                      measure: str, sample: int, sample_bytes: Optional[int],
+                      sample_truth: bool, time_budget: Optional[float] = None) -> tuple:
+    """calibrate_inputs, and for minhash-v1 the shingle set its pass made of each sampled
+    row, by position, which the run need not make again."""
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 2:
+        raise ParameterError(f"sample must be an int >= 2, got {sample!r}")
+    texts: list = []
+    where: list = []
+    read = 0
+    limit = sample_bytes if sample_bytes is not None else float("inf")
+    for p, path in enumerate(paths):
+        for row in read_rows(path, fmt, lambda e: None):
+            text = row.data.get(text_field)
+            if isinstance(text, str):
+                texts.append(text)
+                where.append((p, row.number))
+                read += len(text)
+            if len(texts) >= sample or (read >= limit and len(texts) >= 2):
+                break
+        if len(texts) >= sample or (read >= limit and len(texts) >= 2):
+            break
+    if not texts:
+        raise ParameterError(f"no row of the input has a text in \"{text_field}\" to "
+                             f"calibrate on; give k")
+    rows = estimate_rows(paths, len(texts), read)
+    made: dict = {}
+    sets = seconds = None
+    if (scheme or SIMILARITY_SCHEME) == "minhash-v1":
+        start = time.perf_counter()
+        _, counts, raws = _text.signatures(texts, 3, shingles=True)
+        sets = [_text.sorted_set(r) for r in raws]            # type: ignore[union-attr]
+        seconds = time.perf_counter() - start
+        made = {w: x for w, x, c in zip(where, sets, counts) if c}
+    try:
+        cal = calibrate(texts, t, recall=DEFAULT_RECALL if recall is None else recall,
+                        scheme=scheme, measure=measure, expected_rows=rows,
+                        widths=None if width is None else [width],
+                        sample_truth=sample_truth, sets=sets, pass_seconds=seconds,
+                        time_budget=time_budget)
+    except InputError as e:
+        raise ParameterError(f"cannot calibrate on the input's first rows: {e}") from None
+    return cal, made
+
+
+def estimate_rows(paths: list, sample_rows: int, sample_bytes: int) -> int:
+    """How many rows the inputs hold: a Parquet file's own count and a plain JSON lines
+    file's lines (counted: a fast read), else about the file's bytes (a gzip file's stored
+    size, modulo 4 GiB) over the sample's bytes per row."""
+    total = 0
+    per_row = max(sample_bytes / max(sample_rows, 1), 1.0)
+    for path in paths:
+        try:
+            if path.endswith((".parquet", ".pq")):
+                import pyarrow.parquet as pq
+                total += pq.ParquetFile(path).metadata.num_rows
+                continue
+            if not path.endswith(".gz") and path.endswith((".jsonl", ".json", ".ndjson")):
+                lines = 0
+                with open(path, "rb") as f:
+                    while True:
+                        chunk = f.read(16 << 20)
+                        if not chunk:
+                            break
+                        lines += chunk.count(b"\n")
+                total += max(lines, 1)
+                continue
+            size = os.path.getsize(path)
+            if path.endswith(".gz") and size >= 4:
+                with open(path, "rb") as f:
+                    f.seek(-4, 2)
+                    size = max(size, int.from_bytes(f.read(4), "little"))
+            total += int(size / per_row)
+        except (OSError, ImportError, ValueError):
+            total += sample_rows
+    return max(total, sample_rows)
+
+
+class _Good(NamedTuple):
+    """A row that passed its checks: file number, the Row, its id, fingerprint, and the
+    value the keep policy ranks it by."""
+    p: int
+    row: Row
+    id: Any
+    fp: Any          # None until the batch's texts are fingerprinted
+    rank: Any
+    sh: Any = None   # the shingle set (with min_similarity)
+
+
+class _Run:
+    """The inputs of one run read in fingerprinted batches of good rows."""
+
+    def __init__(self, paths: list, fmt: Optional[str], text_field: str,
+                 id_field: Optional[str], fingerprint_field: Optional[str], keep: str,
+                 pool: Any, on_error: Any, summary: Summary, idx: Index,
+                 shingled: bool = False, made: Optional[dict] = None) -> None:
+        self.paths, self.fmt = paths, fmt
+        self.text_field, self.id_field, self.fingerprint_field = \
+            text_field, id_field, fingerprint_field
+        self.keep, self.pool, self.on_error, self.summary = keep, pool, on_error, summary
+        self.width, self.scheme = idx.width, idx.scheme or DEFAULT_SCHEME
+        self.shingled = shingled      # shingle sets too (min_similarity needs the texts)
+        self.made = made or {}        # minhash-v1 rows a calibration read: shingle sets
+        self.events: Optional[list] = None   # rows read and rejected on the reader thread
+
+    def counted(self) -> None:
+        """A row was read."""
+        if self.events is not None:
+            self.events.append(None)
+        else:
+            self.summary.rows += 1
+
+    def rejected(self, e: BadLine) -> None:
+        """A bad row: raised under on_error="stop", else counted and reported (by the
+        caller's thread, in its place, when read ahead)."""
+        if self.on_error == "stop":
+            raise e
+        if self.events is not None:
+            self.events.append(e)
+        else:
+            _bad(e, self.on_error, self.summary)
+
+    def replay(self, events: list) -> None:
+        for e in events:
+            if e is None:
+                self.summary.rows += 1
+            else:
+                _bad(e, self.on_error, self.summary)
+
+    def rows(self, again: bool = False) -> Iterator[tuple]:
+        """(file number, Row) of every input row, in order; a row that breaks its file's
+        format goes to on_error (reading `again`, it is skipped silently)."""
+        def bad(e: BadLine) -> None:
+            if not again:
+                self.counted()
+                self.rejected(e)
+        for p, path in enumerate(self.paths):
+            for row in read_rows(path, self.fmt, None if self.on_error == "stop" else bad):
+                yield p, row
+
+    def batches(self) -> Generator[list, None, None]:
+        """Lists of _Good rows, BATCH rows (or BATCH_CHARS characters of text) read at a
+        time; bad rows go to on_error. With a pool (more than one job), a second thread
+        reads and fingerprints the next batch while this one is judged: one batch ahead
+        at most, so memory stays bounded; the rows it counts and rejects (on_error) and an
+        error reach the caller's thread in their place."""
+        if self.pool is None:
+            yield from self._batches()
+            return
+        ahead: queue.Queue = queue.Queue(maxsize=1)
+        stop = threading.Event()
+
+        def put(item: tuple) -> bool:
+            while not stop.is_set():
+                try:
+                    ahead.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            self.events = []
+            try:
+                for batch in self._batches():
+                    events, self.events = self.events, []
+                    if not put(("batch", (batch, events))):
+                        return
+                put(("end", self.events))
+            except BaseException as e:        # noqa: B902 - handed to the consumer
+                put(("error", (e, self.events)))
+        reader = threading.Thread(target=produce, name="simindex-dedup-reader", daemon=True)
+        reader.start()
+        try:
+            while True:
+                what, item = ahead.get()
+                if what == "end":
+                    self.replay(item)
+                    return
+                if what == "error":
+                    self.replay(item[1])
+                    raise item[0]
+                self.replay(item[1])
+                yield item[0]
+        finally:
+            stop.set()
+            reader.join()
+            self.events = None
+
+    def _batches(self) -> Iterator[list]:
+        rows: list = []
+        chars = 0
+        field = self.text_field
+        for pr in self.rows():
+            rows.append(pr)
+            text = pr[1].data.get(field)
+            chars += len(text) if isinstance(text, str) else 0
+            if len(rows) >= BATCH or chars >= BATCH_CHARS:
+                yield self.prepare(rows)
+                rows = []
+                chars = 0
+        if rows:
+            yield self.prepare(rows)
+
+    def prepare(self, rows: list) -> list:
+        """The good rows of a batch of (file number, Row), fingerprinted."""
+        width = self.width
+        good: list = []
+        texts: list = []
+        for p, row in rows:
+            self.counted()
+            try:
+                id_ = _row_id(row, self.id_field)
+                text = None
+                fp = None
+                if self.fingerprint_field is not None:
+                    fp = _row_fp(row, self.fingerprint_field, width)
+                if fp is None or self.shingled:
+                    text = row.data.get(self.text_field)
+                    if not isinstance(text, str):
+                        raise BadLine(row.where, f'text field "{self.text_field}" is missing '
+                                                 f'or not text (got {type(text).__name__})')
+                    texts.append(text)
+                good.append(_Good(p, row, id_, fp, self.rank(row, text)))
+            except BadLine as e:
+                self.rejected(e)
+        if texts:
+            fps = self.signatures(good, texts)
+            out = []
+            for g, fp in zip(good, fps):
+                if isinstance(fp, str):
+                    self.rejected(BadLine(g.row.where, fp))
+                elif self.shingled:
+                    out.append(g._replace(fp=fp[0] if g.fp is None else g.fp, sh=fp[1]))
+                else:
+                    out.append(g._replace(fp=fp))
+            good = out
+        return good
+
+    def signatures(self, good: list, texts: list) -> list:
+        """_signatures of the good rows' texts, made from what the calibration kept for
+        rows it read (a minhash-v1 code is a function of the shingle set)."""
+        made = self.made
+        keys = [(g.p, g.row.number) for g in good] if made else []
+        done = [i for i, key in enumerate(keys) if key in made]
+        if not done:
+            return _fingerprints(texts, self.scheme, self.width, self.pool, self.shingled)
+        out: list = [None] * len(texts)
+        todo = [i for i, key in enumerate(keys) if key not in made]
+        for i, got in zip(todo, _fingerprints([texts[i] for i in todo], self.scheme,
+                                              self.width, self.pool, self.shingled)):
+            out[i] = got
+        sets = [made.pop(keys[i]) for i in done]
+        codes = _text.minhash_codes(sets, self.width // 64)
+        for i, exact, code in zip(done, sets, codes):
+            fp = int.from_bytes(code.astype(">u8").tobytes(), "big")
+            out[i] = (fp, Shingles.of_set(exact)) if self.shingled else fp
+        return out
+
+    def rank(self, row: Row, text: Optional[str]) -> Any:
+        """What the keep policy maximises for a row (None under "first")."""
+        if self.keep == "first":
+            return None
+        if self.keep == "longest":
+            if text is None:
+                text = row.data.get(self.text_field)
+            if not isinstance(text, str):
+                raise BadLine(row.where, f'keep="longest" needs the text field '
+                                         f'"{self.text_field}"')
+            return len(text)
+        v = row.data.get(self.keep)
+        if isinstance(v, str):
+            try:
+                v = float(v)               # CSV cells are text
+            except ValueError:
+                v = None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+            raise BadLine(row.where, f'keep column "{self.keep}" is missing or not a number '
+                                     f'(got {row.data.get(self.keep)!r:.40})')
+        return v
+
+    def judged(self, good: list, judge: _Judge) -> Iterator[Decision]:
+        """The greedy decisions of a batch of good rows."""
+        if not good:
+            return
+        out = judge.batch([g.row.data for g in good], [g.id for g in good],
+                          [g.fp for g in good], [[g.p, g.row.number] for g in good],
+                          [g.sh for g in good])
+        for g, d in zip(good, out):
+            d = d._replace(where=g.row.where)
+            self.count(d)
+            yield d
+
+    def count(self, d: Decision) -> None:
+        if d.kept:
+            self.summary.kept += 1
+        else:
+            self.summary.removed += 1
+
+
+def _first_pass(good: list, ids: list, fps: list, pos: list, ranks: list, earlier: dict,
+                present: set, idx: Index, ref: Optional[Index], k: int, token: bytes,
+                check: Optional[Check]) -> None:
+    """Components' first pass over one batch: each row's id, fingerprint, position and rank
+    (its shingle set into the check's spill), and its nearest record of the index or the
+    reference that passes the check."""
+    base = len(ids)
+    q = [g.fp for g in good]
+    stored = _matches(idx, q, k, check)
+    refs = _matches(ref, q, k, check) if ref is not None else [[]] * len(q)
+    for i, g in enumerate(good):
+        ids.append(g.id)
+        fps.append(g.fp)
+        pos.append([g.p, g.row.number])
+        ranks.append(g.rank)
+        if check is not None:
+            check.spill.put(pos[-1], g.sh.set)
+        best = None
+        for (m, sketch), isref in [(x, False) for x in stored[i]] + [(x, True) for x in refs[i]]:
+            meta = m.meta
+            if not isref and _is_mine(meta, token):
+                if meta[1] == pos[-1]:
+                    present.add(base + i)
+                continue               # this run's own records: judged again here
+            if best is not None and (m.distance > best[0] or m.distance == best[0]
+                                     and not isref):
+                continue
+            theirs = check.recall(meta, sketch) if check is not None else None
+            ok, sim, how = (True, None, None) if check is None else check(g.sh, theirs)
+            if ok:
+                best = (m.distance, m.id, m.fingerprint, isref, sim, how, theirs)
+        if best is not None:
+            earlier[base + i] = best
+
+
+def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
+    """Connected components of the near-duplicate graph of the run's rows (links within k,
+    chains included), each joined by any record of the index or the reference within k of
+    a member. A component with such a record keeps none of its rows; otherwise it keeps its
+    best row by the keep policy (all of them go with drop_all, when it has two or more).
+
+    With a similarity check, a link counts only when its two rows pass it, and a member is
+    removed only when it passes it against the row or record its component is known by
+    (no removal through a chain alone); a member that does not stays, on its own.
+
+    Three passes: read and fingerprint every row (keeping its id, position, fingerprint and
+    rank in memory, its shingle set in the check's spill) and query the index and the
+    reference; join the rows (find_all) and group them; read the rows again and decide.
+    Kept rows are then added to the index.
+    """
+    idx, ref, k, token, check = judge.idx, judge.ref, judge.k, judge.token, judge.check
+    ids: list = []
+    fps: list = []
+    pos: list = []
+    ranks: list = []
+    earlier: dict = {}        # row -> (distance, id, fingerprint, reference, similarity,
+                              #         evidence, the record's shingles for the check)
+    present: set = set()      # rows this run's killed process already added
+    with closing(run.batches()) as batches:
+        for good in batches:
+            if not good:
+                continue
+            _first_pass(good, ids, fps, pos, ranks, earlier, present, idx, ref, k, token,
+                        check)
+    n = len(ids)
+    parent = list(range(n))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def shingles(i: int) -> Shingles:
+        return Shingles.of_set(check.spill.get(pos[i]))      # type: ignore[union-attr]
+    for a, b in (find_all(fps, k=k, width=run.width) if n > 1 else []):
+        if check is not None and not check(shingles(a), shingles(b), symmetric=True)[0]:
+            continue                       # near in bits, not in shingles
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    members: dict = {}
+    for i in range(n):
+        members.setdefault(find(i), []).append(i)
+    # per row: None (kept, alone), its own id (kept, the head of its group) or
+    # (match id, distance, reference, cluster id, similarity, evidence)
+    verdict: list = [None] * n
+    for group in members.values():
+        outside = [earlier[i] for i in group if i in earlier]
+        if outside:
+            first = min(outside, key=lambda e: e[0])
+            for i in group:
+                if i in earlier:
+                    d, mid, mfp, isref, sim, how, _ = earlier[i]
+                    verdict[i] = (mid, d, isref, mid, sim, how)
+                    continue
+                d, mid, mfp, isref, _, _, theirs = first
+                ok, sim, how = (True, None, None) if check is None else \
+                    check(shingles(i), theirs)
+                if ok:
+                    verdict[i] = (mid, _distance(fps[i], mfp), isref, mid, sim, how)
+            continue
+        if len(group) == 1:
+            continue
+        best = group[0] if run.keep == "first" else \
+            max(group, key=lambda i: (ranks[i], -i))
+        head = shingles(best) if check is not None else None
+        gone = []
+        for i in group:
+            if i == best:
+                continue
+            ok, sim, how = (True, None, None) if check is None else check(shingles(i), head)
+            if ok:
+                verdict[i] = (ids[best], _distance(fps[i], fps[best]), False, ids[best],
+                              sim, how)
+                gone.append(i)
+        if not gone:
+            continue                       # nothing passed against the head: all stay
+        if drop_all:
+            other = gone[0]
+            sim, how = (None, None) if check is None else \
+                check(head, shingles(other))[1:]      # type: ignore[arg-type]
+            verdict[best] = (ids[other], _distance(fps[best], fps[other]), False, ids[best],
+                             sim, how)
+        else:
+            verdict[best] = ids[best]          # kept, the head of its group
+    adds: list = []
+    i = 0
+    for p, row in run.rows(again=True):
+        if i >= n or [p, row.number] != pos[i]:
+            continue                       # a bad row, skipped in the first pass
+        v = verdict[i]
+        if v is None or not isinstance(v, tuple):
+            d = Decision(row.data, ids[i], row.where, fps[i], True, cluster=ids[i])
+            if i not in present:
+                adds.append((ids[i], fps[i], judge.meta(pos[i], shingles(i) if check
+                                                        is not None else None)))
+                if len(adds) >= BATCH:
+                    judge.add(adds)
+                    adds = []
+        else:
+            d = Decision(row.data, ids[i], row.where, fps[i], False, *v)
+        run.count(d)
+        yield d
+        i += 1
+    if adds:
+        judge.add(adds)
+
+
+def _bad(e: BadLine, on_error, summary) -> None:
+    if on_error == "stop":
+        raise e
+    summary.skipped += 1
+    if callable(on_error):
+        on_error(e)
+
+
+def _row_id(row: Row, id_field: Optional[str]):
+    if id_field is None:
+        return row.where
+    v = row.data.get(id_field)
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise BadLine(row.where, f'id field "{id_field}" is missing or not a string or an '
+                                 f'integer (got {v!r:.40})')
+    if isinstance(v, int) and not 0 <= v < 1 << 64:
+        raise BadLine(row.where, f"id {v} is out of range: int ids must be in [0, 2**64)")
+    return v
+
+
+def _row_fp(row: Row, field: str, width: int) -> int:
+    v = row.data.get(field)
+    try:
+        if isinstance(v, str):
+            return parse_fp(v, "hex", width)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return check_fp(v) if width == 64 else check_wide_fp(v, width)
+    except (ValueError, Error) as e:
+        raise BadLine(row.where, str(e)) from None
+    raise BadLine(row.where, f'fingerprint field "{field}" is missing or not a hex string or '
+                             f'an integer (got {v!r:.40})')
+
+
+def _fingerprints(texts: list, scheme, width: int, pool, shingled: bool = False) -> list:
+    """_signatures of a batch, in `pool`'s threads or processes when given (in 16 parts, so
+    workers stay busy while one takes a long text)."""
+    if pool is None:
+        return _signatures((texts, scheme, width, shingled))
+    step = max(64, -(-len(texts) // 16))
+    parts = [texts[i:i + step] for i in range(0, len(texts), step)]
+    out: list = []
+    for got in pool.map(_signatures, [(p, scheme, width, shingled) for p in parts]):
+        out += got
+    return out
+
+
+def dedup(inputs: Union[str, Iterable[str]], **options: Any) -> Iterator[dict]:
+    """The rows of `inputs` (JSONL, CSV or Parquet files) that are not near-duplicates of a
+    row kept before them, in input order: the greedy rule of `add_unique`.
+
+    Options: `text_field` ("text"), `id_field` (default: "file:row"), `fingerprint_field`
+    (hex or int fingerprints instead of texts), `k` (3), `scheme`, `width` (64), `index`
+    (a directory: keep the index, so later runs remove what duplicates this one's rows),
+    `against` (a reference index: rows near any of its records are removed, nothing is
+    added to it), `fmt`, `jobs` (fingerprinting processes), `on_error` ("stop", "skip" or
+    a callable taking the BadLine). `mode="components"` keeps one row per connected
+    component of the near-duplicate graph instead, chosen by `keep` ("first", "longest"
+    text, or the row with the largest value of a column); `drop_all=True` keeps none of a
+    component's rows (either implies components).
+    """
+    for d in decisions(inputs, **options):
+        if d.kept:
+            yield d.row

@@ -1,0 +1,172 @@
+"""The manifest: magic, format version and every parameter of an index, checked on open."""
+
+from __future__ import annotations
+
+import os
+
+from ._layout import (
+    BLOCK_BYTES, FORMAT_CLASSIC, FORMAT_FLIPS, FORMAT_VERSION as FORMAT, LAYOUT_V1,
+    LAYOUT_V2 as LAYOUT,
+    MANIFEST as NAME, MANIFEST_MAGIC as MAGIC, V1_MAX_ENTRIES, WIDTH,
+)
+from .._version import __version__ as _version
+from .codec import pack, unpack
+from ..errors import CorruptError, FormatError, NotAnIndexError, ParameterError, StorageError
+
+WIDTHS = (64, 128, 256)
+
+# Block layouts a table may hold, and the field that names each one's block size: v1 (16
+# bytes per entry; still read) and v2 (offset-coded entries, ~10 bytes; what this version
+# writes). A writable open upgrades the manifest to v2 before its first write, so older
+# code refuses an index that may hold v2.
+_LAYOUTS = {LAYOUT_V1: ("block_entries", V1_MAX_ENTRIES), LAYOUT: ("block_bytes", BLOCK_BYTES)}
+_MAX_BYTES = 1 << 16
+
+
+def make(plan, scheme=None, calibration=None) -> dict:
+    """The manifest of a new index with `plan`, fingerprint `scheme` and the `calibration`
+    of its radius (or None), in format 3: its records carry checksums, so versions that
+    read only formats 1 and 2 refuse it rather than misread them."""
+    m = {"magic": MAGIC, "format": FORMAT, "width": plan.width, "k": plan.k,
+         "blocks": plan.blocks, "prefix_blocks": plan.prefix_blocks, "shards": plan.shards,
+         "tables": plan.ntables, "layout": LAYOUT, "block_bytes": BLOCK_BYTES,
+         "scheme": scheme, "created_by": f"simindex {_version}"}
+    if calibration is not None:
+        m["calibration"] = dict(calibration)
+    return m
+
+
+def record_sums(m) -> bool:
+    """Whether the records of the index of manifest `m` carry checksums (format 3)."""
+    return m["format"] >= FORMAT
+
+
+def plan_args(m) -> dict:
+    """The Plan arguments a manifest records."""
+    return {"k": m["k"], "blocks": m["blocks"], "shards": m["shards"],
+            "prefix_blocks": m.get("prefix_blocks"), "width": m.get("width", WIDTH)}
+
+
+def write(dirpath, manifest):
+    """Write atomically: a temporary file, fsync, rename, fsync of the directory."""
+    path = os.path.join(dirpath, NAME)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(pack(manifest))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(dirpath, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise StorageError(e.errno, f"cannot write {path}: {e.strerror}") from None
+
+
+def read(dirpath):
+    """The manifest of the index at `dirpath`, each field checked; raises with the reason."""
+    path = os.path.join(dirpath, NAME)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise NotAnIndexError(f"{dirpath} is not a simindex index: {NAME} is missing") from None
+    except IsADirectoryError:
+        raise CorruptError(f"{path} is a directory, not a manifest") from None
+    if len(raw) > _MAX_BYTES:
+        raise CorruptError(f"{path} is larger than any manifest ({_MAX_BYTES} bytes)")
+    if not raw:
+        raise CorruptError(f"{path} is empty")
+    m = unpack(raw, what=f"manifest ({path})")
+    if not isinstance(m, dict) or m.get("magic") != MAGIC:
+        raise CorruptError(f"{path} is not a simindex manifest (bad magic)")
+    fmt = m.get("format")
+    if isinstance(fmt, bool) or fmt not in (FORMAT_CLASSIC, FORMAT_FLIPS, FORMAT):
+        raise FormatError(f"{path} has on-disk format {fmt!r}; this simindex reads formats "
+                          f"{FORMAT_CLASSIC} to {FORMAT}")
+    if (fmt != FORMAT_CLASSIC) != ("prefix_blocks" in m):
+        raise CorruptError(f"{path}: format {fmt} "
+                           f"{'has no' if fmt == FORMAT_CLASSIC else 'needs'} field "
+                           f"'prefix_blocks'")
+    layout = m.get("layout")
+    field, value = _LAYOUTS.get(layout, (None, None)) if isinstance(layout, str) else (None, None)
+    width = m.get("width")
+    if field is None or m.get(field) != value or width not in WIDTHS or \
+            (width != WIDTH and (fmt == FORMAT_CLASSIC or layout != LAYOUT)):
+        raise FormatError(f"{path} names layout {m.get('layout')!r}, width {width!r}, format "
+                          f"{fmt}; this simindex reads {' or '.join(_LAYOUTS)} at width "
+                          f"{WIDTH}, and {LAYOUT} in formats {FORMAT_FLIPS} and {FORMAT} at "
+                          f"widths 128 and 256")
+    scheme = m.get("scheme")         # its name: the layer that makes fingerprints knows them
+    if scheme is not None and not isinstance(scheme, str):
+        raise CorruptError(f"{path}: field 'scheme' is {scheme!r:.60}, not a scheme's name")
+    cal = m.get("calibration")
+    if cal is not None and not _calibration_ok(cal, m):
+        raise CorruptError(f"{path}: field 'calibration' is {cal!r:.200}, not the calibration "
+                           f"of this index's radius")
+    counts = ("k", "blocks", "shards", "tables") + \
+        (("prefix_blocks",) if fmt != FORMAT_CLASSIC else ())
+    for field in counts:
+        v = m.get(field)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise CorruptError(f"{path}: field {field!r} is {v!r}, not a count")
+    return m
+
+
+_CALIBRATION = {"scheme": str, "width": int, "k": int, "min_similarity": float,
+                "measure": str, "recall": float, "expected_recall": float}
+
+
+def _calibration_ok(cal, m) -> bool:
+    """A stored calibration has its fields with their types, names the index's own scheme,
+    width and k, a threshold in (0, 1] and shares in [0, 1]."""
+    if not isinstance(cal, dict) or set(cal) != set(_CALIBRATION):
+        return False
+    for name, kind in _CALIBRATION.items():
+        v = cal[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else kind):
+            return False
+    return (cal["scheme"] == m.get("scheme") and cal["width"] == m.get("width") and
+            cal["k"] == m.get("k") and 0 < cal["min_similarity"] <= 1 and
+            0 < cal["recall"] < 1 and 0 <= cal["expected_recall"] <= 1 and
+            cal["measure"] in ("jaccard", "containment"))
+
+
+def check_calibration(calibration, scheme, plan) -> None:
+    """Refuse, before a new index is made, a calibration that is not one of this index's
+    scheme, width and k (a manifest holding it would not open)."""
+    if not _calibration_ok(calibration, {"scheme": scheme, "width": plan.width,
+                                         "k": plan.k}):
+        raise ParameterError(
+            f"calibration={calibration!r:.300} is not a calibration of scheme {scheme!r} at "
+            f"width {plan.width} and k={plan.k} (see simindex.calibrate and "
+            f"Calibration.stored())")
+
+
+def check_same(manifest, **given):
+    """Raise when a parameter passed on reopen differs from the stored one, naming both."""
+    for name, value in given.items():
+        stored = manifest.get(name)
+        if name == "prefix_blocks" and stored is None:
+            stored = manifest.get("blocks", 0) - manifest.get("k", 0)     # format 1
+        if value is not None and stored != value:
+            raise ParameterError(
+                f"{name}={value!r} was given, but the index was built with "
+                f"{name}={stored!r}; reopen without it or with the stored value")
+
+
+def upgrade(dirpath, m):
+    """Name the current block layout in an older index's manifest before writing to it."""
+    if m.get("layout") == LAYOUT:
+        return m
+    m = dict(m)
+    field, _ = _LAYOUTS[m["layout"]]
+    del m[field]
+    m.update(layout=LAYOUT, block_bytes=_LAYOUTS[LAYOUT][1])
+    write(dirpath, m)
+    return m

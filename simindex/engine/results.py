@@ -1,0 +1,76 @@
+"""What the index hands back: Record and Match, and the verify filter callers may pass.
+
+Queries build their Match objects in the core (registered here with set_match_type), so a
+query makes no intermediate Python object per match.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional, Union
+
+from ._query import set_match_type
+from ._records import split_record
+from .codec import decode_id, unpack
+from ..errors import InputTypeError
+
+Id = Union[str, bytes, int]
+
+
+class Record(NamedTuple):
+    """A stored document: its id, fingerprint and meta value."""
+    id: Id
+    fingerprint: int
+    meta: Any = None
+
+
+class Match(NamedTuple):
+    """A stored document within the asked distance of a query fingerprint."""
+    id: Id
+    fingerprint: int
+    distance: int
+    meta: Any = None
+
+
+set_match_type(Match, unpack)      # queries get their Match objects from the core
+
+
+def json_id(id_: Id) -> Union[str, int]:
+    """An id as JSON holds it: bytes ids as UTF-8 text, undecodable bytes as backslash
+    escapes (the CLI's output and the HTTP API's answers)."""
+    return id_.decode("utf-8", "backslashreplace") if isinstance(id_, bytes) else id_
+
+
+def match_of(hit: tuple) -> Match:
+    """A Match from the core's (distance, fingerprint, seq, id, meta bytes or None)."""
+    dist, fp, _seq, id_, meta = hit
+    return Match(id_, fp, dist, None if meta is None else unpack(meta, "meta value"))
+
+
+def record_of(value: Optional[bytes], words: int = 1) -> Optional[Record]:
+    """The Record of a stored record value (None for None); `words`: 64-bit words per
+    fingerprint."""
+    if value is None:
+        return None
+    fp, idk, mb = split_record(value, words)
+    return Record(decode_id(idk), fp, unpack(mb, "meta value"))
+
+
+def check_verify(verify: object) -> None:
+    if not callable(verify):
+        raise InputTypeError(f"verify must be callable, got {type(verify).__name__}")
+
+
+def verified(matches: list, verify: Optional[Callable[[Match], bool]]) -> list:
+    """The matches `verify(match)` accepts (all of them without a verify)."""
+    if verify is None:
+        return matches
+    check_verify(verify)
+    return [m for m in matches if verify(m)]
+
+
+def verified_many(results: list, verify: Optional[Callable[[int, Match], bool]]) -> list:
+    """Per query i, the matches `verify(i, match)` accepts."""
+    if verify is None:
+        return results
+    check_verify(verify)
+    return [[m for m in ms if verify(i, m)] for i, ms in enumerate(results)]

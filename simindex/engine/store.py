@@ -1,0 +1,309 @@
+"""The storage of one index in one process: its environments, their transaction runners, the
+write buffer, and the operations the public Index is made of.
+
+A process opens each index once (simindex/engine/registry.py shares one Store between the Index
+handles on a path). Writes follow the write protocol of simindex/engine/protocol.py through the
+runners of simindex/engine/transactions.py; with sync=False, single adds go through the write
+buffer (simindex/engine/writebuffer.py) and every other call folds it first.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from . import environments, manifest, protocol, records, writebuffer
+from ._layout import DB_INFO, INFO_NEXT_SEQ, MANIFEST, RECORDS_DIR
+from ._lmdb import current_pid
+from ._permute import Permuter
+from ._query import SingleQuery
+from ..values import words_array
+from ..errors import (
+    CorruptError, Error, MissingIndexError, NotAnIndexError, ParameterError, ReadOnlyError,
+    StorageError,
+)
+from .plan import DEFAULT_K, DEFAULT_SHARDS, Plan
+from .shard import ShardWriter
+from .transactions import Transactions, space_error
+
+
+class Store:
+    """The records and shard environments of one index in this process, and its writes."""
+
+    txns: Transactions                  # the runners, made once the environments are open
+    read: Callable[..., Any]                  # txns.read(fn, *args), bound once
+
+    def __init__(self, path: str, *, k: Optional[int], blocks: Optional[int],
+                 shards: Optional[int], create: bool, readonly: bool, sync: bool,
+                 scheme: Optional[str] = None, prefix_blocks: Optional[int] = None,
+                 width: Optional[int] = None, calibration: Optional[dict] = None,
+                 lock: bool = True) -> None:
+        self.path = path
+        self.readonly = readonly
+        self.lock = lock
+        self.sync = sync
+        self.pid = os.getpid()
+        self.refs = 1
+        self.buffer: Optional[writebuffer.WriteBuffer] = None
+        self.write_lock = threading.RLock()     # one writer of this index per process
+        self.replayed = writebuffer.Replay()
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise NotAnIndexError(f"{path} is a file, not an index directory")
+        if not os.path.exists(os.path.join(path, MANIFEST)):
+            if readonly or not create:
+                why = "readonly=True" if readonly else "create=False"
+                raise MissingIndexError(f"no simindex index at {path} ({why} forbids making one)")
+            plan = Plan(k=DEFAULT_K if k is None else k, blocks=blocks,
+                        shards=DEFAULT_SHARDS if shards is None else shards,
+                        prefix_blocks=prefix_blocks, width=64 if width is None else width)
+            if calibration is not None:
+                manifest.check_calibration(calibration, scheme, plan)
+            try:
+                environments.create(path, plan, scheme, calibration)
+            except StorageError as e:
+                raise space_error(e, path) from None
+        self.manifest = manifest.read(path)
+        manifest.check_same(self.manifest, k=k, blocks=blocks, shards=shards, scheme=scheme,
+                            prefix_blocks=prefix_blocks, width=width, calibration=calibration)
+        m = self.manifest
+        try:
+            self.plan = Plan(**manifest.plan_args(m))
+        except ParameterError as e:
+            raise CorruptError(f"{path}: the manifest holds impossible parameters: {e}") from None
+        if self.plan.ntables != m["tables"]:
+            raise CorruptError(f"{path}: the manifest's table count does not match k and blocks")
+        envs: list = []
+        try:
+            envs.append(environments.open_records(path, readonly=readonly, sync=sync,
+                                                  sums=manifest.record_sums(m), lock=lock))
+            envs += [environments.open_shard(path, s, readonly=readonly, sync=sync, lock=lock)
+                     for s in range(self.plan.shards)]
+        except BaseException as e:
+            for env in envs:
+                env.close()
+            if isinstance(e, StorageError):
+                raise space_error(e, path) from None
+            raise
+        self.records, self.shard_envs = envs[0], envs[1:]
+        self.txns = Transactions(path, envs, what=f"index {path}", contexts=True)
+        self.read = self.txns.read           # the runner itself: no extra call per query
+        # Index.query's compiled hot path (64-bit plans; None answers: take the Python path)
+        perm = self.plan.permuter
+        self.single = SingleQuery(self.txns, perm, self.plan.k) \
+            if isinstance(perm, Permuter) else None
+        try:
+            self._check_records_kept()
+            if not readonly:
+                self.manifest = manifest.upgrade(path, self.manifest)
+                top = max(self.txns.read(lambda ctx: ctx.applied(self.plan.ntables)))
+                protocol.raise_seq_floor(self.txns, self.records, top)
+                self.replayed = writebuffer.replay_logs(path, self.txns, self.records,
+                                                        self.plan.width)
+                protocol.catch_up(self.txns, self.plan)
+                if not sync:
+                    self.buffer = writebuffer.WriteBuffer(
+                        path, self.txns, self.records, self.write_lock,
+                        after_fold=lambda: self.catch_up(lag=protocol.GROUP_LIMIT),
+                        width=self.plan.width)
+        except BaseException as e:
+            self.txns.close(sync=not readonly)    # what was replayed reaches the disk
+            if isinstance(e, StorageError):
+                raise space_error(e, path) from None
+            raise
+
+    def _check_records_kept(self) -> None:
+        """Refuse records/ that never held a record while a shard applied some: its records
+        were lost (the file emptied or replaced), and an index open on it would answer as
+        an empty one."""
+        applied = self.txns.read(lambda ctx: ctx.applied(self.plan.ntables))
+        if max(applied) and self.read_records(
+                lambda txn: txn.get(DB_INFO, INFO_NEXT_SEQ)) is None:
+            shard = int(np.argmax(applied))
+            raise CorruptError(
+                f"{self.path}: {RECORDS_DIR}/ holds no record, but shard {shard} applied "
+                f"records up to seq {max(applied)}: the index's records are lost and cannot "
+                f"be rebuilt; restore {RECORDS_DIR}/ from a backup (nothing was changed)")
+
+    # ------------------------------------------------------------ lifetime
+    @property
+    def closed(self) -> bool:
+        return self.txns.closed
+
+    def check_open(self) -> None:
+        """Raise ClosedError after close(), or in a child after fork() (every call passes
+        here: the common case is two loads and a compare)."""
+        txns = self.txns
+        if txns.closed or txns.pid != current_pid():
+            txns.check_open()
+
+    def check_writable(self) -> None:
+        self.check_open()
+        if self.readonly:
+            raise ReadOnlyError(f"index {self.path} is open read-only")
+        if self.txns.failed is not None:
+            self.txns.check_failed()
+
+    @property
+    def failed(self) -> bool:
+        """Whether a write to disk failed: the handle then refuses writes until reopened."""
+        return self.txns.failed is not None
+
+    def close(self) -> None:
+        """Wait for calls in progress, fold, apply what group commit left to the shards,
+        flush, and close every environment."""
+        if self.closed:
+            return
+        if self.pid != os.getpid():
+            self.txns.drop()         # a forked child's copy: the handles are the parent's
+            return
+        if self.reentered():
+            raise RuntimeError(f"{self.path}: close() was called from inside a call on the "
+                               f"index in the same thread (a garbage-collected handle)")
+        with self.write_lock:
+            if self.closed:
+                return
+            error = None
+            if self.buffer is not None:
+                if not self.failed:
+                    try:
+                        self.buffer.fold()
+                    except Error as e:
+                        error = e              # raised once everything is closed
+                self.buffer.close()
+            if not self.readonly and not self.failed and error is None:
+                try:
+                    # what group commit left behind: readers then check no unapplied tail
+                    protocol.catch_up(self.txns, self.plan)
+                except Error as e:
+                    error = e
+            try:
+                self.txns.close(sync=not self.readonly)
+            finally:
+                if error is not None:
+                    raise error
+
+    def reentered(self) -> bool:
+        """Whether this thread is inside a call on this store (only the garbage collector
+        closing a dropped Index gets here so: a fold or close then would deadlock)."""
+        return self.txns.gate.nested() or (self.buffer is not None and self.buffer.reentered())
+
+    def forget_log(self) -> None:
+        """In a forked child: let go of the parent's write-buffer log without touching it."""
+        if self.buffer is not None:
+            self.buffer.forget_log()
+
+    def fold(self) -> None:
+        """Commit this process's write buffer, if any (see writebuffer.WriteBuffer.fold)."""
+        if self.buffer is not None:
+            self.buffer.fold()
+
+    def buffered(self) -> int:
+        return self.buffer.n if self.buffer is not None else 0
+
+    # ------------------------------------------------------------ reads
+    def read_records(self, fn):
+        return self.txns.read_txn(self.records, fn)
+
+    def snapshot(self):
+        """Read transactions [records, shard 0, shard 1, ...] of one moment (see
+        Transactions.snapshot)."""
+        return self.txns.snapshot()
+
+    def get(self, idkey: bytes) -> Optional[bytes]:
+        self.check_open()
+        return self.read_records(lambda txn: records.get(txn, idkey, self.plan.words))
+
+    def count(self) -> int:
+        self.check_open()
+        return self.read_records(records.count)
+
+    def query(self, queries: np.ndarray, k: int, matches: bool = True) -> list:
+        return self.read(lambda ctx: ctx.query(self.plan.permuter, queries, k, None, matches))
+
+    def query_one(self, fp: int, k: int) -> list:
+        perm = self.plan.permuter
+        if self.plan.width != 64:
+            q = words_array([fp], self.plan.width)
+            return self.read(lambda ctx: ctx.query(perm, q, k, None, True))[0]
+        return self.read(lambda ctx: ctx.query_one(perm, fp, k))
+
+    # ------------------------------------------------------------ writes
+    def add(self, idkeys: list, fps: np.ndarray, metas: list, jobs: int = 1,
+            replace: bool = True) -> None:
+        """Commit records in chunks (each atomic and durable), then apply them to the shards
+        (`jobs` shards at once). replace=False: see protocol.commit."""
+        self.check_writable()
+        with self.write_lock:
+            prepared = protocol.commit_prepared(self.txns, self.records, self.plan, idkeys,
+                                                fps, metas, replace, jobs)
+            self.catch_up(lag=protocol.GROUP_LIMIT, jobs=jobs, prepared=prepared)
+
+    def add_unique(self, idkey: bytes, fp: int, meta: bytes, k: int,
+                   passing: Optional[Callable[[list], list]] = None) -> list:
+        """Insert unless a stored record is within k bits (and, with `passing`, among the
+        hits it returns); the core's hits of those that are. The records write transaction
+        is held while the index is queried and the hits judged, so of two near-identical
+        records added at once by any processes exactly one goes in."""
+        self.check_writable()
+        q = np.array([fp], dtype=np.uint64) if self.plan.width == 64 else \
+            words_array([fp], self.plan.width)
+
+        def admit(txn):
+            hits = self.read(lambda ctx: ctx.query(self.plan.permuter, q, k, txn))[0]
+            if hits and passing is not None:
+                hits = passing(hits)
+            if not hits:
+                records.put(txn, [idkey], q, [meta])
+            return hits
+        with self.write_lock:
+            found = self.txns.write(self.records, admit)
+            if not found:
+                self.catch_up(lag=protocol.LAG_LIMIT)
+        return found
+
+    def remove(self, idkey: bytes) -> bool:
+        self.check_writable()
+        with self.write_lock:
+            return self.txns.write(self.records, lambda txn: records.remove(txn, idkey))
+
+    def catch_up(self, lag: int = 0, jobs: int = 1,
+                 prepared: Optional[protocol.Prepared] = None) -> None:
+        """Bring the shards up to the last committed record, or within `lag` records of it
+        (protocol.catch_up)."""
+        with self.write_lock:
+            protocol.catch_up(self.txns, self.plan, lag=lag, jobs=jobs, prepared=prepared)
+
+    def compact(self) -> None:
+        """Merge each table's runs in each shard into one, dropping removed entries."""
+        self.check_writable()
+        with self.write_lock:
+            self.catch_up()
+
+            def live_state(txn):
+                return records.tail(txn, 0, 0, self.plan.words)[0], records.stale(txn)
+            live, stale = self.read_records(live_state)
+            # seqs above the snapshot's newest may belong to records added meanwhile
+            newest = int(live[-1]) if len(live) else 0
+            for env in self.shard_envs:
+                def merge_all(txn):
+                    w = ShardWriter(txn, self.plan.ntables, self.plan.words - 1)
+                    for t in range(self.plan.ntables):
+                        runs = [r for r, _ in w.table_runs(t)]
+                        # one run and no removed records: rewriting it would only free
+                        # its old pages, which LMDB keeps in the file
+                        if len(runs) > 1 or (runs and stale):
+                            w.merge(t, runs, live=live, newest=newest)
+                    w.save()
+                self.txns.write(env, merge_all, then=protocol.SHARD_WRITE_FAILED)
+            # removals made meanwhile stay counted
+            self.txns.write(self.records, lambda txn: records.add_stale(txn, -stale))
+
+    def flush(self) -> None:
+        """Bring every shard level and force every environment to disk."""
+        self.check_writable()
+        with self.write_lock:
+            self.catch_up()
+            self.txns.sync()

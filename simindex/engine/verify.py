@@ -1,0 +1,106 @@
+"""verify(): check every environment's pages, every record, every block, and every table
+against records/.
+
+LMDB aborts the process on a cursor step onto a damaged page, so the pages of the snapshot
+are walked with plain file reads first (simindex/engine/lmdbfile.py: their structure and the order
+of their keys); an environment with damaged pages is reported and not read through LMDB.
+Then every record is read with its checksum and every id entry must lead to the record that
+holds it; every block is read with its checksum, and each shard's entries of each table are
+compared with what the records say they must be.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import lmdbfile
+from ._blocks import read_run
+from ._layout import DB_BLOCKS, DB_IDS, DB_SEQS, shard_dir
+from ._records import records_problems
+from .records import tail
+from ..errors import CorruptError
+from .shard import load_state, runs_of
+
+
+def problems(store) -> list:
+    """What is wrong with the index of `store` (a list of str; [] when it is sound)."""
+    plan = store.plan
+    found = []
+    with store.snapshot() as txns:
+        # the pages of these snapshots stay unreused while they are open
+        for txn in txns:
+            f = os.path.join(txn.env.path, lmdbfile.DATA_MDB)
+            meta = lmdbfile.read_meta(f, txn.id)
+            if meta is not None:              # None: a newer commit raced past it
+                found += lmdbfile.walk(f, meta)
+        if found:
+            return found
+        rtxn, stxns = txns[0], txns[1:]
+        words = plan.words
+        found += records_problems(rtxn, DB_IDS, DB_SEQS, words)
+        if found:
+            return found
+        seqs, fps = tail(rtxn, 0, 0, words)
+        n_ids = rtxn.entries(DB_IDS)
+        if n_ids != len(seqs):
+            found.append(f"records: {n_ids} ids but {len(seqs)} records")
+        for s, txn in enumerate(stxns):
+            try:
+                applied, runs, _ = load_state(txn, plan.ntables)
+            except CorruptError as e:
+                found.append(f"{shard_dir(s)}: {e}")
+                continue
+            sel = seqs <= np.uint64(applied)
+            for t in range(plan.ntables):
+                keys = plan.permuter.keys(t, np.ascontiguousarray(fps[sel]))
+                mine = plan.shard_of_keys(keys) == np.uint64(s)
+                want = _sorted_pairs(keys[mine], seqs[sel][mine])
+                parts = []
+                for run, count in runs_of(runs, t):
+                    try:
+                        part = read_run(txn, DB_BLOCKS, run, count, True, words - 1)
+                        parts.append((part[0] if words == 1 else
+                                      np.column_stack([part[0], part[2]]), part[1]))
+                    except CorruptError as e:
+                        found.append(f"{shard_dir(s)} table {t}: {e}")
+                empty = np.empty((0,) if words == 1 else (0, words), np.uint64)
+                gk = np.concatenate([p[0] for p in parts]) if parts else empty
+                gs = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.uint64)
+                live = np.isin(gs, seqs)
+                have = _sorted_pairs(gk[live], gs[live])
+                if not np.array_equal(have, want):
+                    found.append(
+                        f"{shard_dir(s)} table {t}: holds {len(have)} live entries "
+                        f"for {len(want)} records, {len(np.setdiff1d(want, have))} missing, "
+                        f"{len(np.setdiff1d(have, want))} wrong")
+    return found
+
+
+def files(path: str) -> list:
+    """What is wrong with the data files of the index at `path` (a list of str), read with
+    plain file reads, never through LMDB: for an index too damaged to open."""
+    from . import manifest
+    from ._layout import RECORDS_DIR
+    try:
+        shards = manifest.read(path)["shards"]
+    except CorruptError as e:
+        return [str(e)]
+    found = []
+    for sub in [RECORDS_DIR] + [shard_dir(s) for s in range(shards)]:
+        found += lmdbfile.problems(os.path.join(path, sub))
+    return found
+
+
+def _sorted_pairs(keys, seqs):
+    """(key, seq) rows sorted, as one structured array for exact comparison (a wide key's
+    words are fields k0, k1, ...)."""
+    keys = keys[:, None] if keys.ndim == 1 else keys
+    names = [f"k{w}" for w in range(keys.shape[1])]
+    out = np.empty(len(keys), dtype=[(n, "<u8") for n in names] + [("s", "<u8")])
+    for w, n in enumerate(names):
+        out[n] = keys[:, w]
+    out["s"] = seqs
+    return np.sort(out, order=names + ["s"])
+
