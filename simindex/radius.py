@@ -186,7 +186,7 @@ def _check_recall(r: Any) -> float:
 
 COMMON = 32          # a hash bucket in more sample sets than this is common (see sample_pairs)
 # The exact check of a candidate pair: a call, then a merge of the two sorted sets (measured
-# on this project's machines: 8.4 us for two sets of 2,000 shingles)
+# on a 2-core VM: 8.4 us for two sets of 2,000 shingles)
 CHECK_NS, CHECK_NS_PER_SHINGLE = 3000.0, 2.1
 
 

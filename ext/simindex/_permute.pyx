@@ -169,7 +169,7 @@ cdef class Permuter:
 
         Table t's region ends at starts[t + 1] (the last at the arrays' end) and needs one
         slot more than its count: every record is written, and only a table's own advance
-        (no branch per record and table: 100M records, 10 tables, 8 shards took 24 s as a
+        (no branch per record and table: 100M records, 10 tables, 8 shards take 24 s as a
         pass per table and shard). A region too small raises ValueError."""
         cdef Py_ssize_t i, n = fps.shape[0], m, cap = out_k.shape[0]
         cdef int t, T = self.c.ntables

@@ -134,7 +134,7 @@ cdef int _put_records(MDB_txn *t, MDB_dbi ids, MDB_dbi sq, IdRef *refs,
     mdb_cursor_close(cur)
     cur = NULL
     # ids often come in key order (ascending int ids, a range): then there is nothing to
-    # sort (qsort took ~45 ms per 262,144 sorted ids, 17 s of a 100M build)
+    # sort (qsort takes ~45 ms per 262,144 sorted ids, 17 s of a 100M build)
     for j in range(1, <size_t>n):
         if _cmp_idref(&refs[j - 1], &refs[j]) > 0:
             qsort(refs, n, sizeof(IdRef), _cmp_idref)
