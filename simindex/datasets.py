@@ -42,7 +42,9 @@ from .radius import DEFAULT_RECALL, MEASURES, SAMPLE_ROWS, Calibration, calibrat
 from .radius import DEFAULT_SCHEME as SIMILARITY_SCHEME
 from .codec import Packed, check_fp, check_wide_fp, pack_meta, unpack_sketched
 from .errors import BadLine, Error, InputError, ParameterError
-from .fingerprints import DEFAULT_SCHEME, WORD_SCHEMES, fingerprint, pass_args, schemes
+from .fingerprints import (
+    DEFAULT_SCHEME, WORD_SCHEMES, fingerprint, pass_args, scheme_name, schemes,
+)
 from .index import Index
 from .inputs import parse_fp
 from .pairs import find_all
@@ -441,6 +443,8 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
     if on_error not in ("stop", "skip") and not callable(on_error):
         raise ParameterError(f"on_error must be 'stop', 'skip' or a callable, got "
                              f"{on_error!r}")
+    if scheme is not None:
+        scheme = scheme_name(scheme)
     measure = MEASURES[1] if containment else MEASURES[0]
     summary = summary if summary is not None else Summary()
     pool: Any = None

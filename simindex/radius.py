@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _text
 from .errors import InputError, ParameterError
-from .fingerprints import WORD_SCHEMES, pass_args, scheme_width, schemes
+from .fingerprints import WORD_SCHEMES, pass_args, scheme_name, scheme_width, schemes
 from .plan import default_plan, query_cost
 from .similarity import shingle_set
 
@@ -323,10 +323,7 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
                              f"{expected_rows!r}")
     if widths is not None and not list(widths):
         raise ParameterError("widths must name at least one width")
-    scheme = DEFAULT_SCHEME if scheme is None else scheme
-    if scheme not in schemes:
-        raise ParameterError(f"unknown fingerprint scheme {scheme!r}; known: "
-                             f"{', '.join(schemes)}")
+    scheme = scheme_name(DEFAULT_SCHEME if scheme is None else scheme)
     if measure not in MEASURES:
         raise ParameterError(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}")
     texts = [x for x in texts]

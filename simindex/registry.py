@@ -12,7 +12,7 @@ import threading
 
 from . import manifest
 from .errors import ParameterError, ParameterTypeError
-from .fingerprints import scheme_name, scheme_width
+from .fingerprints import known_scheme, scheme_name, scheme_width
 from .store import Store
 
 _registry: dict = {}
@@ -38,6 +38,8 @@ def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None,
     if scheme is not None:
         scheme = scheme_name(scheme)               # a clear error for an unknown name
         scheme_width(scheme, 64 if width is None else width)   # and one without the width
+    if isinstance(calibration, dict) and known_scheme(calibration.get("scheme")):
+        calibration = dict(calibration, scheme=known_scheme(calibration["scheme"]))
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise ParameterTypeError(f"path must be a str, bytes or os.PathLike, got "
                                  f"{type(path).__name__} {path!r:.60}")

@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The compiled part of fingerprinting features and of the compatibility schemes: token
-hashing and the simhash bit vote at 64, 128 and 256 bits, the vote over the shingles of
+"""The compiled part of fingerprinting features and of the compatibility schemes
+(pypi-simhash, seomoz-simhash and md5-128-notebook; simindex/fingerprints.py names them):
+token hashing and the simhash bit vote at 64, 128 and 256 bits, the vote over the shingles of
 space-joined tokens or of characters, and the generator of random hyperplanes. (The schemes
 of casefolded words, simindex-v1 and minhash-v1, read their texts in _text.)
 
@@ -33,7 +34,8 @@ cdef extern from *:
         return v;
     }
     /* Token hash kinds (simindex/fingerprints.py names them), each with its natural width:
-       0 xxh3-64; 1 md5 (128); 2 md5-first8 (64, simhash-py); 3 xxh3-128 (high word first);
+       0 xxh3-64; 1 md5 (128; pypi-simhash, md5-128-notebook); 2 md5-first8 (64, simhash-py:
+       seomoz-simhash); 3 xxh3-128 (high word first);
        4 xxh3-128x2 (256: xxh3-128 with seed 0, then with seed 1); 5 sha256.
        si_hash writes the low `words` words of the hash, most significant first, so a hash
        wider than the signature gives its low bits (PyPI simhash's truncation). */
