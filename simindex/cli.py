@@ -28,6 +28,23 @@ from .engine.plan import (
 BATCH = 100_000
 
 
+class _SchemeChoice(click.Choice):
+    """A fingerprint scheme's name: the names are the choices shown, and an alias is taken
+    as its scheme's name."""
+
+    def __init__(self) -> None:
+        super().__init__(list(schemes))
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value in schemes:
+            return schemes[value].name
+        return super().convert(value, param, ctx)
+
+
+SCHEME = _SchemeChoice()
+ALIASES = ", ".join(f"{a} for {s.name}" for s in schemes.values() for a in s.aliases)
+
+
 def _progress(quiet, total=None, unit="rec"):
     """A tqdm bar on an interactive stderr, otherwise nothing."""
     if quiet or sys.stderr is None or not sys.stderr.isatty():
@@ -167,8 +184,8 @@ def cli():
 @click.option("--shards", type=int, help="Shards, a divisor of 256 (new index; default 16).")
 @click.option("--expected", type=click.IntRange(0), help="Fingerprints the new index will "
               "hold: picks the blocks of least estimated query time (see `simindex plan`).")
-@click.option("--scheme", type=click.Choice(list(schemes)), help="Text fingerprint scheme "
-              "(new index; default simindex-v1).")
+@click.option("--scheme", type=SCHEME, help="Text fingerprint scheme "
+              f"(new index; default simindex-v1; aliases: {ALIASES}).")
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Shards written at once (threads; with --ray every shard has its actor).")
 @ray_option
@@ -481,8 +498,9 @@ def plan(size, k, width, top):
               "each width's k must find.")
 @click.option("--containment", is_flag=True, help="Calibrate for the share of a row's "
               "shingles found in an earlier row, not the Jaccard similarity.")
-@click.option("--scheme", type=click.Choice(list(schemes)), default="minhash-v1",
-              show_default=True, help="The fingerprint scheme to calibrate.")
+@click.option("--scheme", type=SCHEME, default="minhash-v1",
+              show_default=True, help="The fingerprint scheme to calibrate (aliases: "
+              f"{ALIASES}).")
 @click.option("--width", type=click.Choice(["64", "128", "256"]), help="Weigh only this "
               "width (default: every width of the scheme).")
 @click.option("--sample", type=click.IntRange(2), help="Rows read from the start of the "
@@ -539,8 +557,9 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
 @click.option("--k", type=click.IntRange(0, 255), help="Bits of difference that make a "
               "near-duplicate (default 3, or calibrated with --min-similarity; with an "
               "existing --index, at most its k).")
-@click.option("--scheme", type=click.Choice(list(schemes)), help="Fingerprint scheme of a new "
-              "index (default simindex-v1; minhash-v1 with --min-similarity).")
+@click.option("--scheme", type=SCHEME, help="Fingerprint scheme of a new "
+              "index (default simindex-v1; minhash-v1 with --min-similarity; aliases: "
+              f"{ALIASES}).")
 @click.option("--width", type=click.Choice(["64", "128", "256"]), help="Bits per fingerprint "
               "of a new index (default 64, or calibrated with --min-similarity).")
 @click.option("--index", "index_dir", help="Keep the index here: a later run removes what "

@@ -15,10 +15,8 @@ from .engine.codec import (
     MAX_FP, Packed, check_fp, check_wide_fp, encode_id, encode_records, fp_array, pack_meta,
     words_array,
 )
-from .errors import (
-    FormatError, InputError, InputTypeError, ParameterError, ReadOnlyError, closed_error,
-)
-from .signatures.fingerprints import DEFAULT_SCHEME, check_stored, scheme_name, scheme_width
+from .errors import InputError, InputTypeError, ParameterError, ReadOnlyError, closed_error
+from .signatures.fingerprints import DEFAULT_SCHEME, scheme_name, scheme_width
 from .signatures.fingerprints import fingerprint as _fingerprint
 from .engine.pairs import group_pairs, stored_pairs
 from .engine.plan import DEFAULT_K, Plan, default_plan, default_shards
@@ -102,17 +100,11 @@ class Index:
         elif isinstance(path, (str, bytes, os.PathLike)) and \
                 not os.path.exists(os.path.join(os.fsdecode(os.fspath(path)), MANIFEST)):
             scheme = DEFAULT_SCHEME                    # what a new index records
-        store = registry.acquire(path, k=k, blocks=blocks, shards=shards, create=create,
-                                 readonly=readonly, sync=sync, scheme=scheme,
-                                 prefix_blocks=prefix_blocks, width=width,
-                                 calibration=calibration, lock=lock)
-        try:
-            check_stored(store.manifest.get("scheme"), os.path.join(store.path, MANIFEST))
-        except FormatError:
-            registry.release(store)
-            raise
-        self._store = store
-        self.path = store.path
+        self._store = registry.acquire(path, k=k, blocks=blocks, shards=shards, create=create,
+                                       readonly=readonly, sync=sync, scheme=scheme,
+                                       prefix_blocks=prefix_blocks, width=width,
+                                       calibration=calibration, lock=lock)
+        self.path = self._store.path
 
     # ------------------------------------------------------------ lifetime
     def close(self) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 
 from .signatures import _text
 from .errors import InputError, ParameterError
-from .signatures.fingerprints import WORD_SCHEMES, pass_args, scheme_width, schemes
+from .signatures.fingerprints import WORD_SCHEMES, pass_args, scheme_name, scheme_width, schemes
 from .engine.plan import default_plan, query_cost
 from .signatures.similarity import shingle_set
 
@@ -186,7 +186,7 @@ def _check_recall(r: Any) -> float:
 
 COMMON = 32          # a hash bucket in more sample sets than this is common (see sample_pairs)
 # The exact check of a candidate pair: a call, then a merge of the two sorted sets (measured
-# on this project's machines: 8.4 us for two sets of 2,000 shingles)
+# on a 2-core VM: 8.4 us for two sets of 2,000 shingles)
 CHECK_NS, CHECK_NS_PER_SHINGLE = 3000.0, 2.1
 
 
@@ -323,10 +323,7 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
                              f"{expected_rows!r}")
     if widths is not None and not list(widths):
         raise ParameterError("widths must name at least one width")
-    scheme = DEFAULT_SCHEME if scheme is None else scheme
-    if scheme not in schemes:
-        raise ParameterError(f"unknown fingerprint scheme {scheme!r}; known: "
-                             f"{', '.join(schemes)}")
+    scheme = scheme_name(DEFAULT_SCHEME if scheme is None else scheme)
     if measure not in MEASURES:
         raise ParameterError(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}")
     texts = [x for x in texts]

@@ -105,7 +105,7 @@ def _scheme(settings: BaseSettings) -> Optional[str]:
     if value is not None and value not in schemes:
         raise ParameterError(f"SIMINDEX_SCHEME {value!r:.60} is not a fingerprint scheme; "
                              f"known: {', '.join(schemes)}")
-    return value
+    return None if value is None else schemes[value].name
 
 
 def _show(id: Id) -> str:

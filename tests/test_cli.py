@@ -220,7 +220,7 @@ def test_bad_meta_deep_json_and_corrupt_gzip_are_bad_lines(tmp_path):
 
 
 def test_surrogates_bom_and_closed_streams(tmp_path):
-    p = run("build", tmp_path / "i", "--scheme", "seomoz",
+    p = run("build", tmp_path / "i", "--scheme", "seomoz-simhash",
             input='{"id": "x", "text": "\\ud800 a b c d"}\n', check=1)
     assert "<stdin>:1: text is not valid Unicode" in p.stderr
     (tmp_path / "bom.tsv").write_bytes(b"\xef\xbb\xbfa\t1\n")

@@ -35,7 +35,7 @@ def ref_v1(text):
     return vote((xxhash.xxh3_64_intdigest(" ".join(w).encode()), 1) for w in wins)
 
 
-def ref_1e0ng(text):
+def ref_pypi_simhash(text):
     content = "".join(re.findall("[\\w\u4e00-\u9fcc]+", text.lower()))
     grams = [content[i:i + 4] for i in range(max(len(content) - 3, 1))]
     counts = {}
@@ -45,7 +45,7 @@ def ref_1e0ng(text):
                 for g, w in counts.items())
 
 
-def ref_seomoz(text):
+def ref_seomoz_simhash(text):
     toks = text.split()
     wins = [toks[i:i + 4] for i in range(len(toks) - 3)]
     return vote((int.from_bytes(hashlib.md5(" ".join(w).encode()).digest()[:8], "big"), 1)
@@ -64,7 +64,7 @@ GOLDEN_V1 = {
     "incididunt ut labore et dolore magna aliqua.": 0x31fa0399b988e286,
 }
 
-GOLDEN_SEOMOZ = {
+GOLDEN_SEOMOZ_SIMHASH = {
     "The quick brown fox jumps over the lazy dog.": 0xa3038b15238a9081,
     "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor "
     "incididunt ut labore et dolore magna aliqua.": 0x1434c3812e844222,
@@ -96,13 +96,13 @@ def test_simindex_v1_golden_vectors(text, fp):
     assert ref_v1(text) == fp
 
 
-@pytest.mark.parametrize("text,fp", GOLDEN_SEOMOZ.items())
-def test_seomoz_golden_vectors(text, fp):
-    assert simindex.fingerprint(text, scheme="seomoz") == fp
-    assert ref_seomoz(text) == fp
+@pytest.mark.parametrize("text,fp", GOLDEN_SEOMOZ_SIMHASH.items())
+def test_seomoz_simhash_golden_vectors(text, fp):
+    assert simindex.fingerprint(text, scheme="seomoz-simhash") == fp
+    assert ref_seomoz_simhash(text) == fp
 
 
-def test_seomoz_compute_vectors():
+def test_seomoz_simhash_compute_vectors():
     # simhash-py's own test vectors for compute()
     assert simindex.compute([0xABCD, 0xBCDE, 0xCDEF]) == 0xADCF
     assert simindex.compute([0xDEADBEEF] * 100) == 0xDEADBEEF
@@ -117,7 +117,7 @@ def test_v1_matches_reference_on_real_texts():
             assert simindex.fingerprint(text) == ref_v1(text)
 
 
-def test_1e0ng_is_bit_exact_with_pypi_simhash_on_real_and_random_texts():
+def test_pypi_simhash_scheme_is_bit_exact_with_the_package_on_real_and_random_texts():
     from simhash import Simhash
     rng = random.Random(11)
     alphabet = "abcdefghij KLM 123 ßçé 你好 _-,.!\n\t"
@@ -127,7 +127,7 @@ def test_1e0ng_is_bit_exact_with_pypi_simhash_on_real_and_random_texts():
     for text in texts:
         if not re.search("[\\w\u4e00-\u9fcc]", text.lower()):
             continue
-        fp = simindex.fingerprint(text, scheme="1e0ng")
+        fp = simindex.fingerprint(text, scheme="pypi-simhash")
         try:
             want = Simhash(text).value
         except OverflowError:
@@ -135,13 +135,13 @@ def test_1e0ng_is_bit_exact_with_pypi_simhash_on_real_and_random_texts():
             # 4-gram seen more than 255 times raises. Its arithmetic under NumPy 1 is the
             # plain weighted vote, checked here by the reference instead.
             overflow += 1
-            want = ref_1e0ng(text)
+            want = ref_pypi_simhash(text)
         assert fp == want, text[:80]
         checked += 1
     assert checked > 500 and overflow < checked // 4
 
 
-def test_1e0ng_features_are_bit_exact_with_pypi_simhash():
+def test_md5_last8_features_are_bit_exact_with_pypi_simhash():
     from simhash import Simhash
     rng = random.Random(5)
     for _ in range(200):
@@ -198,7 +198,7 @@ def test_one_token_edit_moves_few_bits_on_long_texts():
             continue
         edited = list(words)
         edited[rng.randrange(len(words))] = "simindexedit"
-        for scheme in ("simindex-v1", "seomoz"):
+        for scheme in ("simindex-v1", "seomoz-simhash"):
             moved.append(simindex.hamming(simindex.fingerprint(text, scheme=scheme),
                                           simindex.fingerprint(" ".join(edited), scheme=scheme)))
     assert len(moved) > 40
@@ -215,8 +215,8 @@ def test_shingles():
 
 def test_tokenize():
     assert simindex.tokenize("Hello, WORLD! 你好") == ["hello", "world", "你", "好"]
-    assert simindex.tokenize("Ab, c!", scheme="1e0ng") == ["a", "b", "c"]
-    assert simindex.tokenize(" a  b\tc\n", scheme="seomoz") == ["a", "b", "c"]
+    assert simindex.tokenize("Ab, c!", scheme="pypi-simhash") == ["a", "b", "c"]
+    assert simindex.tokenize(" a  b\tc\n", scheme="seomoz-simhash") == ["a", "b", "c"]
 
 
 # ---------------------------------------------------------------- short texts and bad input
@@ -229,11 +229,11 @@ def test_short_and_empty_texts():
             simindex.fingerprint("", scheme=scheme)
         with pytest.raises(simindex.InputError, match="no tokens"):
             simindex.fingerprint(" \t\n ", scheme=scheme)
-        if scheme not in ("seomoz", "memosstilvi"):         # there "..." is a token
+        if scheme not in ("seomoz-simhash", "md5-128-notebook"):   # there "..." is a token
             with pytest.raises(simindex.InputError, match="no tokens"):
                 simindex.fingerprint("  ...  ", scheme=scheme)
     with pytest.raises(simindex.InputError, match="at least 4"):
-        simindex.fingerprint("only three words", scheme="seomoz")
+        simindex.fingerprint("only three words", scheme="seomoz-simhash")
 
 
 @pytest.mark.parametrize("features,exc,words", [
@@ -277,15 +277,15 @@ def test_bad_parameters():
 
 def test_index_text_calls_use_the_recorded_scheme(tmp_path):
     doc = " ".join(f"word{i}" for i in range(200))
-    with simindex.Index(tmp_path / "i", scheme="seomoz") as idx:
-        assert idx.scheme == "seomoz"
+    with simindex.Index(tmp_path / "i", scheme="seomoz-simhash") as idx:
+        assert idx.scheme == "seomoz-simhash"
         fp = idx.add_text("d1", doc, meta={"n": 1})
-        assert fp == simindex.fingerprint(doc, scheme="seomoz")
+        assert fp == simindex.fingerprint(doc, scheme="seomoz-simhash")
         assert [m.id for m in idx.query_text(doc + " tail")] == ["d1"]
         assert [m.id for m in idx.add_unique_text("d2", doc)] == ["d1"]
         assert "d2" not in idx
     with simindex.Index(tmp_path / "i") as idx:
-        assert idx.scheme == "seomoz"
+        assert idx.scheme == "seomoz-simhash"
     with pytest.raises(simindex.ParameterError, match="scheme='simindex-v1' was given"):
         simindex.Index(tmp_path / "i", scheme="simindex-v1")
     with pytest.raises(simindex.ParameterError, match="unknown fingerprint scheme"):
@@ -323,8 +323,8 @@ def test_v1_han_and_kana_ranges_are_tokens_even_when_not_word_characters():
 
 def test_lone_surrogates_are_input_errors_where_they_would_be_hashed():
     with pytest.raises(simindex.InputError, match="lone surrogate"):
-        simindex.fingerprint("\ud800 a b c d e", scheme="seomoz")   # split keeps it
-    # simindex-v1 and 1e0ng keep word characters only, and a surrogate is none
-    for scheme in ("simindex-v1", "1e0ng"):
+        simindex.fingerprint("\ud800 a b c d e", scheme="seomoz-simhash")   # split keeps it
+    # simindex-v1 and pypi-simhash keep word characters only, and a surrogate is none
+    for scheme in ("simindex-v1", "pypi-simhash"):
         assert simindex.fingerprint("\ud800 a b c d e", scheme=scheme) == \
             simindex.fingerprint("a b c d e", scheme=scheme)

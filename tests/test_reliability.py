@@ -255,8 +255,8 @@ def _second_leaf_of(f, db):
 
 
 def test_a_damaged_page_is_reported_by_verify_not_an_lmdb_abort(tmp_path):
-    # regression: LMDB fails an assertion (abort, a host crash) when a cursor steps onto
-    # a zeroed leaf page; verify() walks the pages with plain reads first
+    # LMDB fails an assertion (abort, a host crash) when a cursor steps onto a zeroed
+    # leaf page; verify() walks the pages with plain reads first
     path = tmp_path / "i"
     with simindex.Index(path, k=3, shards=2) as idx:
         idx.add_many([f"d{i}" for i in range(5000)],
@@ -277,8 +277,9 @@ def test_a_damaged_page_is_reported_by_verify_not_an_lmdb_abort(tmp_path):
 
 
 def test_a_damaged_record_size_is_an_error_not_a_sigbus(tmp_path):
-    # regression (deep corrupt seed 1163): LMDB trusts a node's size, so a flipped one made
-    # a query copy past the end of the file; the core checks values against their pages
+    # the damage of the deep corrupt sweep's seed 1163: LMDB trusts a node's size, so a
+    # flipped one would make a query copy past the end of the file; the core checks values
+    # against their pages
     path = tmp_path / "i"
     fps = np.random.default_rng(0).integers(0, 2**64, 5000, dtype=np.uint64)
     with simindex.Index(path, k=3, shards=2) as idx:

@@ -1,5 +1,6 @@
-"""Fingerprints of 128 and 256 bits: the memosstilvi/simhash notebook bit for bit, PyPI simhash f=128,
-every named token hash against its library, callables, compute, and the errors."""
+"""Fingerprints of 128 and 256 bits: md5-128-notebook as the memosstilvi/simhash notebook bit
+for bit, pypi-simhash as PyPI simhash f=128, every named token hash against its library,
+callables, compute, and the errors."""
 
 import hashlib
 import re
@@ -80,33 +81,33 @@ GOLDEN_V1_WIDE = {   # frozen: a change here is a new scheme
 
 
 def test_the_notebooks_output_is_reproduced_bit_for_bit():
-    fp = simindex.fingerprint(str(NOTEBOOK_DATA), scheme="memosstilvi")
+    fp = simindex.fingerprint(str(NOTEBOOK_DATA), scheme="md5-128-notebook")
     assert format(fp, "0128b") == NOTEBOOK_OUTPUT
     assert notebook_simhash(str(NOTEBOOK_DATA)) == NOTEBOOK_OUTPUT    # the restated oracle
 
 
 @given(st.text(alphabet=st.sampled_from("ab c,;\t\n\u00a0\u2003xyzé,"), max_size=60))
-def test_memosstilvi_equals_the_notebook_on_any_text(text):
+def test_md5_128_notebook_equals_the_notebook_on_any_text(text):
     expected = notebook_simhash(text)
-    if not simindex.tokenize(text, scheme="memosstilvi"):
+    if not simindex.tokenize(text, scheme="md5-128-notebook"):
         with pytest.raises(simindex.InputError, match="no tokens"):
-            simindex.fingerprint(text, scheme="memosstilvi")
+            simindex.fingerprint(text, scheme="md5-128-notebook")
         assert expected == "0" * 128                                   # the notebook's value
     else:
-        assert format(simindex.fingerprint(text, scheme="memosstilvi"), "0128b") == expected
+        assert format(simindex.fingerprint(text, scheme="md5-128-notebook"), "0128b") == expected
 
 
-def test_memosstilvi_equals_the_notebook_on_real_texts():
+def test_md5_128_notebook_equals_the_notebook_on_real_texts():
     for text in real_texts(60):
         if text.split():
-            assert format(simindex.fingerprint(text, scheme="memosstilvi"), "0128b") == \
+            assert format(simindex.fingerprint(text, scheme="md5-128-notebook"), "0128b") == \
                 notebook_simhash(text)
 
 
 # ---------------------------------------------------------------- PyPI simhash at f=128
 
 
-def test_1e0ng_at_128_bits_is_bit_exact_with_pypi_simhash():
+def test_pypi_simhash_scheme_at_128_bits_is_bit_exact_with_the_package():
     rng = np.random.default_rng(5)
     texts = [t for t in real_texts(120)]
     texts += ["".join(rng.choice(list("abcdefgh 中文,."), size=rng.integers(1, 200)))
@@ -119,7 +120,7 @@ def test_1e0ng_at_128_bits_is_bit_exact_with_pypi_simhash():
             continue
         if not re.findall("[\\w\u4e00-\u9fcc]+", t.lower()):
             continue
-        assert simindex.fingerprint(t, scheme="1e0ng", width=128) == expected, t[:80]
+        assert simindex.fingerprint(t, scheme="pypi-simhash", width=128) == expected, t[:80]
         compared += 1
     assert compared > 250
 
@@ -154,21 +155,21 @@ def test_simindex_v1_matches_the_reference_at_every_width(width):
 def test_schemes_name_their_widths():
     assert simindex.WIDTHS == (64, 128, 256)
     assert simindex.schemes["simindex-v1"].widths == (64, 128, 256)
-    assert simindex.schemes["1e0ng"].widths == (64, 128)
-    assert simindex.schemes["seomoz"].widths == (64,)
-    assert simindex.schemes["memosstilvi"].widths == (128,)
-    assert simindex.fingerprint("a b c", scheme="memosstilvi") >> 64       # 128 by default
+    assert simindex.schemes["pypi-simhash"].widths == (64, 128)
+    assert simindex.schemes["seomoz-simhash"].widths == (64,)
+    assert simindex.schemes["md5-128-notebook"].widths == (128,)
+    assert simindex.fingerprint("a b c", scheme="md5-128-notebook") >> 64       # 128 by default
     with pytest.raises(simindex.ParameterError, match="makes 64, 128-bit .* not 256"):
-        simindex.fingerprint("a b c", scheme="1e0ng", width=256)
+        simindex.fingerprint("a b c", scheme="pypi-simhash", width=256)
     with pytest.raises(simindex.ParameterError, match="not 128"):
-        simindex.fingerprint("a b c d e", scheme="seomoz", width=128)
+        simindex.fingerprint("a b c d e", scheme="seomoz-simhash", width=128)
     with pytest.raises(simindex.ParameterError, match="not supported"):
         simindex.fingerprint("a b c", width=96)
 
 
 def test_an_index_refuses_a_scheme_without_its_width(tmp_path):
     with pytest.raises(simindex.ParameterError, match="makes 128-bit fingerprints, not 64"):
-        simindex.Index(tmp_path / "i", scheme="memosstilvi")
+        simindex.Index(tmp_path / "i", scheme="md5-128-notebook")
     assert not (tmp_path / "i").exists()
 
 

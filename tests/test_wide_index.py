@@ -181,9 +181,9 @@ def test_wide_errors_name_the_width(tmp_path):
                        "was built with width=128"):
         simindex.Index(tmp_path / "i", width=256)
     with pytest.raises(simindex.ParameterError, match="seomoz.* not 128"):
-        simindex.Index(tmp_path / "s", width=128, scheme="seomoz")
-    with simindex.Index(tmp_path / "m", width=128, k=20, scheme="memosstilvi") as idx:
-        assert idx.scheme == "memosstilvi"
+        simindex.Index(tmp_path / "s", width=128, scheme="seomoz-simhash")
+    with simindex.Index(tmp_path / "m", width=128, k=20, scheme="md5-128-notebook") as idx:
+        assert idx.scheme == "md5-128-notebook"
     with pytest.raises(simindex.ParameterError, match="width \\(96\\) must be 64, 128 or 256"):
         simindex.Index(tmp_path / "w", width=96)
 

@@ -11,8 +11,9 @@ Peers (skipped with a note when not installed): faiss-cpu IndexBinaryMultiHash (
 nflip=0; nhash=2 b=32 nflip=1; faiss keeps dis < radius, so radius k+1) and IndexBinaryFlat;
 PyPI simhash 2.1.2 SimhashIndex (on --simhash-n fingerprints: it is slow to build); seomoz
 simhash-py 0.4.0 find_all, from --simhash-py SITE_PACKAGES (its sdist does not build on
-Python 3.11 as shipped and its module name clashes with PyPI simhash: docs/benchmarks.md says how it was
-built beside the project; its compiled module is loaded here under another name).
+Python 3.11 as shipped and its module name clashes with PyPI simhash: build it in an
+environment of its own and name that environment's site-packages; its compiled module is
+loaded here under another name).
 """
 
 import argparse
@@ -130,9 +131,9 @@ def bench_simindex(fps, queries, k, sample, truth, rows, root, incremental, plan
     rows.append(Row("simindex", "disk, tables only, per fp per table", shards / n / tables, "B",
                     note=f"  (with records/: "
                          f"{du(path) / n / tables:.1f} B)"))
-    # fresh query processes on the index as built (n records, like the peers' indexes;
-    # before 2026-11-24 they ran after the incremental batches below, on 2n records), with
-    # this process's handle closed: pages it maps could not be dropped from the cache
+    # fresh query processes on the index as built (n records, like the peers' indexes, not
+    # the 2n of the incremental batches below), with this process's handle closed: pages
+    # it maps could not be dropped from the cache
     idx.close()
     warm = query_process(path, queries, k, root, cold=False)
     rows.append(Row("simindex", "query process: private RSS", warm[1], "MB",
@@ -155,11 +156,10 @@ def bench_simindex(fps, queries, k, sample, truth, rows, root, incremental, plan
     # thread scaling: the batch above called 4 times, in turn on 1 thread and 2 calls on
     # each of 2 threads, so every call does the same work (seven interleaved pairs, the
     # median pair reported: one pair takes ~0.1 s, so a stray process on the other core,
-    # or a neighbour on the host's shared cache, could decide it). Until 2026-11-24 each
-    # thread made one call on half of 4 copies of the batch: the two calls then built
-    # their results (under the GIL) at the same moment, and each resolved every record
-    # it hit twice where the 1-thread call, on all 4 copies, resolved it once; that
-    # layout's ratio is printed beside.
+    # or a neighbour on the host's shared cache, could decide it). Beside it, the ratio of
+    # one call per thread on half of 4 copies of the batch: there the two calls build
+    # their results (under the GIL) at the same moment, and each resolves every record it
+    # hits twice where the 1-thread call, on all 4 copies, resolves it once.
     calls = [queries] * 4
     halves = np.array_split(np.concatenate(calls), 2)
     pairs, halved = [], []

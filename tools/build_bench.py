@@ -5,15 +5,15 @@
 The same data as tools/bench.py (fixed seed, near-duplicates planted). Each round times
 simindex's `add_many` into a new index (durable: it returns after the fsyncs) and faiss
 IndexBinaryMultiHash 4x16's `add` (in RAM, one thread), one after the other, each in a
-fresh process that loads the data first (untimed). Fresh processes, because on this VM
-the first touch of fresh memory costs ~4 µs per 4 KiB page and a build allocates
-gigabytes: faiss's 100M `add` took 119-143 s in tools/bench.py's process and 30 s in one
-whose heap held pages another build had freed. The ratio is reported per round, as the
-median and range of the rounds.
+fresh process that loads the data first (untimed). Fresh processes, because on a VM
+whose host takes back freed memory the first touch of fresh memory costs ~4 µs per 4 KiB
+page and a build allocates gigabytes: on the benchmarks' VM faiss's 100M `add` takes
+119-143 s in tools/bench.py's process and 30 s in one whose heap holds pages another build
+freed. The ratio is reported per round, as the median and range of the rounds.
 
-This VM's host takes back the memory the guest frees (free page reporting): the first
+Where the host takes back the memory the guest frees (free page reporting), the first
 write of each 4 KiB page after that costs ~7 us instead of ~0.7 us, and a durable 100M
-build puts ~11 GB into the page cache. The tool prints that cost as measured first.
+build puts ~11 GB into the page cache. The tool measures and prints that cost first.
 `--keep-freed-memory` (root) stops the reporting for the run (restored at the end), so the
 rounds after the first run on memory the guest keeps, as on a machine without it.
 """

@@ -44,8 +44,8 @@ NUM_PERM = 128
 THRESHOLDS = (0.5, 0.7, 0.9)
 # (scheme, width, the k swept): 64-bit k 0..12, 128-bit k 0..28
 CONFIGS = (("simindex-v1", 64, range(13)), ("simindex-v1", 128, range(0, 29, 2)),
-           ("seomoz", 64, range(13)), ("1e0ng", 64, range(13)),
-           ("1e0ng", 128, range(0, 29, 2)), ("memosstilvi", 128, range(0, 29, 2)))
+           ("seomoz-simhash", 64, range(13)), ("pypi-simhash", 64, range(13)),
+           ("pypi-simhash", 128, range(0, 29, 2)), ("md5-128-notebook", 128, range(0, 29, 2)))
 # candidates within k bits kept when the exact Jaccard of the scheme's shingles reaches the
 # threshold: what `simindex dedup --min-similarity` checks (k swept wider: the check keeps
 # precision, so a larger k buys recall)

@@ -1,11 +1,11 @@
-"""Fingerprinting speed on a real corpus, side by side with PyPI simhash 2.1.2 (1e0ng), at
+"""Fingerprinting speed on a real corpus, side by side with PyPI simhash 2.1.2, at
 64, 128 and 256 bits.
 
     python tools/fingerprint_bench.py [--dir /usr/share/doc] [--repeat 3]
 
 The corpus: every Debian copyright file, license text and Python standard library module on
 the machine (read once, then timed from memory). Each system fingerprints the same texts in
-the same process run, in rounds that alternate their order; the 1e0ng scheme is also
+the same process run, in rounds that alternate their order; the pypi-simhash scheme is also
 checked bit for bit against PyPI simhash.
 """
 
@@ -65,12 +65,14 @@ def main(argv=None):
           f"rounds; python {sys.version.split()[0]}")
     systems = {
         "simindex simindex-v1": simindex.fingerprint,
-        "simindex 1e0ng": lambda x: simindex.fingerprint(x, scheme="1e0ng"),
-        "simindex seomoz": lambda x: simindex.fingerprint(x, scheme="seomoz"),
+        "simindex pypi-simhash": lambda x: simindex.fingerprint(x, scheme="pypi-simhash"),
+        "simindex seomoz-simhash": lambda x: simindex.fingerprint(x, scheme="seomoz-simhash"),
         "simindex simindex-v1 width 128": lambda x: simindex.fingerprint(x, width=128),
         "simindex simindex-v1 width 256": lambda x: simindex.fingerprint(x, width=256),
-        "simindex 1e0ng width 128": lambda x: simindex.fingerprint(x, scheme="1e0ng", width=128),
-        "simindex memosstilvi (128)": lambda x: simindex.fingerprint(x, scheme="memosstilvi"),
+        "simindex pypi-simhash width 128": lambda x: simindex.fingerprint(
+            x, scheme="pypi-simhash", width=128),
+        "simindex md5-128-notebook": lambda x: simindex.fingerprint(
+            x, scheme="md5-128-notebook"),
         "simindex minhash-v1": lambda x: simindex.fingerprint(x, scheme="minhash-v1"),
         "simindex minhash-v1 width 256": lambda x: simindex.fingerprint(x, scheme="minhash-v1",
                                                                        width=256),
@@ -91,16 +93,17 @@ def main(argv=None):
     for name, t in times.items():
         print(f"{name:<34} {med[name]:8.3f} s ({min(t):.3f}-{max(t):.3f}) "
               f"{mb / med[name]:9.1f} MB/s {len(texts) / med[name]:10.0f} docs/s", flush=True)
-    for ours, ref, label in (("simindex 1e0ng", "PyPI simhash 2.1.2 Simhash(text)", "64"),
-                             ("simindex 1e0ng width 128", "PyPI simhash Simhash(text, f=128)",
-                              "128")):
+    for ours, ref, label in (("simindex pypi-simhash", "PyPI simhash 2.1.2 Simhash(text)",
+                              "64"),
+                             ("simindex pypi-simhash width 128",
+                              "PyPI simhash Simhash(text, f=128)", "128")):
         if ref not in outs:
             break
         same = sum(1 for x, y in zip(outs[ours], outs[ref]) if y is not None and x == y)
         failed = sum(1 for y in outs[ref] if y is None)
-        print(f"1e0ng at {label} bits bit-exact on {same} of {len(texts) - failed} texts PyPI "
-              f"simhash computes ({failed} raise OverflowError under NumPy 2); ratio of the "
-              f"medians PyPI / simindex: {med[ref] / med[ours]:.1f}x")
+        print(f"pypi-simhash at {label} bits bit-exact on {same} of {len(texts) - failed} "
+              f"texts PyPI simhash computes ({failed} raise OverflowError under NumPy 2); "
+              f"ratio of the medians PyPI / simindex: {med[ref] / med[ours]:.1f}x")
     return 0
 
 

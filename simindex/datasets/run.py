@@ -45,7 +45,7 @@ from ..engine.codec import Packed, pack_meta, unpack_sketched
 from ..values import check_fp, check_wide_fp
 from ..errors import BadLine, Error, InputError, ParameterError
 from ..signatures.fingerprints import (
-    DEFAULT_SCHEME, WORD_SCHEMES, fingerprint, pass_args, schemes,
+    DEFAULT_SCHEME, WORD_SCHEMES, fingerprint, pass_args, scheme_name, schemes,
 )
 from ..index import Index
 from ..inputs import parse_fp
@@ -445,6 +445,8 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
     if on_error not in ("stop", "skip") and not callable(on_error):
         raise ParameterError(f"on_error must be 'stop', 'skip' or a callable, got "
                              f"{on_error!r}")
+    if scheme is not None:
+        scheme = scheme_name(scheme)
     measure = MEASURES[1] if containment else MEASURES[0]
     summary = summary if summary is not None else Summary()
     pool: Any = None

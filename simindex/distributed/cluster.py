@@ -20,7 +20,7 @@ from ..engine.codec import (
 from ..errors import (
     InputError, MissingIndexError, ParameterError, ReadOnlyError, StorageError, closed_error,
 )
-from ..signatures.fingerprints import check_stored, fingerprint
+from ..signatures.fingerprints import fingerprint
 from ..engine.protocol import LAG_LIMIT
 from ..engine.results import (
     Id, Match, Record, check_verify, match_of, record_of, verified, verified_many,
@@ -91,7 +91,6 @@ class Cluster:
             raise MissingIndexError(f"no simindex index at {self.path} (create it with "
                                     f"simindex.Index or simindex.distributed.build)")
         self._manifest = manifest.read(self.path)
-        check_stored(self._manifest.get("scheme"), os.path.join(self.path, manifest.NAME))
         self.plan = plan_of(self.path)
         self.readonly = bool(readonly)
         self._client = uuid.uuid4().bytes

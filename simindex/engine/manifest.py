@@ -11,6 +11,7 @@ from ._layout import (
 )
 from .._version import __version__ as _version
 from .codec import pack, unpack
+from ..scheme_names import NAMES, known as known_scheme
 from ..errors import CorruptError, FormatError, NotAnIndexError, ParameterError, StorageError
 
 WIDTHS = (64, 128, 256)
@@ -69,7 +70,26 @@ def write(dirpath, manifest):
 
 
 def read(dirpath):
-    """The manifest of the index at `dirpath`, each field checked; raises with the reason."""
+    """The manifest of the index at `dirpath`, each field checked; raises with the reason.
+    Its scheme (and its calibration's) is the scheme's name, also where the file records an
+    alias: the file keeps what it records."""
+    return _named(_load(dirpath))
+
+
+def _named(m):
+    """`m` with the name of the scheme its `scheme` field names (itself or an alias)."""
+    scheme = m.get("scheme")
+    name = known_scheme(scheme)
+    if scheme is None or name == scheme:
+        return m
+    m = dict(m, scheme=name)
+    if isinstance(m.get("calibration"), dict):
+        m["calibration"] = dict(m["calibration"], scheme=name)
+    return m
+
+
+def _load(dirpath):
+    """The manifest as the file holds it, each field checked."""
     path = os.path.join(dirpath, NAME)
     try:
         with open(path, "rb") as f:
@@ -102,9 +122,10 @@ def read(dirpath):
                           f"{fmt}; this simindex reads {' or '.join(_LAYOUTS)} at width "
                           f"{WIDTH}, and {LAYOUT} in formats {FORMAT_FLIPS} and {FORMAT} at "
                           f"widths 128 and 256")
-    scheme = m.get("scheme")         # its name: the layer that makes fingerprints knows them
-    if scheme is not None and not isinstance(scheme, str):
-        raise CorruptError(f"{path}: field 'scheme' is {scheme!r:.60}, not a scheme's name")
+    scheme = m.get("scheme")
+    if scheme is not None and known_scheme(scheme) is None:
+        raise FormatError(f"{path}: the index uses fingerprint scheme {scheme!r}, which this "
+                          f"simindex does not know (known: {', '.join(NAMES)})")
     cal = m.get("calibration")
     if cal is not None and not _calibration_ok(cal, m):
         raise CorruptError(f"{path}: field 'calibration' is {cal!r:.200}, not the calibration "
@@ -131,7 +152,9 @@ def _calibration_ok(cal, m) -> bool:
         v = cal[name]
         if isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else kind):
             return False
-    return (cal["scheme"] == m.get("scheme") and cal["width"] == m.get("width") and
+    scheme = known_scheme(cal["scheme"])
+    return (scheme is not None and scheme == known_scheme(m.get("scheme")) and
+            cal["width"] == m.get("width") and
             cal["k"] == m.get("k") and 0 < cal["min_similarity"] <= 1 and
             0 < cal["recall"] < 1 and 0 <= cal["expected_recall"] <= 1 and
             cal["measure"] in ("jaccard", "containment"))
@@ -161,12 +184,14 @@ def check_same(manifest, **given):
 
 
 def upgrade(dirpath, m):
-    """Name the current block layout in an older index's manifest before writing to it."""
+    """Name the current block layout in an older index's manifest before writing to it
+    (every other field as the file holds it)."""
     if m.get("layout") == LAYOUT:
         return m
-    m = dict(m)
-    field, _ = _LAYOUTS[m["layout"]]
-    del m[field]
-    m.update(layout=LAYOUT, block_bytes=_LAYOUTS[LAYOUT][1])
-    write(dirpath, m)
-    return m
+    m = _load(dirpath)
+    if m["layout"] != LAYOUT:
+        field, _ = _LAYOUTS[m["layout"]]
+        del m[field]
+        m.update(layout=LAYOUT, block_bytes=_LAYOUTS[LAYOUT][1])
+        write(dirpath, m)
+    return _named(m)

@@ -32,9 +32,9 @@ NOMINAL_SIZE = 1 << 20   # the size the planner assumes for k >= FLIP_K without 
 FLIP_K = 8               # from here k + 1 blocks leave prefixes too short to pay
 
 
-# Query cost model of the planner, measured on this project's machines (1M-10M, k=3): a
-# table costs one seek (LMDB branch pages, a block header, a binary search: ~0.4 us of cache
-# misses) plus ~3 ns per candidate scanned in its prefix range.
+# Query cost model of the planner, measured on a 2-core VM (1M-10M, k=3; see
+# docs/benchmarks.md): a table costs one seek (LMDB branch pages, a block header, a binary
+# search: ~0.4 us of cache misses) plus ~3 ns per candidate scanned in its prefix range.
 SEEK_NS, SCAN_NS = 400.0, 3.0
 PLANNED_TABLES = 64          # the planner never picks more tables than this
 # Bytes per fingerprint: 10.1 per table entry and ~67 per record (block layout v2, after
@@ -47,8 +47,8 @@ CACHE_SHARE = 0.6            # of physical memory an index may count on for its 
 
 # Fingerprints per shard the planner aims at when told the expected size. Each batch of
 # records commits every shard it touches, one fsync each, so a small index wants few shards;
-# shards are also the unit of parallel writes (`jobs`) and of distribution (Ray). Measured
-# here (k=3, 4 tables, batches of 1,000 with sync; 1M / 10M): 1 shard 267k / 333k rec/s,
+# shards are also the unit of parallel writes (`jobs`) and of distribution (Ray). On the
+# same VM (k=3, 4 tables, batches of 1,000 with sync; 1M / 10M): 1 shard 267k / 333k rec/s,
 # 4 shards 156k / 125k, 16 shards 55k / 44k; queries and bulk builds alike in all three.
 SHARD_FPS = 1 << 24
 DEFAULT_SHARDS = 16

@@ -35,9 +35,9 @@ from .transactions import Transactions
 # records per records/ transaction of a large add. LMDB gives a transaction's pages in the
 # order it writes them, its seqs (records) then its ids, so the larger the transaction the
 # longer the stretches of seqs a cold query reads through the kernel's readahead (8 MiB on
-# this VM) without the ids it does not need: a cold batch at 1M read 64 MB of records/ with
-# 2**18 (seqs and ids in 10 and 7 MB stretches) and 40 MB with 2**20 (~65 MB of dirty pages
-# per transaction with short ids; LMDB spills beyond 512 MB)
+# the benchmarks' VM) without the ids it does not need: a cold batch at 1M reads 64 MB of
+# records/ with 2**18 (seqs and ids in 10 and 7 MB stretches) and 40 MB with 2**20 (~65 MB
+# of dirty pages per transaction with short ids; LMDB spills beyond 512 MB)
 RECORD_CHUNK = 1 << 20
 # records per shard application pass (64-bit; wide fingerprints: this over their words).
 # Each pass adds one run per table to a shard, and a later pass's run is merged into the
@@ -52,14 +52,15 @@ APPLY_CHUNK = 1 << 27
 # 8 groups, peak RSS 9.0 GB with the pass's seqs and fingerprints). Groups are sized so
 # that two sets of buffers fit this when they can: the next group is then gathered and
 # sorted on a second thread while one is written (100M, 4 tables: 8 groups of one shard,
-# peak RSS 7.0 GB as with 4 groups in one set; the build 59.8 -> 47.7-51.3 s)
+# peak RSS 7.0 GB as with 4 groups in one set; the build 47.7-51.3 s, 59.8 s without the
+# overlap)
 SORT_ENTRIES = 1 << 27
 # Group commit: add_many commits its records (the durability point) and applies them to
 # the shards only once they lag by this many records, so batches of 1,000 pay one records
 # commit each and the shards' commits and merges once per ~4 batches (100M, 10 tables:
-# 8 shard commits and fsyncs were 60% of a batch). Queries check the records not yet in
-# a shard directly; a read context keeps them across calls, so that costs each query a
-# pass over at most this many fingerprints, not a read of their records.
+# 8 shard commits and fsyncs on every batch would be 60% of its time). Queries check the
+# records not yet in a shard directly; a read context keeps them across calls, so that
+# costs each query a pass over at most this many fingerprints, not a read of their records.
 GROUP_LIMIT = 4096
 # records a shard may stay behind after add_unique (its admission query, inside the records
 # write, reads them from its own snapshot) and, with nothing new for it, on the Ray driver

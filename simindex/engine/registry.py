@@ -12,6 +12,7 @@ import threading
 
 from . import manifest
 from ..errors import ParameterError, ParameterTypeError
+from ..scheme_names import known as known_scheme
 from .store import Store
 
 _registry: dict = {}
@@ -34,6 +35,8 @@ def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None,
     """The process's store for the index at `path`, opening or creating it if needed.
     lock=False (read-only opens only) takes no LMDB reader locks; a store opened with locks
     serves such a handle too (locks are only safer), the other way round is refused."""
+    if isinstance(calibration, dict) and known_scheme(calibration.get("scheme")):
+        calibration = dict(calibration, scheme=known_scheme(calibration["scheme"]))
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise ParameterTypeError(f"path must be a str, bytes or os.PathLike, got "
                                  f"{type(path).__name__} {path!r:.60}")

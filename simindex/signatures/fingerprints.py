@@ -13,13 +13,15 @@ import math
 import numbers
 import re
 import unicodedata
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _fingerprint, _text
-from ..errors import FormatError, InputError, InputTypeError, ParameterError
+from ..errors import InputError, InputTypeError, ParameterError
+from ..scheme_names import aliases_of, known as known_scheme  # noqa: F401  (re-exported)
 
 WIDTHS = (64, 128, 256)
 DEFAULT_SCHEME = "simindex-v1"     # what a new index records unless told otherwise
@@ -27,7 +29,11 @@ _MAX_INT_WEIGHT_SUM = 1 << 62
 
 
 class Scheme(NamedTuple):
-    """Everything that decides a scheme's fingerprints; frozen once released."""
+    """Everything that decides a scheme's fingerprints; frozen once released.
+
+    `name` is what a new index records; `aliases` are other names every call that takes a
+    scheme also takes for it, and an index whose manifest records an alias opens as this
+    scheme and fingerprints alike."""
     name: str
     version: int
     tokenizer: str
@@ -38,6 +44,7 @@ class Scheme(NamedTuple):
     bit_rule: str
     short_text: str
     widths: tuple[int, ...] = (64,)
+    aliases: tuple[str, ...] = ()
 
 
 _BIT_RULE = "bit i set when sum(+w if bit i of the token hash else -w) > 0; ties clear"
@@ -45,8 +52,29 @@ _WORDS = ("NFKC normalization, then str.casefold(); tokens are runs of word char
           "(regex \\w), except that each Han, Hiragana or Katakana character is a token of "
           "its own")
 
-schemes = MappingProxyType({
-    "simindex-v1": Scheme(
+class _Schemes(Mapping[str, Scheme]):
+    """The read-only mapping name -> Scheme of every scheme under its name; a lookup (`[]`,
+    `in`, `get`) also takes an alias, which iterating and `len` leave out."""
+
+    def __init__(self, *entries: Scheme) -> None:
+        self._by_name = MappingProxyType({s.name: s for s in entries})
+        self._aliases = MappingProxyType({a: s.name for s in entries for a in s.aliases})
+
+    def __getitem__(self, name: str) -> Scheme:
+        return self._by_name[self._aliases.get(name, name)]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def __repr__(self) -> str:
+        return f"simindex.schemes({', '.join(self._by_name)})"
+
+
+schemes = _Schemes(
+    Scheme(
         name="simindex-v1", version=1, tokenizer=_WORDS, shingle_width=3, joiner="single space",
         hash="of the UTF-8 shingle, as an unsigned integer: xxh3-64 (seed 0) at width 64; "
              "xxh3-128 (seed 0) at 128; at 256, xxh3-128 with seed 0 (the high 128 bits) "
@@ -55,7 +83,7 @@ schemes = MappingProxyType({
         bit_rule=_BIT_RULE,
         short_text="fewer than 3 tokens: one shingle of all of them; no token: InputError",
         widths=(64, 128, 256)),
-    "minhash-v1": Scheme(
+    Scheme(
         name="minhash-v1", version=1, tokenizer=_WORDS, shingle_width=3,
         joiner="single space",
         hash="xxh3-64 (seed 0) of the UTF-8 shingle, as an unsigned integer x",
@@ -71,8 +99,8 @@ schemes = MappingProxyType({
                  "(1 - J) / 2, J the Jaccard similarity of their shingle sets",
         short_text="fewer than 3 tokens: one shingle of all of them; no token: InputError",
         widths=(64, 128, 256)),
-    "1e0ng": Scheme(
-        name="1e0ng", version=1,
+    Scheme(
+        name="pypi-simhash", version=1,
         tokenizer="str.lower(); keep the runs of regex [\\w\\u4e00-\\u9fcc]+ and join "
                   "them without spaces; tokens are the characters",
         shingle_width=4, joiner="none (character 4-grams)",
@@ -83,17 +111,18 @@ schemes = MappingProxyType({
                              "integer counts text gives)",
         short_text="1 to 3 characters: one shingle of them; none: InputError "
                    "(PyPI simhash would hash the empty string)",
-        widths=(64, 128)),
-    "seomoz": Scheme(
-        name="seomoz", version=1,
+        widths=(64, 128), aliases=aliases_of("pypi-simhash")),
+    Scheme(
+        name="seomoz-simhash", version=1,
         tokenizer="str.split() (runs of whitespace); no case folding",
         shingle_width=4, joiner="single space",
         hash="MD5 of the UTF-8 shingle, first 8 bytes, big-endian (simhash-py unsigned_hash)",
         weighting="each shingle occurrence counts 1 (simhash-py compute)",
         bit_rule=_BIT_RULE,
-        short_text="fewer than 4 tokens: InputError (simhash-py would return 0)"),
-    "memosstilvi": Scheme(
-        name="memosstilvi", version=1,
+        short_text="fewer than 4 tokens: InputError (simhash-py would return 0)",
+        aliases=aliases_of("seomoz-simhash")),
+    Scheme(
+        name="md5-128-notebook", version=1,
         tokenizer="',' and ';' become spaces, then runs of whitespace split (str.split()); "
                   "no case folding (the memosstilvi/simhash notebook)",
         shingle_width=1, joiner="none (single tokens)",
@@ -102,12 +131,12 @@ schemes = MappingProxyType({
         weighting="term frequency (each occurrence counts 1)",
         bit_rule=_BIT_RULE,
         short_text="no token: InputError (the notebook would give 128 zero bits)",
-        widths=(128,)),
-})
+        widths=(128,), aliases=aliases_of("md5-128-notebook")),
+)
 
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f"
 _V1_TOKEN = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+")
-_1E0NG_TOKEN = re.compile("[\\w\u4e00-\u9fcc]+")
+_PYPI_SIMHASH_TOKEN = re.compile("[\\w\u4e00-\u9fcc]+")
 _NOTEBOOK_SEPARATORS = re.compile("[,;]")
 
 # Token hashes by name: (kind in the compiled module, natural width in bits). A hash wider
@@ -123,16 +152,11 @@ WORD_SCHEMES = ("simindex-v1", "minhash-v1")   # read by the compiled text pass 
 
 
 def scheme_name(scheme: Union[str, "Scheme"]) -> str:
-    """The name of a known scheme given as a name or a Scheme; ParameterError otherwise."""
+    """The name of a known scheme given as a name, an alias or a Scheme; ParameterError
+    otherwise."""
     return _scheme(scheme).name
 
 
-def check_stored(scheme: Optional[str], where: str) -> None:
-    """The scheme an index names in its manifest (None for none): FormatError, saying which
-    schemes this simindex knows, when it is not one of them."""
-    if scheme is not None and scheme not in schemes:
-        raise FormatError(f"{where}: the index uses fingerprint scheme {scheme!r}, which this "
-                          f"simindex does not know (known: {', '.join(schemes)})")
 
 
 def _scheme(scheme: Union[str, "Scheme", None]) -> "Scheme":
@@ -173,9 +197,9 @@ def tokenize(text: str, *, scheme: Union[str, "Scheme"] = DEFAULT_SCHEME) -> lis
     text = _text_arg(text)
     if s.name in WORD_SCHEMES:
         return _V1_TOKEN.findall(unicodedata.normalize("NFKC", text).casefold())
-    if s.name == "1e0ng":
-        return list("".join(_1E0NG_TOKEN.findall(text.lower())))
-    if s.name == "memosstilvi":
+    if s.name == "pypi-simhash":
+        return list("".join(_PYPI_SIMHASH_TOKEN.findall(text.lower())))
+    if s.name == "md5-128-notebook":
         return _NOTEBOOK_SEPARATORS.sub(" ", text).split()
     return text.split()
 
@@ -389,7 +413,7 @@ def scheme_width(scheme: Union[str, "Scheme"], width: Optional[int]) -> int:
 def fingerprint(text: str, *, scheme: Union[str, "Scheme", None] = DEFAULT_SCHEME,
                 width: Optional[int] = None) -> int:
     """The fingerprint of `text` under a frozen scheme (see `schemes`), `width` bits (one
-    of the scheme's widths; default its first: 64, or 128 for "memosstilvi")."""
+    of the scheme's widths; default its first: 64, or 128 for "md5-128-notebook")."""
     s = _scheme(scheme)
     words = scheme_width(s, width) // 64
     if s.name in WORD_SCHEMES:
@@ -401,11 +425,11 @@ def fingerprint(text: str, *, scheme: Union[str, "Scheme", None] = DEFAULT_SCHEM
                              f"word characters): it has no fingerprint")
         assert fp is not None
         return fp
-    if s.name == "1e0ng":
-        content = "".join(_1E0NG_TOKEN.findall(_text_arg(text).lower()))
+    if s.name == "pypi-simhash":
+        content = "".join(_PYPI_SIMHASH_TOKEN.findall(_text_arg(text).lower()))
         if not content:
-            raise InputError("text has no tokens under scheme '1e0ng' (empty, or no word "
-                             "characters): it has no fingerprint")
+            raise InputError(f"text has no tokens under scheme {s.name!r} (empty, or no word "
+                             f"characters): it has no fingerprint")
         # each 4-gram occurrence votes once: the same sums as its count as a weight
         fp, _ = _fingerprint.char_gram_vote(_utf8(content), s.shingle_width, _MD5, words)
         return fp
@@ -413,12 +437,12 @@ def fingerprint(text: str, *, scheme: Union[str, "Scheme", None] = DEFAULT_SCHEM
     if not tokens:
         raise InputError(f"text has no tokens under scheme {s.name!r} (empty, or no word "
                          f"characters): it has no fingerprint")
-    if s.name == "memosstilvi":
+    if s.name == "md5-128-notebook":
         # each occurrence votes once: the notebook's term-frequency weights
         fp, _ = _fingerprint.shingle_vote(_utf8(" ".join(tokens)), 1, _MD5, words)
         return fp
     if len(tokens) < s.shingle_width:
-        raise InputError(f"text has {len(tokens)} tokens; scheme 'seomoz' needs at least "
+        raise InputError(f"text has {len(tokens)} tokens; scheme {s.name!r} needs at least "
                          f"{s.shingle_width} (simhash-py would give 0)")
     fp, _ = _fingerprint.shingle_vote(_utf8(" ".join(tokens)), s.shingle_width, _MD5_FIRST8)
     return fp

@@ -4,7 +4,7 @@ packed blocks in a shard's `blocks` database, and the shard's state that lists t
 
 The format is in layout.pxd. Runs are written once, sorted, with MDB_APPEND (full pages, no
 splits) and never changed: a merge writes a new run and deletes the old ones
-(simindex/shard.py decides which). Decoding is inline in _blocks.pxd for the scan loops.
+(simindex/engine/shard.py decides which). Decoding is inline in _blocks.pxd for the scan loops.
 """
 
 import numpy as np

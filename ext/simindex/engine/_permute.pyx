@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The permuted keys of the block-permutation tables (the C form of simindex.plan.Plan).
+"""The permuted keys of the block-permutation tables (the C form of simindex.engine.plan.Plan).
 
 A table's permuted key puts its chosen blocks first, in their original order, then the
-rest; its prefix is the chosen blocks' bits. simindex/plan.py decides the blocks and
+rest; its prefix is the chosen blocks' bits. simindex/engine/plan.py decides the blocks and
 tables; this module computes keys and prefix ranges for Python callers, and the scan loops
 use the same inline functions from _permute.pxd.
 """
@@ -22,7 +22,7 @@ cdef enum:
 
 
 cdef class Permuter:
-    """The tables of a plan: per table, where each block goes (see simindex.plan.Plan)."""
+    """The tables of a plan: per table, where each block goes (see simindex.engine.plan.Plan)."""
 
     def __cinit__(self, list widths, list orders, list prefix_bits, int shard_bits,
                   int flips=0):
@@ -169,7 +169,7 @@ cdef class Permuter:
 
         Table t's region ends at starts[t + 1] (the last at the arrays' end) and needs one
         slot more than its count: every record is written, and only a table's own advance
-        (no branch per record and table: 100M records, 10 tables, 8 shards took 24 s as a
+        (no branch per record and table: 100M records, 10 tables, 8 shards take 24 s as a
         pass per table and shard). A region too small raises ValueError."""
         cdef Py_ssize_t i, n = fps.shape[0], m, cap = out_k.shape[0]
         cdef int t, T = self.c.ntables

@@ -4,7 +4,7 @@
 A record is `fp | id key length | id key | msgpack(meta) | checksum` (layout.pxd; format 3,
 the checksum seeded with the seq). Writing assigns seqs in input order and replaces an id's
 older record; reading checks the checksum and decodes ids back to their type.
-Python's simindex/records.py runs these inside the write protocol's transactions.
+Python's simindex/engine/records.py runs these inside the write protocol's transactions.
 """
 
 import numpy as np
@@ -134,7 +134,7 @@ cdef int _put_records(MDB_txn *t, MDB_dbi ids, MDB_dbi sq, IdRef *refs,
     mdb_cursor_close(cur)
     cur = NULL
     # ids often come in key order (ascending int ids, a range): then there is nothing to
-    # sort (qsort took ~45 ms per 262,144 sorted ids, 17 s of a 100M build)
+    # sort (qsort takes ~45 ms per 262,144 sorted ids, 17 s of a 100M build)
     for j in range(1, <size_t>n):
         if _cmp_idref(&refs[j - 1], &refs[j]) > 0:
             qsort(refs, n, sizeof(IdRef), _cmp_idref)
@@ -286,7 +286,7 @@ def records_put(Txn txn, str ids_db, str seqs_db, idkeys not None,
 
 
 def encode_ids(list ids not None, fallback, Py_ssize_t max_bytes):
-    """Records keys of many ids, as simindex.codec.encode_id makes them (type tag, then the
+    """Records keys of many ids, as simindex.engine.codec.encode_id makes them (type tag, then the
     8-byte big-endian int or the UTF-8 text), in one compiled pass.
 
     An id that is not a plain int in [0, 2**64) or a str of at most `max_bytes` UTF-8 bytes

@@ -42,7 +42,7 @@ cdef extern from *:
     #define SI_LOG_MAGIC "SIMLOG\\0\\1"
     #define SI_LMDB_META_MAGIC 0xBEEFC0DEu
     """
-    # ---- the manifest (simindex/manifest.py reads and writes it)
+    # ---- the manifest (simindex/engine/manifest.py reads and writes it)
     const char *MANIFEST "SI_MANIFEST"                # its file name
     const char *MANIFEST_MAGIC "SI_MANIFEST_MAGIC"    # its "magic" field
     const char *LAYOUT_V1 "SI_LAYOUT_V1"              # block layouts a manifest may name

@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The compiled part of fingerprinting features and of the compatibility schemes: token
-hashing and the simhash bit vote at 64, 128 and 256 bits, the vote over the shingles of
+"""The compiled part of fingerprinting features and of the compatibility schemes
+(pypi-simhash, seomoz-simhash and md5-128-notebook; simindex/signatures/fingerprints.py names them):
+token hashing and the simhash bit vote at 64, 128 and 256 bits, the vote over the shingles of
 space-joined tokens or of characters, and the generator of random hyperplanes. (The schemes
 of casefolded words, simindex-v1 and minhash-v1, read their texts in _text.)
 
@@ -32,8 +33,9 @@ cdef extern from *:
         for (int i = 0; i < 8; i++) v = (v << 8) | d[i];
         return v;
     }
-    /* Token hash kinds (simindex/fingerprints.py names them), each with its natural width:
-       0 xxh3-64; 1 md5 (128); 2 md5-first8 (64, simhash-py); 3 xxh3-128 (high word first);
+    /* Token hash kinds (simindex/signatures/fingerprints.py names them), each with its natural width:
+       0 xxh3-64; 1 md5 (128; pypi-simhash, md5-128-notebook); 2 md5-first8 (64, simhash-py:
+       seomoz-simhash); 3 xxh3-128 (high word first);
        4 xxh3-128x2 (256: xxh3-128 with seed 0, then with seed 1); 5 sha256.
        si_hash writes the low `words` words of the hash, most significant first, so a hash
        wider than the signature gives its low bits (PyPI simhash's truncation). */
@@ -236,7 +238,7 @@ def vote_rows(const int64_t[::1] indptr, const int64_t[::1] indices, const doubl
 
 
 def hyperplanes(Py_ssize_t dim, int width, uint64_t seed, bint normal):
-    """The (dim, width) matrix of random hyperplanes of a seed (see simindex/vectors.py):
+    """The (dim, width) matrix of random hyperplanes of a seed (see simindex/signatures/vectors.py):
     element e = row * width + column draws a = mix(key + 2e), b = mix(key + 2e + 1) with
     key = mix(seed) and mix splitmix64's output function; "sign": +1 when a's top bit is
     clear, else -1; "normal": sqrt(-2 ln u1) cos(2 pi u2) with u1 = (a >> 11 + 1) / 2**53,

@@ -51,7 +51,7 @@ cdef extern from "shingles.h" nogil:
 
 # The hash kinds a simhash votes with (as in _fingerprint): xxh3-64, xxh3-128, 2 x xxh3-128.
 VOTE_KINDS = (0, 3, 4)
-SKETCH = 128                  # values of a bottom-k sketch (simindex.similarity's)
+SKETCH = 128                  # values of a bottom-k sketch (simindex.signatures.similarity's)
 
 cdef si_tables_t _tables
 cdef object _table_arrays = None     # keeps the tables' buffers alive
