@@ -7,8 +7,9 @@ language, and the language decides what the test does with it:
   process (a page is one tutorial, so a block may use what an earlier block of the page
   defined), in a fresh temporary directory, with PYTHONPATH the checkout. The script must
   exit 0. Its lines keep their numbers in the page, so a traceback names the page and line.
-- ```console, or ```sh / ```bash holding lines that start with `$ `: a shell session, in a
-  fresh temporary directory of its own (a block makes every file it uses). Each `$ ` line
+- ```console, or ```sh / ```bash holding lines that start with `$ `: a terminal
+  transcript, replayed in a fresh temporary directory of its own (a block makes every file
+  it uses). Each `$ ` line
   (with the lines after it while it ends in a backslash) is a command, run by bash in that
   directory, which holds `tools`, a link to the checkout's tools/, and where `simindex` and
   `python3` are this checkout's, first on PATH. The lines after a command, up to the next
@@ -19,7 +20,7 @@ language, and the language decides what the test does with it:
       line that is only `...` any lines, none included (the page cut the output);
     - a duration (a number followed by ` s`, ` ms` or ` rows/s`) matches any number;
     - in a block marked `numbers vary`, every number matches any number;
-    - a command ending in `&` runs in the background: the session waits (up to 60 s) until
+    - a command ending in `&` runs in the background: the test waits (up to 60 s) until
       it has printed what is shown for it, and stops it (SIGTERM) when the block ends;
     - in a block that serves on port 8080, every 8080 (in commands and output) becomes a
       free port of this machine, so that the test never takes a port in use.
@@ -103,12 +104,13 @@ def blocks_of(page):
         indent, lang = len(m.group(1)), m.group(2).strip()
         prev = lines[i - 1].strip() if i else ""
         marker = MARKER.match(prev)
+        marker = marker.group(1) if marker else (prev if prev.startswith("<!--") else None)
         start, i = i + 1, i + 1
         while i < len(lines) and lines[i].strip() != "```":
             i += 1
         assert i < len(lines), f"{page}:{start}: a fence that is never closed"
         code = "\n".join(line[indent:] for line in lines[start:i])
-        out.append(Block(page, start + 1, lang, code, marker and marker.group(1)))
+        out.append(Block(page, start + 1, lang, code, marker))
         i += 1
     return out
 
@@ -199,7 +201,7 @@ def test_python_blocks_run(page, blocks, tmp_path):
     assert p.returncode == 0, f"{page} (lines are the page's):\n{p.stderr[-3000:]}"
 
 
-# --- Shell sessions: one per block -----------------------------------------------------
+# --- Shell transcripts: one per block --------------------------------------------------
 
 def shell_blocks():
     out = []
@@ -210,7 +212,7 @@ def shell_blocks():
     return out
 
 
-def session(code):
+def commands_of(code):
     """[(command, shown output lines)] of a console block."""
     out = []
     lines = code.split("\n")
@@ -323,7 +325,7 @@ def test_shell_blocks_run_and_print_what_they_show(block, tmp_path):
         return
     background = []
     try:
-        for cmd, shown in session(code):
+        for cmd, shown in commands_of(code):
             pattern = shown_pattern(shown, block.loose_numbers)
             where = f"{block.name}: $ {cmd}"
             if cmd.rstrip().endswith("&") and not cmd.rstrip().endswith("&&"):
