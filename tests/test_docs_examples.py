@@ -9,10 +9,9 @@ language, and the language decides what the test does with it:
   exit 0. Its lines keep their numbers in the page, so a traceback names the page and line.
 - ```console, or ```sh / ```bash holding lines that start with `$ `: a terminal
   transcript, replayed in a fresh temporary directory of its own (a block makes every file
-  it uses). Each `$ ` line
-  (with the lines after it while it ends in a backslash) is a command, run by bash in that
-  directory, which holds `tools`, a link to the checkout's tools/, and where `simindex` and
-  `python3` are this checkout's, first on PATH. The lines after a command, up to the next
+  it uses). Each `$ ` line (with the lines after it while it ends in a backslash) is a
+  command, run by bash in that directory, which holds `tools`, a link to the checkout's
+  tools/, and where `simindex` and `python3` are this checkout's, first on PATH. The lines after a command, up to the next
   `$ `, are what the page says it prints (stdout and stderr together). Every command must
   exit 0 (a page that shows a failure shows its status: `...; echo "exit $?"`), and what
   it prints must match what is shown, line for line (trailing spaces aside), except that:
