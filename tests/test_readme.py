@@ -79,6 +79,8 @@ def test_the_documentation_site_builds_strictly(tmp_path):
     assert "add_unique_text" in api and "CorruptError" in api
     cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
     assert all(f"simindex {c}" in cli for c in ("build", "dedup", "serve", "repair"))
+    for ref in ("schemes", "stats", "errors"):                 # in the nav, so built
+        assert (tmp_path / "site" / "reference" / ref / "index.html").exists(), ref
     readme = open(os.path.join(ROOT, "README.md")).read()
     for link in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert os.path.exists(os.path.join(ROOT, link)), link
