@@ -34,8 +34,9 @@ other comment there is an error:
   commands that cannot run here: installs, which CI runs itself, and benchmarks). A block
   that installs software (`apt-get install`, `pip install`) must carry it: the test never
   runs one;
-- `<!-- test: needs a Ray cluster -->`: run only with `-m deep`, its page's Python script
-  then in a network namespace where only loopback is up (a local Ray starts there);
+- `<!-- test: needs a Ray cluster -->`: run only with `-m deep`; on a Python block, its
+  page's script then runs in a network namespace where only loopback is up (a local Ray
+  starts there);
 - `<!-- test: numbers vary, REASON -->`: numbers in the shown output compare loosely.
 """
 
@@ -207,6 +208,8 @@ def shell_blocks():
     for b in ALL:
         if b.lang in ("console", "sh", "bash"):
             marks = [pytest.mark.skip(reason=f"{b.name}: {b.skip_reason}")] if b.skip_reason else []
+            if b.needs_ray:
+                marks.append(pytest.mark.deep)
             out.append(pytest.param(b, marks=marks, id=b.name))
     return out
 
