@@ -97,25 +97,26 @@ def test_the_wheel_works_with_the_system_libraries_hidden(wheel, tmp_path):
     # or the system's) provide numpy, msgpack and click: nothing is downloaded. A venv made
     # from a venv sees the base interpreter's packages only, so they are named in a .pth
     # (whose paths come after the new venv's own site-packages: the wheel's simindex wins)
-    # the wheel's simindex, not a checkout named on PYTHONPATH
-    alone = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # A PYTHONPATH naming a checkout (tests run from a build in place) would shadow the
+    # wheel: pip would find simindex's metadata there and install nothing
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
-                   check=True, env=alone)
+                   check=True, env=env)
     py = str(venv / "bin" / "python")
     site_dir = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                              capture_output=True, text=True, check=True).stdout.strip()
+                              capture_output=True, text=True, check=True, env=env).stdout.strip()
     import site
     with open(os.path.join(site_dir, "outer-environment.pth"), "w") as f:
         f.write("\n".join(site.getsitepackages()) + "\n")
     subprocess.run([py, "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel],
-                   check=True, cwd=tmp_path, env=alone)
+                   check=True, cwd=tmp_path, env=env)
     # the masks work: nothing can load the system's LMDB inside the namespace
     probe = hidden([py, "-c", "import ctypes; ctypes.CDLL('liblmdb.so.0')"], libs)
-    assert subprocess.run(probe, capture_output=True, cwd=tmp_path).returncode != 0
+    assert subprocess.run(probe, capture_output=True, cwd=tmp_path, env=env).returncode != 0
     data = tmp_path / "data"
     data.mkdir()
     run = subprocess.run(hidden([py, "-c", ROUND_TRIP, str(venv), str(data)], libs),
-                         capture_output=True, text=True, cwd=tmp_path, env=alone)
+                         capture_output=True, text=True, cwd=tmp_path, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     loaded = {name: rest for name, _, rest in (l.partition(" ") for l in run.stdout.splitlines())}
     for name in ("lmdb", "crypto"):
