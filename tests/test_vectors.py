@@ -221,26 +221,6 @@ def test_cosine_helper_errors():
         simindex.cosine_for_radius(65, 64)
 
 
-def test_the_cosine_workflow_runs_end_to_end(tmp_path):
-    import os
-    import subprocess
-    import sys
-    from conftest import ROOT
-    base = " ".join(f"clause{i} of the license text" for i in range(300))
-    docs = {"a": base, "b": base + " with one more line", "c": base.replace("clause7 ", ""),
-            "d": "an entirely different notice " * 40, "e": "yet another text body " * 50}
-    for name, text in docs.items():
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "copyright").write_text(text)
-    for signature in ("hyperplanes", "words"):
-        p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "cosine_dedup.py"),
-                            "--dir", str(tmp_path), "--signature", signature, "--cosine", "0.95"],
-                           capture_output=True, text=True, timeout=120)
-        assert p.returncode == 0, p.stderr
-        assert "5 documents" in p.stdout
-        assert "exact answer: 3 pairs; found 3 (recall 1.000), none wrong: True" in p.stdout
-
-
 @pytest.mark.parametrize("width", [128, 256])
 def test_a_row_of_the_signature_array_is_a_fingerprint_in_every_call(tmp_path, width):
     """Hyperplanes.fingerprints gives an (n, words) array; one of its rows is a fingerprint

@@ -9,7 +9,7 @@ import pytest
 import simindex
 
 pytest.importorskip("scipy")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dedup_quality as q  # noqa: E402
 
 # "a b c d e": {abc, bcd, cde}; "a b c d f": {abc, bcd, cdf}; "A b, c d e g" lowercased:
