@@ -519,7 +519,7 @@ class Index:
             "runs": int(sum(len(s[1]) for s in states)),
             "entries": int(sum(int(s[1]["count"].sum()) for s in states)),
             "stale": removed, "last_seq": last,
-            "unapplied": unapplied, "pending": unapplied,
+            "unapplied": unapplied,
             "prefix_bits": plan.prefix_bits, "bytes": size,
             "scheme": st.manifest.get("scheme"), "format": st.manifest["format"],
             "buffered": buffered, "replayed": st.replayed.records,
