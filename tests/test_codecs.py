@@ -1,6 +1,6 @@
 """The block and record codecs (layout.pxd): runs and records written and read back
 exactly, at width 64 and with the further words of wide fingerprints, and damage refused
-(a block's tail words must be the run's)."""
+(a block's low words must be the run's)."""
 
 import numpy as np
 import pytest
@@ -22,47 +22,47 @@ def env(tmp_path):
     e.close()
 
 
-def entries(n, tail_words, seed, spread=64):
+def entries(n, low_words, seed, spread=64):
     rng = np.random.default_rng(seed)
     keys = np.sort(rng.integers(0, 2 ** 63, n, dtype=np.uint64) >> np.uint64(64 - spread - 1)
                    if spread < 64 else rng.integers(0, 2 ** 64, n, dtype=np.uint64))
     seqs = rng.permutation(np.arange(1, n + 1, dtype=np.uint64) * np.uint64(3))
-    tails = rng.integers(0, 2 ** 64, (n, tail_words), dtype=np.uint64)
-    return keys, seqs, tails
+    lows = rng.integers(0, 2 ** 64, (n, low_words), dtype=np.uint64)
+    return keys, seqs, lows
 
 
-@pytest.mark.parametrize("tail_words", [0, 1, 3])
+@pytest.mark.parametrize("low_words", [0, 1, 3])
 @pytest.mark.parametrize("n,spread", [(1, 64), (5000, 64), (20000, 20), (3000, 0)])
-def test_runs_round_trip(env, tail_words, n, spread):
-    keys, seqs, tails = entries(n, tail_words, seed=n + tail_words, spread=spread)
+def test_runs_round_trip(env, low_words, n, spread):
+    keys, seqs, lows = entries(n, low_words, seed=n + low_words, spread=spread)
     with Txn(env, write=True) as txn:
-        blocks = write_run(txn, "blocks", 7, keys, seqs, tails if tail_words else None)
+        blocks = write_run(txn, "blocks", 7, keys, seqs, lows if low_words else None)
     with Txn(env) as txn:
-        got = read_run(txn, "blocks", 7, n, check=True, tail_words=tail_words)
+        got = read_run(txn, "blocks", 7, n, check=True, low_words=low_words)
     assert np.array_equal(got[0], keys) and np.array_equal(got[1], seqs)
-    if tail_words:
-        assert np.array_equal(got[2], tails)
-    # a block holds 16,328 bytes of entries: the tails alone need their share, and at the
+    if low_words:
+        assert np.array_equal(got[2], lows)
+    # a block holds 16,328 bytes of entries: the lows alone need their share, and at the
     # widest key and seq offsets (8 bytes each) a block still holds 16328 // entry bytes
-    assert -(-n * 8 * tail_words // 16328) <= blocks <= -(-n // (16328 // (16 + 8 * tail_words)))
+    assert -(-n * 8 * low_words // 16328) <= blocks <= -(-n // (16328 // (16 + 8 * low_words)))
 
 
-def test_a_run_read_with_other_tail_words_is_damage(env):
-    keys, seqs, tails = entries(100, 1, seed=1)
+def test_a_run_read_with_other_low_words_is_damage(env):
+    keys, seqs, lows = entries(100, 1, seed=1)
     with Txn(env, write=True) as txn:
-        write_run(txn, "blocks", 3, keys, seqs, tails)
+        write_run(txn, "blocks", 3, keys, seqs, lows)
     with Txn(env) as txn:
-        with pytest.raises(simindex.CorruptError, match="holds 1 tail words per entry, not 0"):
+        with pytest.raises(simindex.CorruptError, match="holds 1 low words per entry, not 0"):
             read_run(txn, "blocks", 3, 100)
         with pytest.raises(simindex.CorruptError, match="not 3"):
-            read_run(txn, "blocks", 3, 100, tail_words=3)
+            read_run(txn, "blocks", 3, 100, low_words=3)
 
 
 def test_bad_tails_are_refused(env):
     keys, seqs, _ = entries(10, 1, seed=2)
     with Txn(env, write=True) as txn:
         for bad in (np.zeros((9, 1), np.uint64), np.zeros((10, 4), np.uint64)):
-            with pytest.raises(ValueError, match="tails must be"):
+            with pytest.raises(ValueError, match="lows must be"):
                 write_run(txn, "blocks", 4, keys, seqs, bad)
 
 

@@ -126,7 +126,7 @@ def stored_pairs(store, k: int) -> list:
                 for s in group:
                     for run, count in runs_of(states[s][1], t):
                         part = read_run(stxns[s], DB_BLOCKS, run, count,
-                                        tail_words=words - 1)
+                                        low_words=words - 1)
                         kk, sq = part[0], part[1]
                         if words > 1:                  # wide: the whole key, word by word
                             kk = np.column_stack([kk, part[2]])

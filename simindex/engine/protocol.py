@@ -208,19 +208,19 @@ class Entries:
 
     def _table(self, t: int) -> tuple:
         plan, (lo, hi) = self.plan, self._range
-        keys, sq, tails = plan.permuter.keys(t, self._fps), self._seqs, None
+        keys, sq, lows = plan.permuter.keys(t, self._fps), self._seqs, None
         if keys.ndim == 2:           # wide: sorted by the first word, the rest carried
-            keys, tails = np.ascontiguousarray(keys[:, 0]), keys[:, 1:]
+            keys, lows = np.ascontiguousarray(keys[:, 0]), keys[:, 1:]
         if self._part:
             s = plan.shard_of_keys(keys)
             mine = (s >= np.uint64(lo)) & (s < np.uint64(hi))
             keys, sq = keys[mine], sq[mine]
-            tails = None if tails is None else tails[mine]
-        keys, sq, tails = sorted_entries(keys, sq, tails)
+            lows = None if lows is None else lows[mine]
+        keys, sq, lows = sorted_entries(keys, sq, lows)
         # keys are sorted, and a shard is a range of leading bits: split by search
         cuts = np.concatenate(([0], np.searchsorted(keys, _shard_starts(plan)),
                                [len(keys)]))
-        return keys, sq, tails, cuts
+        return keys, sq, lows, cuts
 
     def _gather(self, perm, seqs, fps, lo, hi, split, work):
         """64-bit, a group of shards: every table's entries gathered in one pass over the
@@ -242,11 +242,11 @@ class Entries:
             self.tables.append((keys, sq, None, cuts))
 
     def of(self, table: int, shard: int) -> tuple:
-        """(keys, seqs, tails or None) of `table` in `shard`, sorted (tails: the further
+        """(keys, seqs, lows or None) of `table` in `shard`, sorted (lows: the further
         words of wide keys)."""
-        keys, sq, tails, cuts = self.tables[table]
+        keys, sq, lows, cuts = self.tables[table]
         a, b = cuts[shard], cuts[shard + 1]
-        return keys[a:b], sq[a:b], None if tails is None else tails[a:b]
+        return keys[a:b], sq[a:b], None if lows is None else lows[a:b]
 
 
 def group_buffers(counts: np.ndarray, group: int, sets: int = 1) -> tuple:

@@ -42,13 +42,13 @@ def entry_order(keys: np.ndarray, seqs: np.ndarray) -> np.ndarray:
 
 
 def sorted_entries(keys: np.ndarray, seqs: np.ndarray,
-                   tails: Optional[np.ndarray] = None) -> tuple:
-    """(keys, seqs, tails) in run order, (key, seq): compiled for 64-bit keys (sort_entries,
-    2.5x argsort and its gathers); wide keys carry their tails along by entry_order."""
-    if tails is None:
+                   lows: Optional[np.ndarray] = None) -> tuple:
+    """(keys, seqs, lows) in run order, (key, seq): compiled for 64-bit keys (sort_entries,
+    2.5x argsort and its gathers); wide keys carry their lows along by entry_order."""
+    if lows is None:
         return (*sort_entries(np.ascontiguousarray(keys), np.ascontiguousarray(seqs)), None)
     order = entry_order(keys, seqs)
-    return keys[order], seqs[order], np.ascontiguousarray(tails[order])
+    return keys[order], seqs[order], np.ascontiguousarray(lows[order])
 
 
 def scan(txn: Txn, plan, shard: int, queries: np.ndarray, k: int) -> tuple:
@@ -66,9 +66,9 @@ def runs_of(runs: np.ndarray, table: int) -> list:
 class ShardWriter:
     """Changes to one shard inside one write transaction: new runs, merges, state."""
 
-    def __init__(self, txn: Txn, ntables: int, tail_words: int = 0) -> None:
+    def __init__(self, txn: Txn, ntables: int, low_words: int = 0) -> None:
         self.txn = txn
-        self.tail_words = tail_words        # the further words of wide keys
+        self.low_words = low_words        # the further words of wide keys
         self.applied, runs, self.next_run = load_state(txn, ntables)
         self.runs = list(zip(runs["table"].tolist(), runs["run"].tolist(),
                              runs["count"].tolist()))
@@ -77,12 +77,12 @@ class ShardWriter:
         return [(run, count) for (t, run, count) in self.runs if t == table]
 
     def add_run(self, table: int, keys: np.ndarray, seqs: np.ndarray,
-                tails: Optional[np.ndarray] = None) -> None:
+                lows: Optional[np.ndarray] = None) -> None:
         """Store sorted entries as a new run of `table`, then merge runs by size."""
         if len(keys) == 0:
             return
         run = self._new_run()
-        write_run(self.txn, DB_BLOCKS, run, keys, seqs, tails)
+        write_run(self.txn, DB_BLOCKS, run, keys, seqs, lows)
         self.runs.append((table, run, len(keys)))
         self._merge_tiers(table)
 
@@ -113,22 +113,22 @@ class ShardWriter:
         above `newest` belong to records added since and are kept.
         """
         counts = {r: c for (t, r, c) in self.runs if t == table}
-        parts = [read_run(self.txn, DB_BLOCKS, r, counts[r], tail_words=self.tail_words)
+        parts = [read_run(self.txn, DB_BLOCKS, r, counts[r], low_words=self.low_words)
                  for r in run_ids]
         keys = np.concatenate([p[0] for p in parts])
         seqs = np.concatenate([p[1] for p in parts])
-        tails = np.concatenate([p[2] for p in parts]) if self.tail_words else None
+        lows = np.concatenate([p[2] for p in parts]) if self.low_words else None
         if live is not None:
             keep = np.isin(seqs, live) | (seqs > np.uint64(newest))
             keys, seqs = keys[keep], seqs[keep]
-            tails = None if tails is None else tails[keep]
-        keys, seqs, tails = sorted_entries(keys, seqs, tails)
+            lows = None if lows is None else lows[keep]
+        keys, seqs, lows = sorted_entries(keys, seqs, lows)
         for r in run_ids:
             delete_run(self.txn, DB_BLOCKS, r)
         self.runs = [x for x in self.runs if not (x[0] == table and x[1] in run_ids)]
         if len(keys):
             run = self._new_run()
-            write_run(self.txn, DB_BLOCKS, run, keys, seqs, tails)
+            write_run(self.txn, DB_BLOCKS, run, keys, seqs, lows)
             self.runs.append((table, run, len(keys)))
 
     def save(self, applied: Optional[int] = None) -> None:

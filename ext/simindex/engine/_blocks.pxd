@@ -11,12 +11,12 @@ from simindex.engine._lmdb cimport CORRUPT_BLOCK, CORRUPT_KEY
 cdef struct Block:
     const uint8_t *keys      # kw-byte key offsets
     const uint8_t *seqs      # sw-byte seq offsets
-    const uint8_t *tails     # tw u64 LE words per entry (wide fingerprints)
+    const uint8_t *lows     # lw u64 LE words per entry (wide fingerprints)
     const uint8_t *checked   # what the crc covers
     size_t checked_size
     size_t c                 # entries
     uint64_t kbase, kmask, sbase, smask
-    size_t kw, sw, tw
+    size_t kw, sw, lw
     uint32_t crc
 
 
@@ -55,10 +55,10 @@ cdef inline int open_value(const uint8_t *p, size_t size, Block *b) noexcept nog
             return CORRUPT_BLOCK
         b.kw = p[12]
         b.sw = p[13]
-        b.tw = p[14]
-        if b.kw > 8 or b.sw > 8 or b.tw > layout.MAX_TAIL_WORDS or \
+        b.lw = p[14]
+        if b.kw > 8 or b.sw > 8 or b.lw > layout.MAX_LOW_WORDS or \
                 (b.kw + b.sw == 0 and b.c > 1) or \
-                layout.V2_HEADER + b.c * (b.kw + b.sw + 8 * b.tw) + layout.V2_PAD != size:
+                layout.V2_HEADER + b.c * (b.kw + b.sw + 8 * b.lw) + layout.V2_PAD != size:
             return CORRUPT_BLOCK
         b.kbase = bits.load64(p + 16)
         b.sbase = bits.load64(p + 24)
@@ -70,7 +70,7 @@ cdef inline int open_value(const uint8_t *p, size_t size, Block *b) noexcept nog
                 layout.V1_HEADER + 16 * b.c != size:
             return CORRUPT_BLOCK
         b.kw = b.sw = 8
-        b.tw = 0
+        b.lw = 0
         b.kbase = b.sbase = 0
         b.keys = b.checked = p + layout.V1_HEADER
         b.checked_size = 16 * b.c
@@ -79,13 +79,13 @@ cdef inline int open_value(const uint8_t *p, size_t size, Block *b) noexcept nog
     b.kmask = width_mask(b.kw)
     b.smask = width_mask(b.sw)
     b.seqs = b.keys + b.c * b.kw
-    b.tails = b.seqs + b.c * b.sw
+    b.lows = b.seqs + b.c * b.sw
     return 0
 
 
-cdef inline uint64_t tail_at(const Block *b, size_t i, size_t w) noexcept nogil:
+cdef inline uint64_t low_at(const Block *b, size_t i, size_t w) noexcept nogil:
     """Word w + 1 of entry i's permuted key (wide fingerprints)."""
-    return bits.load64(b.tails + (i * b.tw + w) * 8)
+    return bits.load64(b.lows + (i * b.lw + w) * 8)
 
 
 cdef struct RunList:

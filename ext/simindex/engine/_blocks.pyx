@@ -69,7 +69,7 @@ cdef enum:
 
 cdef size_t _block_count(const uint64_t *keys, const uint64_t *seqs, size_t rem,
                          size_t extra) noexcept nogil:
-    """How many of the next `rem` entries make one v2 block (`extra`: the tail bytes of
+    """How many of the next `rem` entries make one v2 block (`extra`: the low-word bytes of
     every entry): all of them if they fit, else of the largest counts that fit in 2, 3 or
     4 pages, the one with the most entries per page. Widths grow with the count, and a
     block just past a page boundary would waste the rest of its last page (100M keys in
@@ -316,16 +316,16 @@ def sort_entries(const uint64_t[::1] keys not None, const uint64_t[::1] seqs not
 
 
 def write_run(Txn txn, str db, uint64_t run_id, const uint64_t[::1] keys,
-              const uint64_t[::1] seqs, tails=None):
+              const uint64_t[::1] seqs, lows=None):
     """Append sorted (key, seq) entries as run `run_id` in v2 blocks; returns the block count.
 
     Keys must be sorted and the run id larger than any run already stored, so every block
-    goes in with MDB_APPEND (no page splits, full pages). `tails`, for wide fingerprints:
-    an (n, tail words) uint64 array, the permuted keys' words after the first.
+    goes in with MDB_APPEND (no page splits, full pages). `lows`, for wide fingerprints:
+    an (n, low words) uint64 array, the permuted keys' words after the first.
     """
     cdef Py_ssize_t n = keys.shape[0], i, c, off = 0, j
     cdef const uint64_t[:, ::1] tl
-    cdef size_t tw = 0
+    cdef size_t lw = 0
     cdef const uint64_t *tp = NULL
     cdef uint32_t blockno = 0
     cdef uint8_t kbuf[layout.BLOCK_KEY]
@@ -341,16 +341,16 @@ def write_run(Txn txn, str db, uint64_t run_id, const uint64_t[::1] keys,
     dbi = txn.env.dbi(db)
     if seqs.shape[0] != n:
         raise ValueError("keys and seqs differ in length")
-    if tails is not None:
-        tl = tails
-        tw = tl.shape[1]
-        if tl.shape[0] != n or not 1 <= tw <= layout.MAX_TAIL_WORDS:
-            raise ValueError(f"tails must be an (n, 1..{layout.MAX_TAIL_WORDS}) array")
+    if lows is not None:
+        tl = lows
+        lw = tl.shape[1]
+        if tl.shape[0] != n or not 1 <= lw <= layout.MAX_LOW_WORDS:
+            raise ValueError(f"lows must be an (n, 1..{layout.MAX_LOW_WORDS}) array")
         if n:
             tp = &tl[0, 0]
     with nogil:
         while off < n:
-            c = _block_count(&keys[off], &seqs[off], n - off, 8 * tw)
+            c = _block_count(&keys[off], &seqs[off], n - off, 8 * lw)
             kbase = keys[off]
             kw = _width(keys[off + c - 1] - kbase)
             sw = _block_widths(&keys[off], &seqs[off], c, &sbase) - kw
@@ -359,7 +359,7 @@ def write_run(Txn txn, str db, uint64_t run_id, const uint64_t[::1] keys,
             bits.store_be32(kbuf + 16, blockno)
             k.mv_size = layout.BLOCK_KEY
             k.mv_data = kbuf
-            v.mv_size = layout.V2_HEADER + c * (kw + sw + 8 * tw) + layout.V2_PAD
+            v.mv_size = layout.V2_HEADER + c * (kw + sw + 8 * lw) + layout.V2_PAD
             v.mv_data = NULL
             rc = mdb_put(txn.txn, dbi, &k, &v, MDB_APPEND | MDB_RESERVE)
             if rc:
@@ -370,7 +370,7 @@ def write_run(Txn txn, str db, uint64_t run_id, const uint64_t[::1] keys,
             bits.store32(p + 4, <uint32_t>c)
             p[12] = <uint8_t>kw
             p[13] = <uint8_t>sw
-            p[14] = <uint8_t>tw
+            p[14] = <uint8_t>lw
             bits.store64(p + 16, kbase)
             bits.store64(p + 24, sbase)
             ko = p + layout.V2_HEADER
@@ -380,9 +380,9 @@ def write_run(Txn txn, str db, uint64_t run_id, const uint64_t[::1] keys,
                 memcpy(ko + i * kw, tmp, kw)
                 bits.store64(tmp, seqs[off + i] - sbase)
                 memcpy(so + i * sw, tmp, sw)
-            so += c * sw                      # the tails follow the seqs
-            for i in range(c * <Py_ssize_t>tw):
-                bits.store64(so + 8 * i, tp[off * tw + i])
+            so += c * sw                      # the lows follow the seqs
+            for i in range(c * <Py_ssize_t>lw):
+                bits.store64(so + 8 * i, tp[off * lw + i])
             bits.store32(p + 8, <uint32_t>crc32(
                 0, p + 12, <unsigned int>(v.mv_size - 12 - layout.V2_PAD)))
             off += c
@@ -396,9 +396,9 @@ def write_run(Txn txn, str db, uint64_t run_id, const uint64_t[::1] keys,
 
 # ---------------------------------------------------------------- reading and deleting runs
 def read_run(Txn txn, str db, uint64_t run_id, size_t count, bint check=False,
-             size_t tail_words=0):
+             size_t low_words=0):
     """All (keys, seqs) of run `run_id` as uint64 arrays, checking structure (and crc if asked);
-    with `tail_words` (wide fingerprints), (keys, seqs, tails), tails an (n, tail_words)
+    with `low_words` (wide fingerprints), (keys, seqs, lows), lows an (n, low_words)
     array: every block must hold that many.
 
     `count` is the entry count the shard state records for the run; a mismatch is damage.
@@ -415,10 +415,10 @@ def read_run(Txn txn, str db, uint64_t run_id, size_t count, bint check=False,
     txn.check()
     keys = np.empty(count, dtype=np.uint64)
     seqs = np.empty(count, dtype=np.uint64)
-    tails = np.empty((count, tail_words), dtype=np.uint64)
+    lows = np.empty((count, low_words), dtype=np.uint64)
     cdef uint64_t[::1] ko = keys
     cdef uint64_t[::1] so = seqs
-    cdef uint64_t[:, ::1] to = tails
+    cdef uint64_t[:, ::1] to = lows
     cdef size_t w
     rc = mdb_cursor_open(txn.txn, txn.env.dbi(db), &cur)
     if rc:
@@ -447,8 +447,8 @@ def read_run(Txn txn, str db, uint64_t run_id, size_t count, bint check=False,
             if got + b.c > count:
                 reason = f"the run holds more than the {count} entries recorded"
                 break
-            if b.tw != tail_words:
-                reason = f"block {blockno} holds {b.tw} tail words per entry, not {tail_words}"
+            if b.lw != low_words:
+                reason = f"block {blockno} holds {b.lw} low words per entry, not {low_words}"
                 break
             for i in range(b.c):
                 key = key_at(&b, i)
@@ -458,8 +458,8 @@ def read_run(Txn txn, str db, uint64_t run_id, size_t count, bint check=False,
                 prev = key
                 ko[got + i] = key
                 so[got + i] = seq_at(&b, i)
-                for w in range(tail_words):
-                    to[got + i, w] = tail_at(&b, i, w)
+                for w in range(low_words):
+                    to[got + i, w] = low_at(&b, i, w)
             if reason is not None:
                 break
             if bits.load_be64(<uint8_t *>k.mv_data + 8) != prev:
@@ -476,7 +476,7 @@ def read_run(Txn txn, str db, uint64_t run_id, size_t count, bint check=False,
         reason = f"the run holds {got} entries, {count} recorded"
     if reason is not None:
         raise CorruptError(f"{txn.env.path}: run {run_id}: {reason}")
-    return (keys, seqs) if tail_words == 0 else (keys, seqs, tails)
+    return (keys, seqs) if low_words == 0 else (keys, seqs, lows)
 
 
 def delete_run(Txn txn, str db, uint64_t run_id):

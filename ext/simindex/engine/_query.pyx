@@ -30,7 +30,7 @@ from simindex.engine._lmdb cimport (
 )
 from simindex.engine._permute cimport Permuter, WidePermuter, Tables, permute, prefix_range
 from simindex.engine._blocks cimport (
-    Block, RunList, open_block, open_value, key_at, seq_at, tail_at, read_state, free_state,
+    Block, RunList, open_block, open_value, key_at, seq_at, low_at, read_state, free_state,
     sort_pairs)
 from simindex.engine._records cimport (
     Tail, load_tail, drop_tail_below, free_tail, record_id_meta, record_fp, record_header,

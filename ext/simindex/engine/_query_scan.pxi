@@ -72,10 +72,10 @@ cdef inline int _block_at(MDB_cursor *cur, MDB_cursor_op op, uint64_t run_id, ui
 
 
 cdef inline int _scan_block(const Block *blk, size_t i, uint64_t hi, uint64_t pk, int k,
-                            HitBuf *hits, const uint64_t *pkt, size_t tw,
+                            HitBuf *hits, const uint64_t *pkt, size_t lw,
                             bint *past) noexcept nogil:
     """Push (seq, distance) of the block's entries from i on with key <= hi within k of pk
-    (and of the `tw` tail words `pkt`); `past` says whether a key above hi ended it."""
+    (and of the `lw` low words `pkt`); `past` says whether a key above hi ended it."""
     cdef size_t w
     cdef uint64_t x
     cdef int d, rc
@@ -87,8 +87,8 @@ cdef inline int _scan_block(const Block *blk, size_t i, uint64_t hi, uint64_t pk
             return 0
         d = bits.popcount(x ^ pk)
         if d <= k:
-            for w in range(tw):
-                d += bits.popcount(tail_at(blk, i, w) ^ pkt[w])
+            for w in range(lw):
+                d += bits.popcount(low_at(blk, i, w) ^ pkt[w])
             if d <= k:
                 rc = _hit_push(hits, seq_at(blk, i), d)
                 if rc:
@@ -99,9 +99,9 @@ cdef inline int _scan_block(const Block *blk, size_t i, uint64_t hi, uint64_t pk
 
 cdef int _scan_run(MDB_cursor *cur, uint64_t run_id, uint64_t lo, uint64_t hi,
                    uint64_t pk, int k, HitBuf *hits, const uint64_t *pkt=NULL,
-                   size_t tw=0) noexcept nogil:
+                   size_t lw=0) noexcept nogil:
     """Push (seq, distance) of every entry of run `run_id` with key in [lo, hi] within k of pk
-    (and, for wide fingerprints, of its `tw` tail words `pkt`: every block must hold tw)."""
+    (and, for wide fingerprints, of its `lw` low words `pkt`: every block must hold lw)."""
     cdef MDB_val key, val
     cdef bint found, past, first = True
     cdef Block blk
@@ -112,14 +112,14 @@ cdef int _scan_run(MDB_cursor *cur, uint64_t run_id, uint64_t lo, uint64_t hi,
         rc = open_block(&key, &val, &blk)
         if rc:
             return rc
-        if blk.tw != tw:
+        if blk.lw != lw:
             return CORRUPT_BLOCK
         i = 0
         if first:
             last = bits.load_be64(<const uint8_t *>key.mv_data + 8)
             i = _lower_bound(&blk, lo, last, _guess(&blk, lo, last))
             first = False
-        rc = _scan_block(&blk, i, hi, pk, k, hits, pkt, tw, &past)
+        rc = _scan_block(&blk, i, hi, pk, k, hits, pkt, lw, &past)
         if rc or past:
             return rc
         rc = _block_at(cur, MDB_NEXT, run_id, lo, &key, &val, &found)
@@ -256,7 +256,7 @@ cdef inline size_t _dir_group(const RunDir *d, uint64_t lo) noexcept nogil:
     return a
 
 
-cdef inline int _dir_block(const RunDir *d, size_t i, size_t psize, size_t tw,
+cdef inline int _dir_block(const RunDir *d, size_t i, size_t psize, size_t lw,
                            Block *blk) noexcept nogil:
     """Decode block i of a directory's run, checked against its pages and the key width."""
     cdef MDB_val v
@@ -266,7 +266,7 @@ cdef inline int _dir_block(const RunDir *d, size_t i, size_t psize, size_t tw,
     if not val_in_pages(&v, psize):
         return CORRUPT_BLOCK
     rc = open_value(d.data[i], d.size[i], blk)
-    if rc == 0 and blk.tw != tw:
+    if rc == 0 and blk.lw != lw:
         return CORRUPT_BLOCK
     return rc
 
@@ -275,7 +275,7 @@ cdef inline int _dir_block(const RunDir *d, size_t i, size_t psize, size_t tw,
 # one miss after another: (1) find every run's group of blocks for every probe in the
 # directories' tops and prefetch the group; (2) find the block in its group and prefetch
 # its header; (3) decode each header, guess where the range starts (interpolation) and
-# prefetch those keys and tail words; (4) scan. At 256 bits and k=31 a query reads ~190
+# prefetch those keys and low words; (4) scan. At 256 bits and k=31 a query reads ~190
 # blocks that are rarely in cache; the passes measured 1.6x one probe at a time.
 cdef int _probe_push(ProbeBuf *b, RunDir *d, MDB_cursor *cur, size_t psize, uint64_t lo,
                      uint64_t hi, uint64_t pk, const uint64_t *pkt) noexcept nogil:
@@ -327,9 +327,9 @@ cdef inline void _probe_find(Probe *pr) noexcept nogil:
     bits.prefetch(d.data[pr.bi])
 
 
-cdef int _probe_guess(Probe *pr, size_t tw, size_t psize) noexcept nogil:
+cdef int _probe_guess(Probe *pr, size_t lw, size_t psize) noexcept nogil:
     """Pass 3: decode the block's header, guess where the range starts, prefetch there."""
-    cdef int rc = _dir_block(pr.dir, pr.bi, psize, tw, &pr.blk)
+    cdef int rc = _dir_block(pr.dir, pr.bi, psize, lw, &pr.blk)
     cdef size_t g, e
     cdef uint64_t last
     if rc:
@@ -346,8 +346,8 @@ cdef int _probe_guess(Probe *pr, size_t tw, size_t psize) noexcept nogil:
         e = pr.blk.c - g
     _prefetch_span(pr.blk.keys + g * pr.blk.kw, e * pr.blk.kw)
     _prefetch_span(pr.blk.seqs + g * pr.blk.sw, e * pr.blk.sw)   # read by a hit
-    if tw:
-        _prefetch_span(pr.blk.tails + g * tw * 8, e * tw * 8)
+    if lw:
+        _prefetch_span(pr.blk.lows + g * lw * 8, e * lw * 8)
     return 0
 
 
@@ -363,25 +363,25 @@ cdef inline void _prefetch_span(const uint8_t *p, size_t n) noexcept nogil:
         bits.prefetch(p + n - 1)
 
 
-cdef int _probe_scan(Probe *pr, int k, HitBuf *hits, size_t tw, size_t psize) noexcept nogil:
+cdef int _probe_scan(Probe *pr, int k, HitBuf *hits, size_t lw, size_t psize) noexcept nogil:
     """Pass 4: push (seq, distance) of the block's entries in the probe's range within k,
     going on into the run's next blocks while the range does (equal keys may span blocks)."""
     cdef bint past
     cdef Block blk
     cdef size_t bi = pr.bi + 1, start = hits.n
     cdef size_t i = _lower_bound(&pr.blk, pr.lo, pr.dir.last[pr.bi], pr.guess)
-    cdef int rc = _scan_block(&pr.blk, i, pr.hi, pr.pk, k, hits, pr.pkt, tw, &past)
+    cdef int rc = _scan_block(&pr.blk, i, pr.hi, pr.pk, k, hits, pr.pkt, lw, &past)
     while rc == 0 and not past and bi < pr.dir.n:
-        rc = _dir_block(pr.dir, bi, psize, tw, &blk)
+        rc = _dir_block(pr.dir, bi, psize, lw, &blk)
         if rc == 0:
-            rc = _scan_block(&blk, 0, pr.hi, pr.pk, k, hits, pr.pkt, tw, &past)
+            rc = _scan_block(&blk, 0, pr.hi, pr.pk, k, hits, pr.pkt, lw, &past)
         bi += 1
     for i in range(start, hits.n):
         hits.h[i].q = pr.q
     return rc
 
 
-cdef int _run_probes(ProbeBuf *probes, int k, HitBuf *hits, size_t tw,
+cdef int _run_probes(ProbeBuf *probes, int k, HitBuf *hits, size_t lw,
                      size_t psize, RunDir **failed) noexcept nogil:
     """Passes 2 to 4 over the queued probes, each pass over all of them before the next;
     on an error, `failed` is the run of the probe that met it (its shard names the place)."""
@@ -391,12 +391,12 @@ cdef int _run_probes(ProbeBuf *probes, int k, HitBuf *hits, size_t tw,
         _probe_find(&probes.p[r])
     r = 0
     while r < probes.n and rc == 0:
-        rc = _probe_guess(&probes.p[r], tw, psize)
+        rc = _probe_guess(&probes.p[r], lw, psize)
         r += 1
     if rc == 0:
         r = 0
         while r < probes.n and rc == 0:
-            rc = _probe_scan(&probes.p[r], k, hits, tw, psize)
+            rc = _probe_scan(&probes.p[r], k, hits, lw, psize)
             r += 1
     if rc and r:
         failed[0] = probes.p[r - 1].dir

@@ -117,16 +117,16 @@ cdef enum:
     # hold keys >= lo.
     BLOCK_KEY = 20
     # Layout v2 (written): a V2_HEADER-byte header (magic, count u32, crc32 u32 of everything
-    # after it but the padding, key width u8, seq width u8, tail words u8, 1 zero byte, key
+    # after it but the padding, key width u8, seq width u8, low words u8, 1 zero byte, key
     # base u64, seq base u64; LE), `count` keys as kw-byte offsets from the key base, `count`
     # seqs as sw-byte offsets from the seq base, then (wide fingerprints only) `count` times
-    # `tail words` u64 LE: the permuted key's words after the first, then V2_PAD zero bytes
+    # `low words` u64 LE: the permuted key's words after the first, then V2_PAD zero bytes
     # so every entry is one unaligned 8-byte load. Widths are the fewest bytes that span the
-    # block's keys and seqs. Tail words are 0 at width 64, 1 at 128 and 3 at 256.
+    # block's keys and seqs. Low words are 0 at width 64, 1 at 128 and 3 at 256.
     V2_MAGIC = 0x32424953     # b"SIB2" read little-endian
     V2_HEADER = 32
     V2_PAD = 8
-    MAX_TAIL_WORDS = 3
+    MAX_LOW_WORDS = 3
     # A full block: with LMDB's 16-byte page header, exactly four 4 KiB overflow pages.
     BLOCK_BYTES = 16368
     V2_MAX_ENTRIES = BLOCK_BYTES - V2_HEADER - V2_PAD
