@@ -22,7 +22,9 @@ from .engine.pairs import group_pairs, stored_pairs
 from .engine.plan import DEFAULT_K, Plan, default_plan, default_shards
 from .radius import Calibration
 from .engine.records import last_seq, stale
-from .engine.results import Id, Match, Record, match_of, record_of, verified, verified_many
+from .engine.results import (
+    Id, Match, Record, kept_where, kept_where_many, match_of, record_of,
+)
 from .engine.shard import load_state
 from .engine.store import Store
 from .textcheck import Hit, TextCheck, keeps_sketches, text_check, text_sketch
@@ -308,18 +310,18 @@ class Index:
         return self._folded_store().count()
 
     def query(self, fingerprint: int, k: Optional[int] = None,
-              verify: Optional[Callable[[Match], bool]] = None) -> list[Match]:
+              where: Optional[Callable[[Match], bool]] = None) -> list[Match]:
         """Stored records within k bits (default: the index's k) of `fingerprint`.
 
         Sorted by distance, then by insertion order (the order of each record's latest add).
-        `verify(match) -> bool`, when given, drops the matches it rejects (for example a
+        `where(match) -> bool`, when given, drops the matches it rejects (for example a
         Jaccard check of stored shingles against the query document's).
         """
         st = self._store
         if st is not None and st.single is not None and (st.buffer is None or not st.buffer.n):
             out = st.single.query(fingerprint, k)     # compiled; None: not its case
             if out is not None:
-                return out if verify is None else verified(out, verify)
+                return out if where is None else kept_where(out, where)
         st = self._open_store()
         plan = st.plan
         k = plan.k if k is None else self._k(k, st)
@@ -329,11 +331,11 @@ class Index:
         if buf is not None and buf.n:
             buf.fold_if_old()
             if buf.n:
-                return verified(self._query_buffered(st, fp, k), verify)
+                return kept_where(self._query_buffered(st, fp, k), where)
         if plan.width != 64:
-            return verified(st.query_one(fp, k), verify)
+            return kept_where(st.query_one(fp, k), where)
         out = st.read(_query_one, plan.permuter, fp, k)
-        return out if verify is None else verified(out, verify)
+        return out if where is None else kept_where(out, where)
 
     @staticmethod
     def _query_buffered(st: Store, fp: int, k: int) -> list[Match]:
@@ -343,17 +345,17 @@ class Index:
         return st.buffer.query(fp, k, lambda: st.query_one(fp, k), Match)
 
     def query_many(self, fingerprints: Fingerprints, k: Optional[int] = None,
-                   verify: Optional[Callable[[int, Match], bool]] = None) -> list[list[Match]]:
+                   where: Optional[Callable[[int, Match], bool]] = None) -> list[list[Match]]:
         """query() for each fingerprint, as one batch scanned without the GIL.
 
-        `verify(query_index, match) -> bool` drops the matches it rejects.
+        `where(query_index, match) -> bool` drops the matches it rejects.
         """
         st = self._open_store()
         k = self._k(k)
         q = fp_array(fingerprints) if st.plan.width == 64 else \
             words_array(fingerprints, st.plan.width)
         st.fold()
-        return verified_many(st.query(q, k), verify)
+        return kept_where_many(st.query(q, k), where)
 
     def _hits_many(self, fingerprints: Fingerprints, k: Optional[int] = None) -> list:
         """query_many()'s matches as the core finds them: per fingerprint, (distance,
@@ -400,7 +402,7 @@ class Index:
         return fp
 
     def query_text(self, text: str, k: Optional[int] = None,
-                   verify: Optional[Callable[[Match], bool]] = None,
+                   where: Optional[Callable[[Match], bool]] = None,
                    min_similarity: Optional[float] = None) -> list[Match]:
         """query() with the fingerprint of `text` under the index's scheme.
 
@@ -409,17 +411,17 @@ class Index:
         the radius that finds them (see simindex/textcheck.py); records stored without a
         sketch count on their distance alone.
         """
-        return self._query_text(text, k, verify, min_similarity)[1]
+        return self._query_text(text, k, where, min_similarity)[1]
 
     def _query_text(self, text: str, k: Optional[int] = None,
-                    verify: Optional[Callable[[Match], bool]] = None,
+                    where: Optional[Callable[[Match], bool]] = None,
                     min_similarity: Optional[float] = None) -> tuple:
         """(fingerprint, matches) of query_text (the server answers with both)."""
         st = self._open_store()
         check = self._text_check(st, k, min_similarity)
         if check is None:
             fp = self.fingerprint(text)
-            return fp, self.query(fp, k=k, verify=verify)
+            return fp, self.query(fp, k=k, where=where)
         fp, (sketch, size) = text_sketch(text, st.manifest.get("scheme"), st.plan.width)
         q = np.array([fp], dtype=np.uint64) if st.plan.width == 64 else \
             words_array([fp], st.plan.width)
@@ -430,7 +432,7 @@ class Index:
                 lambda id_, f, d, mb: Hit(d, f, 0, id_, mb), raw=True)
         else:
             hits = st.query(q, check.k, matches=False)[0]
-        return fp, verified([match_of(h) for h in check.passing(sketch, size, hits)], verify)
+        return fp, kept_where([match_of(h) for h in check.passing(sketch, size, hits)], where)
 
     def add_unique_text(self, id: Id, text: str, meta: Any = None,
                         k: Optional[int] = None,

@@ -99,7 +99,7 @@ def test_query_text_and_verify_see_buffered_records(tmp_path, no_age_fold):
         got = idx.query_text("the quick brown fox jumps over the lazy dog")
         assert got[0].id == "a" and got[0].meta == {"w": 9}
         assert idx.query_text("the quick brown fox jumps over the lazy dog",
-                              verify=lambda m: m.id != "a") == [m for m in got if m.id != "a"]
+                              where=lambda m: m.id != "a") == [m for m in got if m.id != "a"]
         assert hook.buffered(idx) == 2
 
 

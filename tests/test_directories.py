@@ -142,7 +142,7 @@ def test_single_query_takes_every_input_the_python_path_takes(tmp_path):
         assert [m.id for m in want] == [7] and want[0].distance == 2
         assert idx.query(np.uint64(q)) == want                  # numpy ints: the Python path
         assert idx.query(q, k=2) == want and idx.query(q, k=1) == []
-        assert idx.query(q, verify=lambda m: False) == []
+        assert idx.query(q, where=lambda m: False) == []
         for bad, err in [(-1, simindex.InputError), (2**64, simindex.InputError),
                          ("7", simindex.InputTypeError), (1.0, simindex.InputTypeError),
                          (True, simindex.InputTypeError)]:

@@ -296,8 +296,8 @@ def test_cluster_edge_cases_and_errors(local_ray, tmp_path, monkeypatch):
     with dist.Cluster("i") as c:
         assert len(c) == 4 and 1.5 not in c and "c" in c
         assert [m.id for m in c.query_text("the quick brown fox jumps", k=0)] == ["doc"]
-        assert [m.id for m in c.query(1, verify=lambda m: m.id != "a")] == ["b", "c"]
-        assert [[m.id for m in ms] for ms in c.query_many([1], verify=lambda i, m: False)] == [[]]
+        assert [m.id for m in c.query(1, where=lambda m: m.id != "a")] == ["b", "c"]
+        assert [[m.id for m in ms] for ms in c.query_many([1], where=lambda i, m: False)] == [[]]
         assert c.add_text("doc2", "an entirely different sentence about ducks") > 0
         with simindex.Index("i", readonly=True) as idx:
             assert sorted(c.pairs()) == sorted(idx.pairs())

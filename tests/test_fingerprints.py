@@ -297,11 +297,11 @@ def test_index_text_calls_use_the_recorded_scheme(tmp_path):
 def test_query_verify_drops_rejected_candidates(tmp_path):
     with simindex.Index(tmp_path / "i") as idx:
         idx.add_many([("keep", 0, {"ok": True}), ("drop", 1, {"ok": False})])
-        assert [m.id for m in idx.query(0, verify=lambda m: m.meta["ok"])] == ["keep"]
-        res = idx.query_many([0, 1], verify=lambda i, m: m.meta["ok"])
+        assert [m.id for m in idx.query(0, where=lambda m: m.meta["ok"])] == ["keep"]
+        res = idx.query_many([0, 1], where=lambda i, m: m.meta["ok"])
         assert [[m.id for m in ms] for ms in res] == [["keep"], ["keep"]]
         with pytest.raises(simindex.InputTypeError):
-            idx.query(0, verify=3)
+            idx.query(0, where=3)
 
 
 @given(st.text(max_size=300))

@@ -23,7 +23,7 @@ from ..errors import (
 from ..signatures.fingerprints import fingerprint
 from ..engine.protocol import LAG_LIMIT
 from ..engine.results import (
-    Id, Match, Record, check_verify, match_of, record_of, verified, verified_many,
+    Id, Match, Record, check_where, match_of, record_of, kept_where, kept_where_many,
 )
 from ..textcheck import TextCheck, keeps_sketches, text_check, text_sketch
 from ..engine.transactions import is_io
@@ -362,42 +362,42 @@ class Cluster:
 
     # ------------------------------------------------------------ reads
     def query_many(self, fingerprints: Any, k: Optional[int] = None,
-                   verify: Optional[Callable[[int, Match], bool]] = None
+                   where: Optional[Callable[[int, Match], bool]] = None
                    ) -> list[list[Match]]:
         """As Index.query_many: shards scan their parts at once, then the ledger resolves."""
         self._check()
         k = self._k(k)
         q = self._fps(fingerprints)
-        if verify is not None:
-            check_verify(verify)
+        if where is not None:
+            check_where(where)
         if not len(q):
             return []
         # every shard snapshot is taken before the ledger's records snapshot (see resolve)
         qidx, seqs, dists, applied = route.scan(self.plan, self.shards, q, k)
         hits = fetch(self.ledger.resolve.remote(q, qidx, seqs, dists, applied, k))
         out = [[match_of(h) for h in hs] for hs in hits]
-        if verify is not None:
-            out = verified_many(out, verify)
+        if where is not None:
+            out = kept_where_many(out, where)
         return out
 
     def query(self, fingerprint: int, k: Optional[int] = None,
-              verify: Optional[Callable[[Match], bool]] = None) -> list[Match]:
+              where: Optional[Callable[[Match], bool]] = None) -> list[Match]:
         ms = self.query_many(self._fps([self._fp(fingerprint)]), k)[0]
-        return verified(ms, verify)
+        return kept_where(ms, where)
 
     def query_text(self, text: str, k: Optional[int] = None,
-                   verify: Optional[Callable[[Match], bool]] = None,
+                   where: Optional[Callable[[Match], bool]] = None,
                    min_similarity: Optional[float] = None) -> list[Match]:
         """As Index.query_text."""
         self._check()
         check = self.text_check(min_similarity, k)
         if check is None:
-            return self.query(self.fingerprint(text), k, verify)
+            return self.query(self.fingerprint(text), k, where)
         fp, (sketch, size) = text_sketch(text, self.scheme, self.plan.width)
         q = self._fps([fp])
         qidx, seqs, dists, applied = route.scan(self.plan, self.shards, q, check.k)
         hits = fetch(self.ledger.resolve.remote(q, qidx, seqs, dists, applied, check.k))[0]
-        return verified([match_of(h) for h in check.passing(sketch, size, hits)], verify)
+        return kept_where([match_of(h) for h in check.passing(sketch, size, hits)], where)
 
     def get(self, id: Id) -> Optional[Record]:
         """The stored Record of `id`, or None."""

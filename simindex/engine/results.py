@@ -1,4 +1,4 @@
-"""What the index hands back: Record and Match, and the verify filter callers may pass.
+"""What the index hands back: Record and Match, and the `where` filter callers may pass.
 
 Queries build their Match objects in the core (registered here with set_match_type), so a
 query makes no intermediate Python object per match.
@@ -55,22 +55,22 @@ def record_of(value: Optional[bytes], words: int = 1) -> Optional[Record]:
     return Record(decode_id(idk), fp, unpack(mb, "meta value"))
 
 
-def check_verify(verify: object) -> None:
-    if not callable(verify):
-        raise InputTypeError(f"verify must be callable, got {type(verify).__name__}")
+def check_where(where: object) -> None:
+    if not callable(where):
+        raise InputTypeError(f"where must be callable, got {type(where).__name__}")
 
 
-def verified(matches: list, verify: Optional[Callable[[Match], bool]]) -> list:
-    """The matches `verify(match)` accepts (all of them without a verify)."""
-    if verify is None:
+def kept_where(matches: list, where: Optional[Callable[[Match], bool]]) -> list:
+    """The matches `where(match)` accepts (all of them without one)."""
+    if where is None:
         return matches
-    check_verify(verify)
-    return [m for m in matches if verify(m)]
+    check_where(where)
+    return [m for m in matches if where(m)]
 
 
-def verified_many(results: list, verify: Optional[Callable[[int, Match], bool]]) -> list:
-    """Per query i, the matches `verify(i, match)` accepts."""
-    if verify is None:
+def kept_where_many(results: list, where: Optional[Callable[[int, Match], bool]]) -> list:
+    """Per query i, the matches `where(i, match)` accepts."""
+    if where is None:
         return results
-    check_verify(verify)
-    return [[m for m in ms if verify(i, m)] for i, ms in enumerate(results)]
+    check_where(where)
+    return [[m for m in ms if where(i, m)] for i, ms in enumerate(results)]
