@@ -16,7 +16,7 @@ from ..signatures.fingerprints import DEFAULT_SCHEME
 from ..engine.pairs import group_pairs, join_table
 from ..engine.plan import DEFAULT_K, Plan, default_plan
 from ..engine.shard import entry_order
-from ..engine.transactions import Transactions
+from ..engine.transactions import TxnRunner
 from .cluster import connect, release
 from .route import fetch
 from .parts import collect, partitions
@@ -29,7 +29,7 @@ CHUNK = 1 << 20        # records per map partition of a stored index
 def _index_records(path, words):
     """(positions, fps, ids) of the live records of a stored index, in insertion order."""
     env = environments.open_records(path, readonly=True, sync=True)
-    txns = Transactions(path, [env], what=f"index {path}")
+    txns = TxnRunner(path, [env], what=f"index {path}")
     try:
         return txns.read_txn(env, lambda txn: records.live(txn, words))
     finally:

@@ -19,7 +19,7 @@ from ..values import words_array
 from ..errors import Error
 from ..engine.plan import Plan
 from ..engine.shard import load_state, scan as scan_shard
-from ..engine.transactions import Transactions
+from ..engine.transactions import TxnRunner
 from . import route
 
 
@@ -64,7 +64,7 @@ class ShardServer(_Server):
         self.plan = plan_of(path)
         self.shard = shard
         self.env = environments.open_shard(path, shard, readonly=readonly, sync=True)
-        self.txns = Transactions(path, [self.env], what=f"shard {shard} of index {path}")
+        self.txns = TxnRunner(path, [self.env], what=f"shard {shard} of index {path}")
 
     def applied(self):
         return self.txns.read_txn(self.env,
@@ -95,7 +95,7 @@ class LedgerServer(_Server):
         self.path = path
         self.plan = plan_of(path)
         self.env = environments.open_records(path, readonly=readonly, sync=True)
-        self.txns = Transactions(path, [self.env], what=f"the ledger of index {path}",
+        self.txns = TxnRunner(path, [self.env], what=f"the ledger of index {path}",
                                  contexts=True)
 
     def _once(self, request, fn):

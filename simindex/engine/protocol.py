@@ -30,7 +30,7 @@ from ._lmdb import Env, Txn
 from ._permute import Permuter
 from .plan import Plan
 from .shard import ShardWriter, sorted_entries
-from .transactions import Transactions
+from .transactions import TxnRunner
 
 # records per records/ transaction of a large add. LMDB gives a transaction's pages in the
 # order it writes them, its seqs (records) then its ids, so the larger the transaction the
@@ -75,7 +75,7 @@ SHARD_WRITE_FAILED = ("the records are committed and queries find them, and reop
                       "index brings its tables up to date")
 
 
-def commit(txns: Transactions, records_env: Env, idkeys: list, fps: np.ndarray,
+def commit(txns: TxnRunner, records_env: Env, idkeys: list, fps: np.ndarray,
            metas: list, replace: bool = True) -> list:
     """Commit records to records/ in chunks of RECORD_CHUNK, each atomic (and durable with
     sync); returns [(seq0, count, new)] of the chunks: their records got seqs seq0, seq0 +
@@ -90,7 +90,7 @@ def commit(txns: Transactions, records_env: Env, idkeys: list, fps: np.ndarray,
             for i in range(0, len(idkeys), RECORD_CHUNK)]
 
 
-def commit_prepared(txns: Transactions, records_env: Env, plan: Plan, idkeys: list,
+def commit_prepared(txns: TxnRunner, records_env: Env, plan: Plan, idkeys: list,
                     fps: np.ndarray, metas: list, replace: bool = True,
                     jobs: int = 1) -> Optional[Prepared]:
     """commit() the records of a bulk load while a second thread prepares their pass for
@@ -293,7 +293,7 @@ def apply(txn: Txn, plan: Plan, shard: int, entries: Entries, last: int,
     return last
 
 
-def catch_up(txns: Transactions, plan: Plan, lag: int = 0, jobs: int = 1,
+def catch_up(txns: TxnRunner, plan: Plan, lag: int = 0, jobs: int = 1,
              prepared: Optional[Prepared] = None) -> None:
     """Bring the shards of a store (txns.envs: records, then each shard) up to the last
     committed record, in passes of APPLY_CHUNK records (a pass over more than SORT_ENTRIES
@@ -389,7 +389,7 @@ def _advance(txns, plan, shards, applied, last):
             txns.write(shards[s], bump, then=SHARD_WRITE_FAILED)
 
 
-def raise_seq_floor(txns: Transactions, records_env: Env, top: int) -> None:
+def raise_seq_floor(txns: TxnRunner, records_env: Env, top: int) -> None:
     """Never hand out a seq at or below `top` (the highest seq any shard applied): after an
     OS crash with sync=False a shard may hold seqs the records lost, and their stale table
     entries must never match a new record."""

@@ -27,13 +27,13 @@ from ..errors import (
 )
 from .plan import DEFAULT_K, DEFAULT_SHARDS, Plan
 from .shard import ShardWriter
-from .transactions import Transactions, space_error
+from .transactions import TxnRunner, space_error
 
 
 class Store:
     """The records and shard environments of one index in this process, and its writes."""
 
-    txns: Transactions                  # the runners, made once the environments are open
+    txns: TxnRunner                  # the runners, made once the environments are open
     read: Callable[..., Any]                  # txns.read(fn, *args), bound once
 
     def __init__(self, path: str, *, k: Optional[int], blocks: Optional[int],
@@ -88,7 +88,7 @@ class Store:
                 raise space_error(e, path) from None
             raise
         self.records, self.shard_envs = envs[0], envs[1:]
-        self.txns = Transactions(path, envs, what=f"index {path}", contexts=True)
+        self.txns = TxnRunner(path, envs, what=f"index {path}", contexts=True)
         self.read = self.txns.read           # the runner itself: no extra call per query
         # Index.query's compiled hot path (64-bit plans; None answers: take the Python path)
         perm = self.plan.permuter
@@ -209,7 +209,7 @@ class Store:
 
     def snapshot(self):
         """Read transactions [records, shard 0, shard 1, ...] of one moment (see
-        Transactions.snapshot)."""
+        TxnRunner.snapshot)."""
         return self.txns.snapshot()
 
     def get(self, idkey: bytes) -> Optional[bytes]:

@@ -27,8 +27,8 @@ READER_CHECK_EVERY = 1.0   # seconds between clearing the reader slots of dead p
 LOW_SPACE = 4 << 20        # an EIO with less free space than this is a short write: disk full
 
 
-class Transactions:
-    """Runners over a fixed list of environments.
+class TxnRunner:
+    """Runs the read and write transactions of a fixed list of environments.
 
     With `contexts`, envs[0] is records/ and the rest are shards (all of them, or none: the
     Ray ledger), and `read()` runs in a pooled ReadContext over them; `what` names the

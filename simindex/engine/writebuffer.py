@@ -44,7 +44,7 @@ from .codec import (
     MAX_LOG_RECORD, decode_id, encode_id, pack_log_record, unpack, unpack_log_record, words_array,
 )
 from ..errors import CorruptError, DiskFullError, StorageError, closed_error
-from .transactions import Transactions, space_error
+from .transactions import TxnRunner, space_error
 
 FOLD = 4096            # records a buffer holds at most: an add that finds it full folds it
 FOLD_AGE = 1.0         # seconds: an add or query that finds an older record folds first
@@ -216,7 +216,7 @@ class Replay:
         self.torn_bytes = 0      # bytes of torn or damaged log tails skipped
 
 
-def replay_logs(index_path: str, txns: Transactions, records_env: Env,
+def replay_logs(index_path: str, txns: TxnRunner, records_env: Env,
                 width: int = 64) -> Replay:
     """Apply the logs of writers that died with records buffered (a writable open of a
     `width`-bit index)."""
@@ -243,7 +243,7 @@ def replay_logs(index_path: str, txns: Transactions, records_env: Env,
     return done
 
 
-def replay_file(f, path: str, token: str, txns: Transactions, records_env: Env,
+def replay_file(f, path: str, token: str, txns: TxnRunner, records_env: Env,
                 done: Replay, width: int = 64) -> None:
     """Replay the log open as `f` unless its writer lives (holds its lock) or another
     process replayed and removed it since `f` was opened."""
@@ -318,7 +318,7 @@ class WriteBuffer:
     in between.
     """
 
-    def __init__(self, index_path: str, txns: Transactions, records_env: Env,
+    def __init__(self, index_path: str, txns: TxnRunner, records_env: Env,
                  write_lock, after_fold: Callable[[], None], width: int = 64) -> None:
         self.path = index_path
         self.width = width

@@ -132,7 +132,7 @@ include "_query_shard.pxi"      # scan_shard, for the Ray shard servers
 # ---------------------------------------------------------------- the single query
 cdef class SingleQuery:
     """Index.query's hot path on a 64-bit index in one compiled call: the checks, resize gate
-    and context pool of Transactions.read, then the query.
+    and context pool of TxnRunner.read, then the query.
 
     It answers None for whatever it does not take (a fingerprint or k of another type or out
     of range, a closed or forked handle, a map another process grew): the Python path then
