@@ -168,7 +168,7 @@ def cli():
     """Exact near-duplicate search over 64-, 128- and 256-bit simhash fingerprints."""
 
 
-@cli.command()
+@cli.command(short_help="Add the records of INPUT files to INDEX, creating it if missing.")
 @click.argument("index")
 @click.argument("inputs", nargs=-1)
 @click.option("--k", type=click.IntRange(0, 255), help="Bits of difference the index finds "
@@ -244,7 +244,7 @@ def build(index, inputs, k, blocks, width, prefix_blocks, shards, expected, sche
     _say(f"simindex: {summary}", quiet)
 
 
-@cli.command()
+@cli.command(short_help="Print the near-duplicates in INDEX of each record of INPUT.")
 @click.argument("index")
 @click.argument("inputs", nargs=-1)
 @click.option("--k", type=click.IntRange(0, 255), help="Bits of difference (default and "
@@ -312,7 +312,7 @@ def query(index, inputs, k, output, ray_address, fmt, fp_format, max_line, on_er
     _say(f"simindex: answered {n} queries, skipped {skips.n} lines", quiet)
 
 
-@cli.command()
+@cli.command(short_help="Print INDEX's parameters, counts and sizes.")
 @click.argument("index")
 def info(index):
     """Parameters, counts, runs, shards, bytes on disk, scheme and format of INDEX."""
@@ -325,7 +325,7 @@ def info(index):
         click.echo(f"{key}\t{value}")
 
 
-@cli.command()
+@cli.command(short_help="Print every near-duplicate pair in INDEX.")
 @click.argument("index")
 @click.option("--k", type=click.IntRange(0, 255), help="Bits of difference (default: the "
               "index's k).")
@@ -339,7 +339,7 @@ def pairs(index, k):
             _fail(str(e))
 
 
-@cli.command()
+@cli.command(short_help="Print the groups of near-duplicates in INDEX, one per line.")
 @click.argument("index")
 @click.option("--k", type=click.IntRange(0, 255), help="Bits of difference (default: the "
               "index's k).")
@@ -353,7 +353,7 @@ def clusters(index, k):
             _fail(str(e))
 
 
-@cli.command()
+@cli.command(short_help="Remove records from INDEX by id.")
 @click.argument("index")
 @click.argument("ids", nargs=-1)
 @click.option("--input", "input_", help="Read ids, one per line, from this file ('-': stdin; "
@@ -405,7 +405,7 @@ def _read_ids(path):
     return out
 
 
-@cli.command()
+@cli.command(short_help="Check INDEX for damage; exit 1 if any is found.")
 @click.argument("index")
 def verify(index):
     """Check every table of INDEX against its records; exit 1 listing any damage."""
@@ -426,7 +426,7 @@ def verify(index):
     _say("simindex: index is sound")
 
 
-@cli.command()
+@cli.command(short_help="Rebuild INDEX's damaged shards from its records.")
 @click.argument("index")
 def repair(index):
     """Rebuild the damaged shards of INDEX from its records, then verify it (records/ is
@@ -441,7 +441,7 @@ def repair(index):
     _say(f"simindex: index is sound ({len(done)} shard(s) rebuilt)")
 
 
-@cli.command()
+@cli.command(short_help="Merge INDEX's runs and drop removed records.")
 @click.argument("index")
 def compact(index):
     """Merge each table's runs of INDEX into one and drop removed entries."""
@@ -454,7 +454,7 @@ def compact(index):
     _say(f"simindex: compacted: {s['runs']} runs, {s['bytes']} bytes on disk")
 
 
-@cli.command()
+@cli.command(short_help="Print the table plans for SIZE fingerprints within K bits.")
 @click.option("--size", type=click.IntRange(1), required=True, help="Expected fingerprints.")
 @click.option("--k", type=click.IntRange(0, 255), default=DEFAULT_K, show_default=True)
 @click.option("--width", type=click.Choice(["64", "128", "256"]), default="64",
@@ -489,7 +489,7 @@ def plan(size, k, width, top):
                    f"{choice if (m, p) == chosen else ''}")
 
 
-@cli.command()
+@cli.command(short_help="Print the width and k that a similarity threshold needs.")
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--min-similarity", type=click.FloatRange(0, 1, min_open=True), required=True,
               help="The similarity threshold: pairs at or above it are the ones to find.")
@@ -544,7 +544,7 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
                f"in the input; {cal.describe()}", err=True)
 
 
-@cli.command()
+@cli.command(short_help="Write the rows of INPUTS without their near-duplicates.")
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--output", "-o", required=True, help="Where the kept rows go (written to a "
               "temporary name and renamed when complete). Format: --output-format, else "
@@ -661,7 +661,7 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
         click.echo(f"simindex dedup: {summary}", err=True)
 
 
-@cli.command()
+@cli.command(short_help="Serve INDEX over HTTP (JSON).")
 @click.argument("index")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. "
               "One that other machines reach needs a token (or --insecure).")

@@ -64,8 +64,10 @@ def main(argv=None):
         groups.sort()                    # groups holding near (not identical) copies first
         print(f"indexed {len(idx)} copyright files from {a.dir} ({len(fresh)} new or changed) "
               f"in {built:.2f} s into {a.index}/ (k={idx.k}, scheme {idx.scheme})")
-        print(f"{len(groups)} groups of near-duplicates (within {idx.k} bits); a few, each "
-              f"member with its distance in bits to the first:")
+        print(f"{len(groups)} groups of near-duplicates (chains of documents within {idx.k} "
+              f"bits of one another, so a member may lie farther from the first); a few, "
+              f"those with near rather than identical copies first, each member with its "
+              f"distance in bits to the first:")
         for _same, _size, dist in groups[:6]:
             members = ", ".join(f"{m} ({d})" for d, m in dist[:6])
             more = f" ... (+{len(dist) - 6})" if len(dist) > 6 else ""
