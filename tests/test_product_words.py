@@ -1,12 +1,13 @@
 """The product speaks of itself: README, the documentation, the code, the tests and the tools
 describe simindex and its use, never the history of its making. What changed and when
 belongs in CHANGELOG.md alone. A benchmark states its method and conditions ("on a 2-core
-VM whose host takes back freed memory"), not a log of runs ("the latest run", "on
-2026-11-25", "this VM").
+VM whose host takes back freed memory"), not a log of dated runs on one machine.
 
 Each rule below names a kind of phrase that only makes sense to someone who followed the
 work, with a pattern precise enough that legitimate text (a hash seed, a MinHash round, a
-process's own session, records of a dedup's earlier runs) does not match it."""
+process's own session, records of a dedup's earlier runs) does not match it. The examples
+of what each rule finds carry a '·' inside a word, removed before matching, so that this
+file holds none of the phrases it looks for."""
 
 import os
 import re
@@ -79,22 +80,23 @@ def test_no_file_speaks_of_the_history_or_planning_of_the_work():
 
 
 @pytest.mark.parametrize("line", [
-    "Fixed as of issue 32, see #35.",
-    "Performance, round 3: the scan is faster.",
-    "as planned in seed 004",
-    "we went with option 2",
-    "on this VM the build takes 40 s",
-    "the cost model measured on this project's machines",
-    "copy it to /work/main/index first",
-    "left over from the previous session",
-    "the latest runs (2026-11-25) gave 3.9x",
-    "the run before gave 29.7x",
-    "we used to sort in Python",
-    "bounded by memory for now; not built yet",
-    "# TODO: split the records by seq range",
+    "Fixed as of is·sue 32, see #·35.",
+    "Performance, rou·nd 3: the scan is faster.",
+    "as planned in se·ed 004",
+    "we went with opt·ion 2",
+    "on this V·M the build takes 40 s",
+    "the cost model measured on this pro·ject's machines",
+    "copy it to /wo·rk/main/index first",
+    "left over from the previous ses·sion",
+    "the lat·est runs (2026-11·-25) gave 3.9x",
+    "the run be·fore gave 29.7x",
+    "we us·ed to sort in Python",
+    "bounded by memory for n·ow; not bu·ilt yet",
+    "# TO·DO: split the records by seq range",
 ])
 def test_each_kind_of_phrase_is_found(line):
-    assert findings([("x.md", line)])
+    assert not findings([("x.md", line)])            # as written here: nothing to find
+    assert findings([("x.md", line.replace("·", ""))])
 
 
 @pytest.mark.parametrize("line", [
