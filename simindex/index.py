@@ -11,10 +11,7 @@ from .engine import registry, verify as _verify
 from .engine._join import hamming as _hamming
 from .engine._layout import DB_IDS, MANIFEST
 from .engine._query import ReadContext
-from .engine.codec import (
-    MAX_FP, Packed, check_fp, check_wide_fp, encode_id, encode_records, fp_array, pack_meta,
-    words_array,
-)
+from .engine.codec import Packed, encode_id, encode_records, pack_meta
 from .errors import InputError, InputTypeError, ParameterError, ReadOnlyError, closed_error
 from .signatures.fingerprints import DEFAULT_SCHEME, scheme_name, scheme_width
 from .signatures.fingerprints import fingerprint as _fingerprint
@@ -27,6 +24,7 @@ from .engine.results import (
 )
 from .engine.shard import load_state
 from .engine.store import Store
+from .values import MAX_FP, check_fp, check_wide_fp, fp_array, words_array
 from .textcheck import Hit, TextCheck, keeps_sketches, text_check, text_sketch
 
 Fingerprints = Union[Iterable[int], np.ndarray]
@@ -68,8 +66,10 @@ class Index:
                 ("\0" in os.fsdecode(os.fspath(path))):
             raise ParameterError(f"an index path cannot hold a NUL character: "
                                  f"{os.fsdecode(os.fspath(path))!r:.80}")
-        if isinstance(calibration, Calibration) and isinstance(path, (str, bytes, os.PathLike)) \
-                and not os.path.exists(os.path.join(os.fsdecode(os.fspath(path)), MANIFEST)):
+        # a path without a manifest is a new index: the arguments below decide how it is made
+        new = isinstance(path, (str, bytes, os.PathLike)) and \
+            not os.path.exists(os.path.join(os.fsdecode(os.fspath(path)), MANIFEST))
+        if isinstance(calibration, Calibration) and new:
             # a new index made for the calibration's scheme, width and k, and sized for the
             # rows it expects when it was told them (not for its sample alone)
             scheme = calibration.scheme if scheme is None else scheme
@@ -82,8 +82,7 @@ class Index:
         self._readonly = readonly
         self.path: str = os.path.abspath(os.fsdecode(os.fspath(path))) \
             if isinstance(path, (str, bytes, os.PathLike)) else repr(path)
-        if expected is not None and isinstance(path, (str, bytes, os.PathLike)) and \
-                not os.path.exists(os.path.join(os.fsdecode(os.fspath(path)), MANIFEST)):
+        if expected is not None and new:
             # a new index sized for `expected` fingerprints (ignored once it exists)
             if isinstance(expected, bool) or not isinstance(expected, int) or expected < 0:
                 raise ParameterError(f"expected must be a number of fingerprints, got "
@@ -99,8 +98,7 @@ class Index:
         if scheme is not None:
             scheme = scheme_name(scheme)               # a clear error for an unknown name
             scheme_width(scheme, 64 if width is None else width)   # and one without the width
-        elif isinstance(path, (str, bytes, os.PathLike)) and \
-                not os.path.exists(os.path.join(os.fsdecode(os.fspath(path)), MANIFEST)):
+        elif new:
             scheme = DEFAULT_SCHEME                    # what a new index records
         self._store = registry.acquire(path, k=k, blocks=blocks, shards=shards, create=create,
                                        readonly=readonly, sync=sync, scheme=scheme,

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _fingerprint, _text
 from ..errors import InputError, InputTypeError, ParameterError
-from ..scheme_names import aliases_of, known as known_scheme  # noqa: F401  (re-exported)
+from ..scheme_names import aliases_of
 
 WIDTHS = (64, 128, 256)
 DEFAULT_SCHEME = "simindex-v1"     # what a new index records unless told otherwise
