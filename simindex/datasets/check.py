@@ -149,18 +149,20 @@ class Check:
     compared exactly (the sets of rows judged in earlier batches wait in a Spill); records
     of earlier runs and of a reference through the sketch (and set size) they store."""
 
-    def __init__(self, t: float, measure: str, token: bytes, scratch: str) -> None:
+    def __init__(self, t: float, measure: str, token: bytes, scratch: Optional[str]) -> None:
         self.t, self.measure, self.token = t, measure, token
-        self.spill = Spill(scratch)
+        # without a scratch directory (a caller that holds the run's sets itself), no spill
+        self.spill = Spill(scratch) if scratch is not None else None
 
     def close(self) -> None:
-        self.spill.close()
+        if self.spill is not None:
+            self.spill.close()
 
     def recall(self, meta: Any, sketch: Optional[tuple]) -> Any:
         """A stored record's shingles: its exact set when this run judged its row, else the
         (sketch, set size or None) stored with it, else None (a record without them cannot
         be checked)."""
-        if is_mine(meta, self.token):
+        if is_mine(meta, self.token) and self.spill is not None:
             exact = self.spill.get(meta[1])
             if exact is not None:
                 return exact

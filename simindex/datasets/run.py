@@ -48,7 +48,7 @@ from ..inputs import parse_fp
 from ..engine.pairs import find_all
 from ..engine.results import Match
 from .check import Check, Shingles, batch_signatures, is_mine
-from .rows import Row, read_rows
+from .rows import Row, format_of, read_rows
 
 BATCH = 4096              # rows judged together: one query_many, one add_many
 BATCH_CHARS = 8 << 20      # ... or fewer, when their texts hold this many characters
@@ -170,30 +170,8 @@ class _Judge:
         kept_here: dict = {}           # batch position -> True for kept rows
         adds = []
         for i, (row, id_, fp, pos) in enumerate(zip(rows, ids, fps, positions)):
-            best = None                # (distance, order, id, reference, similarity, how)
-            mine = False
-            for m, sketch in stored[i]:
-                meta = m.meta
-                if is_mine(meta, token):
-                    if meta[1] == pos:
-                        mine = True    # kept by this run's earlier (killed) process
-                        continue
-                    if meta[1] > pos:
-                        continue       # kept later in this run's order: not before it
-                if best is not None and (m.distance, 0) >= best[:2]:
-                    continue
-                ok, sim, how = (True, None, None) if check is None else \
-                    check(sh[i], check.recall(meta, sketch))
-                if ok:
-                    best = (m.distance, 0, m.id, False, sim, how)
-            for m, sketch in refs[i] if refs is not None else ():
-                if best is not None and (m.distance, -1) >= best[:2]:
-                    break
-                ok, sim, how = (True, None, None) if check is None else \
-                    check(sh[i], check.recall(m.meta, sketch))
-                if ok:
-                    best = (m.distance, -1, m.id, True, sim, how)
-                    break
+            best, mine = greedy_outside(stored[i], refs[i] if refs is not None else (),
+                                        sh[i], pos, token, check)
             for j in earlier.get(i, ()):
                 if kept_here.get(j):
                     d = _distance(fps[i], fps[j])
@@ -227,6 +205,41 @@ class _Judge:
                                  f"too") from None
 
 
+def greedy_outside(stored: list, refs: Any, sh: Optional[Shingles], pos: list, token: bytes,
+                   check: Optional[Check], own: bool = True) -> tuple:
+    """(best, mine) of one row under the greedy rule, from its (Match, sketch) lists in the
+    index and the reference: best is (distance, order, id, reference, similarity, evidence)
+    of the nearest record that passes the check (a reference's first at its distance, order
+    -1, before the index's, order 0), or None; mine, whether this run already added the row
+    itself. This run's records at earlier positions count as matches when `own`, else they
+    are left to the caller (which judges this run's rows itself)."""
+    best = None
+    mine = False
+    for m, sketch in stored:
+        meta = m.meta
+        if is_mine(meta, token):
+            if meta[1] == pos:
+                mine = True        # kept by this run's earlier (killed) process
+                continue
+            if meta[1] > pos or not own:
+                continue           # kept later in this run's order: not before it
+        if best is not None and (m.distance, 0) >= best[:2]:
+            continue
+        ok, sim, how = (True, None, None) if check is None else \
+            check(sh, check.recall(meta, sketch))
+        if ok:
+            best = (m.distance, 0, m.id, False, sim, how)
+    for m, sketch in refs:
+        if best is not None and (m.distance, -1) >= best[:2]:
+            break
+        ok, sim, how = (True, None, None) if check is None else \
+            check(sh, check.recall(m.meta, sketch))
+        if ok:
+            best = (m.distance, -1, m.id, True, sim, how)
+            break
+    return best, mine
+
+
 def _distance(a: int, b: int) -> int:
     return bin(a ^ b).count("1")
 
@@ -242,8 +255,91 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
               on_error: Union[str, Callable[[BadLine], None]] = "stop",
               summary: Optional[Summary] = None) -> Iterator[Decision]:
     """A Decision for every row of `inputs`, in input order (see `dedup`)."""
+    paths = input_files(inputs)
+    mode = check_options(mode, keep, drop_all, jobs, min_similarity, recall, on_error)
+    if scheme is not None:
+        scheme = scheme_name(scheme)
+    measure = MEASURES[1] if containment else MEASURES[0]
+    summary = summary if summary is not None else Summary()
+    pool: Any = None
+    scratch = ref = idx = check = None
+    try:
+        scratch = tempfile.mkdtemp(prefix="simindex-dedup-")
+        if index is None:
+            index = os.path.join(scratch, "index")
+        new = not os.path.exists(os.path.join(index, manifest.NAME))
+        cal, made, scheme, width = choose_radius(
+            paths, new, k=k, scheme=scheme, width=width, min_similarity=min_similarity,
+            recall=recall, measure=measure, fmt=fmt, text_field=text_field,
+            fingerprint_field=fingerprint_field, time_budget=time_budget, summary=summary)
+        if jobs > 1 and (fingerprint_field is None or min_similarity is not None):
+            word = (scheme or DEFAULT_SCHEME) in WORD_SCHEMES if new else None
+            if word is False or (word is None and not _index_reads_words(index)):
+                pool = ProcessPoolExecutor(jobs)
+                pool.submit(int).result()  # its workers fork now, before an index is open
+            else:
+                pool = ThreadPoolExecutor(jobs)
+        idx, ref, kk, min_similarity, measure = open_indexes(
+            index, against, new, cal, k=k, scheme=scheme, width=width,
+            min_similarity=min_similarity, measure=measure, summary=summary)
+        token = run_token(paths, text_field, id_field, fingerprint_field,
+                          judging(mode, kk, measure, min_similarity))
+        if min_similarity is not None:
+            check = Check(float(min_similarity), measure, token, scratch)
+        run = _Run(paths, fmt, text_field, id_field, fingerprint_field, keep, pool, on_error,
+                   summary, idx, check is not None, made)
+        judge = _Judge(idx, ref, kk, token, check)
+        if mode == "greedy":
+            with closing(run.batches()) as batches:      # its reader stops before the pool
+                for batch in batches:
+                    yield from run.judged(batch, judge)
+        else:
+            yield from _components(run, judge, drop_all)
+        idx.flush()
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+        if check is not None:
+            check.close()
+        if ref is not None:
+            ref.close()
+        if idx is not None:
+            idx.close()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def input_files(inputs: Union[str, Iterable[str]]) -> list:
+    """The files of a run's inputs, in order: each file as given, and each directory's
+    files of a known format (by extension; hidden ones left out) in name order: a directory
+    of shards reads as the shards one after another."""
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
-    paths = [os.fspath(p) for p in paths]
+    out = []
+    for p in map(os.fspath, paths):
+        if not os.path.isdir(p):
+            out.append(p)
+            continue
+        names = sorted(n for n in os.listdir(p) if not n.startswith((".", "_")) and
+                       os.path.isfile(os.path.join(p, n)) and _known_format(n))
+        if not names:
+            raise ParameterError(f"{p}: the directory holds no .jsonl, .csv or .parquet "
+                                 f"file (optionally .gz)")
+        out += [os.path.join(p, n) for n in names]
+    return out
+
+
+def _known_format(name: str) -> bool:
+    try:
+        format_of(name)
+    except ParameterError:
+        return False
+    return True
+
+
+def check_options(mode: Optional[str], keep: str, drop_all: bool, jobs: int,
+                  min_similarity: Optional[float], recall: Optional[float],
+                  on_error: Any) -> str:
+    """The mode a run's options choose, each option checked (ParameterError naming it)."""
     if mode is None:
         mode = "components" if drop_all or keep != "first" else "greedy"
     if mode not in MODES:
@@ -265,42 +361,41 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
     if on_error not in ("stop", "skip") and not callable(on_error):
         raise ParameterError(f"on_error must be 'stop', 'skip' or a callable, got "
                              f"{on_error!r}")
-    if scheme is not None:
-        scheme = scheme_name(scheme)
-    measure = MEASURES[1] if containment else MEASURES[0]
-    summary = summary if summary is not None else Summary()
-    pool: Any = None
-    scratch = ref = idx = check = None
+    return mode
+
+
+def choose_radius(paths: list, new: bool, *, k: Optional[int], scheme: Optional[str],
+                  width: Optional[int], min_similarity: Optional[float],
+                  recall: Optional[float], measure: str, fmt: Optional[str],
+                  text_field: str, fingerprint_field: Optional[str],
+                  time_budget: Optional[float], summary: Summary) -> tuple:
+    """(calibration or None, the shingle sets it made, scheme, width) of a run: for a new
+    index with a similarity threshold and no k, the radius calibrated on the input's first
+    rows (RUN_SAMPLE_ROWS or RUN_SAMPLE_BYTES)."""
+    cal = None
+    made: dict = {}           # rows the calibration already read: their shingle sets
+    if new:
+        if min_similarity is not None and scheme is None and fingerprint_field is None:
+            scheme = SIMILARITY_SCHEME      # fingerprints read from a column are not
+        if min_similarity is not None and k is None and fingerprint_field is None:
+            cal, made = _calibrate_inputs(
+                paths, min_similarity, fmt=fmt, text_field=text_field, recall=recall,
+                scheme=scheme, width=width, measure=measure, sample=RUN_SAMPLE_ROWS,
+                sample_bytes=RUN_SAMPLE_BYTES, sample_truth=False, time_budget=time_budget)
+            summary.calibration = cal
+            scheme, width = cal.scheme, cal.width
+    return cal, made, scheme, width
+
+
+def open_indexes(index: str, against: Optional[str], new: bool, cal: Optional[Calibration], *,
+                 k: Optional[int], scheme: Optional[str], width: Optional[int],
+                 min_similarity: Optional[float], measure: str, summary: Summary) -> tuple:
+    """(index, reference or None, k, threshold, measure) of a run: a new index is made for
+    k (default DEFAULT_K, or the calibration's); an existing one is asked at k, which must
+    not exceed its own, and keeps its calibration (and so the threshold it judges by).
+    Batches commit without fsync: the caller's flush at the end makes them durable."""
+    idx = ref = None
     try:
-        scratch = tempfile.mkdtemp(prefix="simindex-dedup-")
-        if index is None:
-            index = os.path.join(scratch, "index")
-        new = not os.path.exists(os.path.join(index, manifest.NAME))
-        cal = None
-        made: dict = {}           # rows the calibration already read: their shingle sets
-        if new:
-            if min_similarity is not None and scheme is None and fingerprint_field is None:
-                scheme = SIMILARITY_SCHEME      # fingerprints read from a column are not
-            if min_similarity is not None and k is None and fingerprint_field is None:
-                # the radius from the data: a sample of the input's first rows
-                cal, made = _calibrate_inputs(
-                    paths, min_similarity, fmt=fmt, text_field=text_field, recall=recall,
-                    scheme=scheme, width=width, measure=measure, sample=RUN_SAMPLE_ROWS,
-                    sample_bytes=RUN_SAMPLE_BYTES, sample_truth=False,
-                    time_budget=time_budget)
-                summary.calibration = cal
-                scheme, width = cal.scheme, cal.width
-        if jobs > 1 and (fingerprint_field is None or min_similarity is not None):
-            word = (scheme or DEFAULT_SCHEME) in WORD_SCHEMES if new else None
-            if word is False or (word is None and not _index_reads_words(index)):
-                pool = ProcessPoolExecutor(jobs)
-                pool.submit(int).result()  # its workers fork now, before an index is open
-            else:
-                pool = ThreadPoolExecutor(jobs)
-        # a new index is made for k (default DEFAULT_K, or the calibration's); an existing
-        # one is asked at k, which must not exceed its own, and keeps its calibration
-        # batches commit without fsync; the flush at the end makes them durable before
-        # the caller renames its outputs into place (a killed process loses nothing)
         idx = Index(index, k=(cal.k if cal is not None else DEFAULT_K if k is None else k)
                     if new else None, scheme=scheme, width=width, sync=False,
                     calibration=cal.stored() if cal is not None else None,
@@ -325,36 +420,23 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
         kk = idx.k if k is None else k
         if kk > idx.k:
             raise ParameterError(f"k ({kk}) is above the index's k ({idx.k})")
-        summary.radius = {"scheme": idx.scheme or DEFAULT_SCHEME, "width": idx.width, "k": kk,
-                          "min_similarity": min_similarity, "measure": measure,
-                          "expected_recall": stored["expected_recall"]
-                          if stored is not None and kk == stored["k"] else None}
-        token = run_token(paths, text_field, id_field, fingerprint_field,
-                          f"{mode} k={kk} {measure} >= {min_similarity}"
-                          if min_similarity is not None else f"{mode} k={kk}")
-        if min_similarity is not None:
-            check = Check(float(min_similarity), measure, token, scratch)
-        run = _Run(paths, fmt, text_field, id_field, fingerprint_field, keep, pool, on_error,
-                   summary, idx, check is not None, made)
-        judge = _Judge(idx, ref, kk, token, check)
-        if mode == "greedy":
-            with closing(run.batches()) as batches:      # its reader stops before the pool
-                for batch in batches:
-                    yield from run.judged(batch, judge)
-        else:
-            yield from _components(run, judge, drop_all)
-        idx.flush()
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-        if check is not None:
-            check.close()
+    except BaseException:
         if ref is not None:
             ref.close()
         if idx is not None:
             idx.close()
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    summary.radius = {"scheme": idx.scheme or DEFAULT_SCHEME, "width": idx.width, "k": kk,
+                      "min_similarity": min_similarity, "measure": measure,
+                      "expected_recall": stored["expected_recall"]
+                      if stored is not None and kk == stored["k"] else None}
+    return idx, ref, kk, min_similarity, measure
+
+
+def judging(mode: str, k: int, measure: str, min_similarity: Optional[float]) -> str:
+    """How a run judges, as its token records it."""
+    return f"{mode} k={k} {measure} >= {min_similarity}" if min_similarity is not None \
+        else f"{mode} k={k}"
 
 
 def _index_reads_words(index: str) -> bool:
@@ -486,6 +568,7 @@ class _Run:
         self.shingled = shingled      # shingle sets too (min_similarity needs the texts)
         self.made = made or {}        # minhash-v1 rows a calibration read: shingle sets
         self.events: Optional[list] = None   # rows read and rejected on the reader thread
+        self.files = list(enumerate(paths))   # (file number, path) of the files it reads
 
     def counted(self) -> None:
         """A row was read."""
@@ -518,7 +601,7 @@ class _Run:
             if not again:
                 self.counted()
                 self.rejected(e)
-        for p, path in enumerate(self.paths):
+        for p, path in self.files:
             for row in read_rows(path, self.fmt, None if self.on_error == "stop" else bad):
                 yield p, row
 
@@ -699,22 +782,36 @@ def _first_pass(good: list, ids: list, fps: list, pos: list, ranks: list, earlie
         ranks.append(g.rank)
         if check is not None:
             check.spill.put(pos[-1], g.sh.set)
-        best = None
-        for (m, sketch), isref in [(x, False) for x in stored[i]] + [(x, True) for x in refs[i]]:
-            meta = m.meta
-            if not isref and is_mine(meta, token):
-                if meta[1] == pos[-1]:
-                    present.add(base + i)
-                continue               # this run's own records: judged again here
-            if best is not None and (m.distance > best[0] or m.distance == best[0]
-                                     and not isref):
-                continue
-            theirs = check.recall(meta, sketch) if check is not None else None
-            ok, sim, how = (True, None, None) if check is None else check(g.sh, theirs)
-            if ok:
-                best = (m.distance, m.id, m.fingerprint, isref, sim, how, theirs)
+        best, mine = components_outside(stored[i], refs[i], g.sh, pos[-1], token, check)
+        if mine:
+            present.add(base + i)
         if best is not None:
             earlier[base + i] = best
+
+
+def components_outside(stored: list, refs: list, sh: Optional[Shingles], pos: list,
+                       token: bytes, check: Optional[Check]) -> tuple:
+    """(best, mine) of one row for the components mode: best is its nearest record of the
+    index or the reference that passes the check, as (distance, id, fingerprint, reference,
+    similarity, evidence, the record's shingles for later checks), or None (a reference's
+    wins a tie); mine, whether this run already added the row itself. This run's own
+    records are judged again with the run's rows, not here."""
+    best = None
+    mine = False
+    for (m, sketch), isref in [(x, False) for x in stored] + [(x, True) for x in refs]:
+        meta = m.meta
+        if not isref and is_mine(meta, token):
+            if meta[1] == pos:
+                mine = True
+            continue               # this run's own records: judged again here
+        if best is not None and (m.distance > best[0] or m.distance == best[0]
+                                 and not isref):
+            continue
+        theirs = check.recall(meta, sketch) if check is not None else None
+        ok, sim, how = (True, None, None) if check is None else check(sh, theirs)
+        if ok:
+            best = (m.distance, m.id, m.fingerprint, isref, sim, how, theirs)
+    return best, mine
 
 
 def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
@@ -766,48 +863,11 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
     members: dict = {}
     for i in range(n):
         members.setdefault(find(i), []).append(i)
-    # per row: None (kept, alone), its own id (kept, the head of its group) or
-    # (match id, distance, reference, cluster id, similarity, evidence)
     verdict: list = [None] * n
     for group in members.values():
-        outside = [earlier[i] for i in group if i in earlier]
-        if outside:
-            first = min(outside, key=lambda e: e[0])
-            for i in group:
-                if i in earlier:
-                    d, mid, mfp, isref, sim, how, _ = earlier[i]
-                    verdict[i] = (mid, d, isref, mid, sim, how)
-                    continue
-                d, mid, mfp, isref, _, _, theirs = first
-                ok, sim, how = (True, None, None) if check is None else \
-                    check(shingles(i), theirs)
-                if ok:
-                    verdict[i] = (mid, _distance(fps[i], mfp), isref, mid, sim, how)
-            continue
-        if len(group) == 1:
-            continue
-        best = group[0] if run.keep == "first" else \
-            max(group, key=lambda i: (ranks[i], -i))
-        head = shingles(best) if check is not None else None
-        gone = []
-        for i in group:
-            if i == best:
-                continue
-            ok, sim, how = (True, None, None) if check is None else check(shingles(i), head)
-            if ok:
-                verdict[i] = (ids[best], _distance(fps[i], fps[best]), False, ids[best],
-                              sim, how)
-                gone.append(i)
-        if not gone:
-            continue                       # nothing passed against the head: all stay
-        if drop_all:
-            other = gone[0]
-            sim, how = (None, None) if check is None else \
-                check(head, shingles(other))[1:]      # type: ignore[arg-type]
-            verdict[best] = (ids[other], _distance(fps[best], fps[other]), False, ids[best],
-                             sim, how)
-        else:
-            verdict[best] = ids[best]          # kept, the head of its group
+        if len(group) > 1 or group[0] in earlier:
+            verdict_of_group(group, earlier, ids, fps, ranks, run.keep, drop_all, check,
+                             shingles, verdict)
     adds: list = []
     i = 0
     for p, row in run.rows(again=True):
@@ -829,6 +889,51 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
         i += 1
     if adds:
         judge.add(adds)
+
+
+def verdict_of_group(group: list, earlier: dict, ids: Any, fps: Any, ranks: Any, keep: str,
+                     drop_all: bool, check: Optional[Check], shingles: Callable,
+                     verdict: Any) -> None:
+    """The components mode's decision for one group of rows (positions in input order),
+    into `verdict`: per row None (kept, alone), its own id (kept, the head of its group)
+    or (match id, distance, reference, cluster id, similarity, evidence). `earlier`: rows'
+    nearest outside records (components_outside); `shingles(i)`: row i's Shingles."""
+    outside = [earlier[i] for i in group if i in earlier]
+    if outside:
+        first = min(outside, key=lambda e: e[0])
+        for i in group:
+            if i in earlier:
+                d, mid, mfp, isref, sim, how, _ = earlier[i]
+                verdict[i] = (mid, d, isref, mid, sim, how)
+                continue
+            d, mid, mfp, isref, _, _, theirs = first
+            ok, sim, how = (True, None, None) if check is None else \
+                check(shingles(i), theirs)
+            if ok:
+                verdict[i] = (mid, _distance(fps[i], mfp), isref, mid, sim, how)
+        return
+    if len(group) == 1:
+        return
+    best = group[0] if keep == "first" else max(group, key=lambda i: (ranks[i], -i))
+    head = shingles(best) if check is not None else None
+    gone = []
+    for i in group:
+        if i == best:
+            continue
+        ok, sim, how = (True, None, None) if check is None else check(shingles(i), head)
+        if ok:
+            verdict[i] = (ids[best], _distance(fps[i], fps[best]), False, ids[best], sim, how)
+            gone.append(i)
+    if not gone:
+        return                             # nothing passed against the head: all stay
+    if drop_all:
+        other = gone[0]
+        sim, how = (None, None) if check is None else \
+            check(head, shingles(other))[1:]      # type: ignore[arg-type]
+        verdict[best] = (ids[other], _distance(fps[best], fps[other]), False, ids[best],
+                         sim, how)
+    else:
+        verdict[best] = ids[best]          # kept, the head of its group
 
 
 def _bad(e: BadLine, on_error, summary) -> None:
