@@ -70,18 +70,21 @@ def _open_text(path: str):
 
 
 def read_rows(path: str, fmt: Optional[str] = None,
-              on_error: Optional[Callable[[BadLine], None]] = None) -> Iterator[Row]:
+              on_error: Optional[Callable[[BadLine], None]] = None,
+              shown: Optional[str] = None) -> Iterator[Row]:
     """The rows of one file, in order. A row that breaks the format raises BadLine naming
     the file and row, or with `on_error` given is passed to it and skipped; an unreadable
-    file raises BadLine naming the file."""
+    file raises BadLine naming the file. `shown`: the file's name in rows' places and in
+    errors (default: `path`)."""
     fmt = format_of(path, fmt)
+    name = path if shown is None else shown
     try:
         if fmt == "parquet":
-            rows = _parquet_rows(path)
+            rows = _parquet_rows(path, name)
         elif fmt == "jsonl":
-            rows = _jsonl_rows(path)
+            rows = _jsonl_rows(path, name)
         else:
-            rows = _csv_rows(path)
+            rows = _csv_rows(path, name)
         for row in rows:
             if isinstance(row, BadLine):
                 if on_error is None:
@@ -90,10 +93,10 @@ def read_rows(path: str, fmt: Optional[str] = None,
             else:
                 yield row
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
-        raise BadLine(path, f"cannot read: {getattr(e, 'strerror', None) or e}") from None
+        raise BadLine(name, f"cannot read: {getattr(e, 'strerror', None) or e}") from None
 
 
-def _jsonl_rows(path):
+def _jsonl_rows(path, name):
     with _open_text(path) as f:
         n = 0
         for n, line in enumerate(f, 1):
@@ -101,7 +104,7 @@ def _jsonl_rows(path):
                 line = line[1:]
             if not line.strip():
                 continue
-            where = f"{path}:{n}"
+            where = f"{name}:{n}"
             try:
                 obj = json.loads(line)
             except (ValueError, RecursionError) as e:
@@ -115,7 +118,7 @@ def _jsonl_rows(path):
             yield Row(row, n, where)
 
 
-def _csv_rows(path):
+def _csv_rows(path, name):
     csv.field_size_limit(MAX_FIELD)
     with _open_text(path) as f:
         reader = csv.reader(f)
@@ -124,11 +127,11 @@ def _csv_rows(path):
         except StopIteration:
             return
         except csv.Error as e:
-            raise BadLine(f"{path}:1", f"not valid CSV: {e}") from None
+            raise BadLine(f"{name}:1", f"not valid CSV: {e}") from None
         if header and header[0].startswith("\ufeff"):
             header[0] = header[0][1:]
         if len(set(header)) != len(header):
-            raise BadLine(f"{path}:1", f"the header repeats a column: {header}")
+            raise BadLine(f"{name}:1", f"the header repeats a column: {header}")
         while True:
             n = reader.line_num + 1
             try:
@@ -136,28 +139,28 @@ def _csv_rows(path):
             except StopIteration:
                 return
             except csv.Error as e:
-                yield BadLine(f"{path}:{n}", f"not valid CSV: {e}")
+                yield BadLine(f"{name}:{n}", f"not valid CSV: {e}")
                 continue
             if not cells:
                 continue
             if len(cells) != len(header):
-                yield BadLine(f"{path}:{n}", f"{len(cells)} fields, the header has "
+                yield BadLine(f"{name}:{n}", f"{len(cells)} fields, the header has "
                                              f"{len(header)}")
                 continue
-            yield Row(dict(zip(header, cells)), n, f"{path}:{n}")
+            yield Row(dict(zip(header, cells)), n, f"{name}:{n}")
 
 
-def _parquet_rows(path):
+def _parquet_rows(path, name):
     pq = _pyarrow()
     try:
         f = pq.ParquetFile(path)
     except Exception as e:          # pyarrow raises its own types for damaged files
-        raise BadLine(path, f"not a readable Parquet file: {e}") from None
+        raise BadLine(name, f"not a readable Parquet file: {e}") from None
     n = 0
     for batch in f.iter_batches(batch_size=4096):
         for obj in batch.to_pylist():
             n += 1
-            yield Row(obj, n, f"{path}:{n}")
+            yield Row(obj, n, f"{name}:{n}")
 
 
 class RowWriter:

@@ -229,11 +229,10 @@ def greedy_outside(stored: list, refs: Any, sh: Optional[Shingles], pos: list, t
             check(sh, check.recall(meta, sketch))
         if ok:
             best = (m.distance, 0, m.id, False, sim, how)
-    for m, sketch in refs:
+    for m, sketch in refs:                 # a reference's records: by their sketches
         if best is not None and (m.distance, -1) >= best[:2]:
             break
-        ok, sim, how = (True, None, None) if check is None else \
-            check(sh, check.recall(m.meta, sketch))
+        ok, sim, how = (True, None, None) if check is None else check(sh, sketch)
         if ok:
             best = (m.distance, -1, m.id, True, sim, how)
             break
@@ -568,7 +567,8 @@ class _Run:
         self.shingled = shingled      # shingle sets too (min_similarity needs the texts)
         self.made = made or {}        # minhash-v1 rows a calibration read: shingle sets
         self.events: Optional[list] = None   # rows read and rejected on the reader thread
-        self.files = list(enumerate(paths))   # (file number, path) of the files it reads
+        # (file number, path, name shown in rows' places) of the files it reads
+        self.files = [(p, path, path) for p, path in enumerate(paths)]
 
     def counted(self) -> None:
         """A row was read."""
@@ -601,8 +601,9 @@ class _Run:
             if not again:
                 self.counted()
                 self.rejected(e)
-        for p, path in self.files:
-            for row in read_rows(path, self.fmt, None if self.on_error == "stop" else bad):
+        for p, path, shown in self.files:
+            for row in read_rows(path, self.fmt, None if self.on_error == "stop" else bad,
+                                 shown):
                 yield p, row
 
     def batches(self) -> Generator[list, None, None]:
@@ -807,7 +808,7 @@ def components_outside(stored: list, refs: list, sh: Optional[Shingles], pos: li
         if best is not None and (m.distance > best[0] or m.distance == best[0]
                                  and not isref):
             continue
-        theirs = check.recall(meta, sketch) if check is not None else None
+        theirs = None if check is None else sketch if isref else check.recall(meta, sketch)
         ok, sim, how = (True, None, None) if check is None else check(sh, theirs)
         if ok:
             best = (m.distance, m.id, m.fingerprint, isref, sim, how, theirs)

@@ -39,7 +39,10 @@ def _index_records(path, words):
 @ray.remote
 def _split(fps, positions, table, plan_args, pbits):
     """Map: one table's keys of a partition, cut into 2**pbits parts by leading bits (of
-    the first word: wide keys are (n, words) arrays sorted and joined by it)."""
+    the first word: wide keys are (n, words) arrays sorted and joined by it). `positions`:
+    the records' positions, or an int, the first of consecutive ones."""
+    if isinstance(positions, int):
+        positions = np.arange(positions, positions + len(fps), dtype=np.uint64)
     keys = Plan(**plan_args).permuter.keys(table, fps)
     if not pbits:
         return keys, positions

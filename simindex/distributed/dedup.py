@@ -1,0 +1,631 @@
+"""`simindex dedup` on Ray: the rows kept and the reports of the one-machine run, with the
+work spread over tasks and only counts passing through the driver.
+
+Stages (each a set of Ray tasks; a task lost with its worker is run again from its inputs):
+1. read: per input file, its rows fingerprinted (with their shingle sets when a similarity
+   threshold judges), and each row's nearest record of the index and the reference;
+2. join: every pair of rows within k bits, by the block-permutation join of `pairs`;
+3. verify: each pair's similarity check, the pairs cut by the file of their earlier row;
+4. components: the connected components of the verified pairs (components.py);
+5. resolve: per partition of components, the decision of each member (the greedy rule
+   in input order, or the components rule), exactly as the one-machine run decides;
+6. assemble and write: per file, every row's decision, the group sizes (a reduce by
+   cluster id when --annotate or --clusters asks for them), and its part of each output.
+The driver then adds the kept rows to --index (if given) and publishes the outputs, each
+a directory of part files renamed into place whole: a run's output is complete or absent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import tempfile
+import zlib
+from types import SimpleNamespace
+from typing import Any, Iterable, Optional, Union
+
+import numpy as np
+import ray
+
+from ..datasets.check import Check, Shingles
+from ..datasets.reports import ANNOTATIONS, _key
+from ..datasets.rows import RowWriter, format_of, read_rows
+from ..datasets.run import (
+    BATCH, Summary, _matches, _Run, check_options, choose_radius, components_outside,
+    greedy_outside, input_files, judging, open_indexes, run_token, verdict_of_group,
+)
+from ..engine import manifest
+from ..engine.codec import Packed, pack_meta
+from ..engine.plan import Plan, default_plan
+from ..errors import BadLine, InputError, ParameterError
+from ..index import Index
+from ..radius import MEASURES
+from ..signatures.fingerprints import scheme_name
+from ..values import words_array
+from .batch import _join, _split
+from .cluster import connect, release
+from .components import components
+from .route import fetch
+
+_U64 = np.uint64
+_EVIDENCE = (None, "exact", "sketch")
+
+
+class _Job(SimpleNamespace):
+    """What every task of one run needs to know (sent with each task)."""
+
+
+def _fps_array(fps: list, width: int) -> np.ndarray:
+    if width == 64:
+        return np.array(fps, dtype=_U64)
+    return words_array(fps, width)
+
+
+def _fp_int(fps: np.ndarray, i: int) -> int:
+    row = fps[i]
+    if fps.ndim == 1:
+        return int(row)
+    out = 0
+    for w in row.tolist():
+        out = (out << 64) | w
+    return out
+
+
+@ray.remote(num_returns=3)
+def _read(job: _Job, p: int, path: str, shown: str) -> tuple:
+    """Stage 1, one file: (fingerprints, counts and bad rows, the rest of its columns)."""
+    summary = Summary()
+    bad: list = []
+    run = _Run([path], job.fmt, job.text_field, job.id_field, job.fingerprint_field, job.keep,
+               None, "stop" if job.stop else bad.append, summary,
+               SimpleNamespace(width=job.width, scheme=job.scheme), job.check is not None)
+    run.files = [(p, path, shown)]
+    good: list = []
+    error = None
+    try:
+        for batch in run._batches():
+            good += batch
+    except BadLine as e:
+        error = e
+    fps = _fps_array([g.fp for g in good], job.width)
+    rest: dict = {"numbers": np.array([g.row.number for g in good], dtype=np.int64),
+                  "ids": [g.id for g in good], "ranks": [g.rank for g in good],
+                  "best": [None] * len(good), "mine": np.zeros(len(good), dtype=bool),
+                  "sets": None}
+    if job.check is not None:
+        sets = [g.sh.set for g in good]
+        rest["sets"] = (np.concatenate(sets) if sets else np.empty(0, _U64),
+                        np.cumsum([0] + [len(s) for s in sets], dtype=np.int64))
+    if error is None and good and (job.index is not None or job.against is not None):
+        _outside(job, good, rest)
+    info = {"rows": summary.rows, "skipped": bad, "error": error, "good": len(good)}
+    return fps, info, rest
+
+
+def _outside(job: _Job, good: list, rest: dict) -> None:
+    """Each row's nearest record of the index (records of earlier runs) and the reference,
+    by the mode's rule; this run's own records are judged with its rows instead."""
+    check = None if job.check is None else Check(*job.check, None)
+    idx = Index(job.index, readonly=True) if job.index is not None else None
+    ref = Index(job.against, readonly=True) if job.against is not None else None
+    try:
+        for s in range(0, len(good), BATCH):
+            part = good[s:s + BATCH]
+            q = [g.fp for g in part]
+            stored = _matches(idx, q, job.k, check) if idx is not None else [[]] * len(q)
+            refs = _matches(ref, q, job.k, check) if ref is not None else [[]] * len(q)
+            for i, g in enumerate(part, s):
+                pos = [g.p, g.row.number]
+                if job.mode == "greedy":
+                    best, mine = greedy_outside(stored[i - s], refs[i - s], g.sh, pos,
+                                                job.token, check, own=False)
+                else:
+                    best, mine = components_outside(stored[i - s], refs[i - s], g.sh, pos,
+                                                    job.token, check)
+                rest["best"][i] = best
+                rest["mine"][i] = mine
+    finally:
+        for x in (idx, ref):
+            if x is not None:
+                x.close()
+
+
+def _block_of(offsets: np.ndarray, g: np.ndarray) -> np.ndarray:
+    return np.searchsorted(offsets, g, side="right") - 1
+
+
+def _set_of(rest: dict, i: int) -> np.ndarray:
+    flat, offs = rest["sets"]
+    return flat[offs[i]:offs[i + 1]]
+
+
+@ray.remote
+def _verify(job: _Job, pairs: tuple, offsets: np.ndarray, sets: list) -> tuple:
+    """Stage 3, one join task's pairs: the links that pass the check, as (a, b, distance,
+    similarity, evidence code) with a < b, cut by the file of a; and (a, b) for the
+    components. `sets`: per file, a ref of its columns (fetched when a pair needs them)."""
+    a, b, d = pairs
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    sim = np.full(len(lo), np.nan)
+    ev = np.zeros(len(lo), dtype=np.int8)
+    if job.check is not None and len(lo):
+        check = Check(*job.check, None)
+        fa, fb = _block_of(offsets, lo), _block_of(offsets, hi)
+        got: dict = {}
+        ok = np.zeros(len(lo), dtype=bool)
+        for f in np.unique(np.concatenate([fa, fb])).tolist():
+            got[f] = ray.get(sets[f])
+        for j in range(len(lo)):
+            x = _set_of(got[fb[j]], int(hi[j] - offsets[fb[j]]))
+            y = _set_of(got[fa[j]], int(lo[j] - offsets[fa[j]]))
+            if job.mode == "greedy":       # the later row judged against the earlier one
+                passed, s, how = check(Shingles.of_set(x), y)
+            else:
+                passed, s, how = check(Shingles.of_set(y), Shingles.of_set(x), symmetric=True)
+            ok[j] = passed
+            sim[j] = np.nan if s is None else s
+            ev[j] = _EVIDENCE.index(how)
+        lo, hi, d, sim, ev = lo[ok], hi[ok], d[ok], sim[ok], ev[ok]
+    fa = _block_of(offsets, lo)
+    return ((lo, hi),) + tuple((lo[fa == f], hi[fa == f], d[fa == f], sim[fa == f], ev[fa == f])
+                               for f in range(len(offsets) - 1))
+
+
+@ray.remote
+def _labels(star: tuple, offsets: np.ndarray) -> Any:
+    """Stage 4's result, one chunk of star edges: (node, label) per file of the node."""
+    label, node = star
+    nodes = np.concatenate([node, label])
+    labels = np.concatenate([label, label])
+    f = _block_of(offsets, nodes)
+    out = tuple((nodes[f == b], labels[f == b]) for b in range(len(offsets) - 1))
+    return out if len(out) > 1 else out[0]
+
+
+@ray.remote
+def _route(job: _Job, offset: int, parts: int, nlabels: int, fps: np.ndarray, rest: dict,
+           *pieces: tuple) -> Any:
+    """One file's members of components and its links (by their earlier row), cut by the
+    partition of their component's label. `pieces`: `nlabels` (node, label) pieces of
+    stage 4, then the file's links from each task of stage 3."""
+    labels, edges = pieces[:nlabels], pieces[nlabels:]
+    n = len(rest["ids"])
+    label = np.full(n, -1, dtype=np.int64)
+    for nodes, lbls in labels:
+        label[(nodes - _U64(offset)).astype(np.int64)] = lbls.astype(np.int64)
+    lo = np.concatenate([e[0] for e in edges]) if edges else np.empty(0, _U64)
+    cols = [np.concatenate([e[c] for e in edges]) for c in range(1, 5)] if edges else \
+        [np.empty(0, _U64), np.empty(0, np.uint8), np.empty(0), np.empty(0, np.int8)]
+    elabel = label[(lo - _U64(offset)).astype(np.int64)]
+    out = []
+    for r in range(parts):
+        mine = np.flatnonzero((label >= 0) & (label % parts == r))
+        members = {"g": mine + offset, "label": label[mine],
+                   "ids": [rest["ids"][i] for i in mine],
+                   "fps": fps[mine], "ranks": [rest["ranks"][i] for i in mine],
+                   "best": [rest["best"][i] for i in mine],
+                   "sets": [_set_of(rest, i) for i in mine]
+                   if job.check is not None and job.mode == "components" else None}
+        e = elabel % parts == r
+        out.append((members, (lo[e],) + tuple(c[e] for c in cols)))
+    return tuple(out) if parts > 1 else out[0]
+
+
+@ray.remote
+def _resolve(job: _Job, offsets: np.ndarray, *parts: tuple) -> Any:
+    """Stage 5, one partition of components (its members and links from every file): each
+    member's decision, cut by file."""
+    g = np.concatenate([m["g"] for m, _ in parts]) if parts else np.empty(0, np.int64)
+    nfiles = len(offsets) - 1
+    if not len(g):
+        out = tuple(([], []) for _ in range(nfiles))
+        return out if nfiles > 1 else out[0]
+    label = np.concatenate([m["label"] for m, _ in parts])
+    ids = [x for m, _ in parts for x in m["ids"]]
+    fps = np.concatenate([m["fps"] for m, _ in parts])
+    ranks = [x for m, _ in parts for x in m["ranks"]]
+    best = [x for m, _ in parts for x in m["best"]]
+    sets = [x for m, _ in parts for x in m["sets"]] if job.check is not None and \
+        job.mode == "components" else None
+    order = np.lexsort((g, label))          # components apart, each in input order
+    e = [np.concatenate([x[1][c] for x in parts]) for c in range(5)]
+    decided: list = [None] * len(g)
+    starts = np.flatnonzero(np.r_[True, label[order][1:] != label[order][:-1]])
+    ends = np.r_[starts[1:], len(g)]
+    links: dict = {}                        # later row -> [(earlier row, d, sim, ev)]
+    for a, b, d, sim, ev in zip(e[0].tolist(), e[1].tolist(), e[2].tolist(), e[3].tolist(),
+                                e[4].tolist()):
+        links.setdefault(b, []).append((a, d, None if sim != sim else sim, _EVIDENCE[ev]))
+    pos_of = dict(zip(g.tolist(), range(len(g))))
+    for s0, s1 in zip(starts.tolist(), ends.tolist()):
+        group = order[s0:s1].tolist()       # local indexes, in input order
+        if job.mode == "greedy":
+            kept: set = set()
+            for i in group:
+                gi = int(g[i])
+                top = best[i]
+                for a, d, sim, how in links.get(gi, ()):
+                    j = pos_of[a]
+                    if j in kept and (top is None or (d, 1 + a) < top[:2]):
+                        top = (d, 1 + a, ids[j], False, sim, how)
+                if top is None:
+                    kept.add(i)
+                    decided[i] = (True, None, None, False, ids[i], None, None)
+                else:
+                    decided[i] = (False, top[2], top[0], top[3], top[2], top[4], top[5])
+        else:
+            verdict: dict = {}
+            earlier = {i: best[i] for i in group if best[i] is not None}
+            ints = _IntFps(fps)
+            check = None if job.check is None else Check(*job.check, None)
+            verdict_of_group(group, earlier, ids, ints, ranks, job.keep, job.drop_all, check,
+                             lambda i: Shingles.of_set(sets[i]), verdict)
+            for i in group:
+                decided[i] = _decision(verdict.get(i), ids[i])
+    fb = _block_of(offsets, g.astype(_U64))
+    got = []
+    for f in range(nfiles):
+        mine = np.flatnonzero(fb == f)
+        got.append((g[mine].tolist(), [decided[i] for i in mine]))
+    return tuple(got) if nfiles > 1 else got[0]
+
+
+class _IntFps:
+    """Rows of a fingerprint array read as ints (what the one-machine rules compare)."""
+
+    def __init__(self, fps: np.ndarray) -> None:
+        self.fps = fps
+
+    def __getitem__(self, i: int) -> int:
+        return _fp_int(self.fps, i)
+
+
+def _decision(v: Any, id_: Any) -> tuple:
+    """(kept, match, distance, reference, cluster, similarity, evidence) of a verdict."""
+    if v is None or not isinstance(v, tuple):
+        return (True, None, None, False, id_, None, None)
+    return (False,) + tuple(v)
+
+
+def _hash_key(key: tuple, parts: int) -> int:
+    """The reduce partition of a cluster key (the same in every process)."""
+    return zlib.crc32(repr(key).encode("utf-8", "backslashreplace")) % parts
+
+
+@ray.remote
+def _assemble(job: _Job, p: int, offset: int, fps: np.ndarray, rest: dict,
+              *resolved: tuple) -> tuple:
+    """Stage 6, one file: every good row's decision, the records its kept rows add to the
+    index, and its share of the group sizes (per reduce partition)."""
+    n = len(rest["ids"])
+    decided: list = [None] * n
+    for gs, ds in resolved:
+        for g, d in zip(gs, ds):
+            decided[g - offset] = d
+    ids, best = rest["ids"], rest["best"]
+    adds = []
+    kept = 0
+    for i in range(n):
+        if decided[i] is None:                       # alone: judged by the records only
+            b = best[i]
+            if b is None:
+                decided[i] = (True, None, None, False, ids[i], None, None)
+            elif job.mode == "greedy":
+                decided[i] = (False, b[2], b[0], b[3], b[2], b[4], b[5])
+            else:
+                decided[i] = (False, b[1], b[0], b[3], b[1], b[4], b[5])
+        if decided[i][0]:
+            kept += 1
+            if not rest["mine"][i]:
+                pos = [p, int(rest["numbers"][i])]
+                meta: Any = [job.token, pos]
+                if job.check is not None:
+                    sh = Shingles.of_set(_set_of(rest, i))
+                    meta = Packed(pack_meta(meta, None, (sh.sketch, len(sh.set))))
+                adds.append((ids[i], _fp_int(fps, i), meta))
+    pieces: list = [({}, []) for _ in range(job.reduces if job.sizes else 0)]
+    if job.sizes:
+        for i, d in enumerate(decided):
+            key = _key(d[4])
+            counts, needed = pieces[_hash_key(key, job.reduces)]
+            if not d[0]:
+                c = counts.setdefault(key, [0, False, offset + i, d[4]])
+                c[0] += 1
+                c[1] |= _key(ids[i]) == key
+            if job.annotate or not d[0]:
+                needed.append(key)
+    return (decided, {"adds": adds, "kept": kept, "removed": n - kept}, *pieces)
+
+
+@ray.remote
+def _sizes(files: int, *pieces: tuple) -> Any:
+    """The group sizes of one reduce partition's cluster keys, answered to each file that
+    needs them: size (removed rows, and the head unless it was removed too) and the
+    position of the group's first removed row."""
+    total: dict = {}
+    for counts, _ in pieces:
+        for key, (c, head_gone, first, cid) in counts.items():
+            t = total.setdefault(key, [0, False, first, cid])
+            t[0] += c
+            t[1] |= head_gone
+            t[2] = min(t[2], first)
+    out = []
+    for _, needed in pieces:
+        out.append({key: ((total[key][0] + (0 if total[key][1] else 1), total[key][2])
+                          if key in total else (1, None)) for key in needed})
+    return tuple(out) if files > 1 else out[0]
+
+
+@ray.remote
+def _write(job: _Job, p: int, path: str, shown: str, offset: int, decided: list, rest: dict,
+           *answers: dict) -> None:
+    """Stage 6, one file: its part of each output, written into the run's temporary
+    directories (each part renamed into place there when complete)."""
+    sizes: dict = {}
+    for a in answers:
+        sizes.update(a)
+    numbers = rest["numbers"]
+    name = f"part-{p:05d}"
+    out = RowWriter(os.path.join(job.tmp["output"], f"{name}.{job.out_fmt}"), job.out_fmt)
+    gone = RowWriter(os.path.join(job.tmp["removed"], f"{name}.jsonl"), "jsonl") \
+        if "removed" in job.tmp else None
+    heads: list = []
+    members: list = []
+    writers = [w for w in (out, gone) if w is not None]
+    try:
+        i = 0
+        for row in read_rows(path, job.fmt, lambda e: None, shown):
+            if i >= len(numbers) or row.number != numbers[i]:
+                continue                       # a bad row, skipped when first read
+            kept, match, distance, reference, cluster, sim, how = decided[i]
+            id_ = rest["ids"][i]
+            if not kept:
+                if gone is not None:
+                    line = {"id": id_, "where": row.where, "match": match,
+                            "distance": distance, "reference": reference,
+                            "similarity": sim, "evidence": how}
+                    if job.radius is not None:
+                        r = job.radius
+                        line.update(scheme=r["scheme"], width=r["width"], k=r["k"],
+                                    expected_recall=r["expected_recall"])
+                    gone.write(line)
+                if "clusters" in job.tmp:
+                    key = _key(cluster)
+                    size, first = sizes[key]
+                    if first == offset + i:
+                        heads.append({"id": cluster, "cluster": cluster, "size": size})
+                    if _key(id_) != key:
+                        members.append({"id": id_, "cluster": cluster, "size": size})
+            if job.annotate:
+                clash = [c for c in ANNOTATIONS if c in row.data]
+                if clash:
+                    raise InputError(f"{row.where}: the row already has the column "
+                                     f"{clash[0]!r} that --annotate adds")
+                data = dict(row.data)
+                data.update(zip(ANNOTATIONS, (match, distance, cluster,
+                                              sizes[_key(cluster)][0])))
+                out.write(data)
+            elif kept:
+                out.write(row.data)
+            i += 1
+        if "clusters" in job.tmp and (heads or members):
+            w = RowWriter(os.path.join(job.tmp["clusters"], f"{name}.jsonl"), "jsonl")
+            writers.append(w)
+            for line in heads + members:
+                w.write(line)
+        for w in writers:
+            if w.count:
+                w.commit()
+            else:
+                w.abort()
+    except BaseException:
+        for w in writers:
+            w.abort()
+        raise
+
+
+def _refs(got: Any, n: int) -> list:
+    """A task's returns as a list (Ray gives a single ref, not a list, for one)."""
+    return list(got) if n > 1 else [got]
+
+
+def _prepare_dir(path: str, what: str) -> str:
+    """The temporary directory a run writes `path`'s parts into; `path` must be a new
+    directory or an earlier run's parts."""
+    path = os.path.abspath(path)
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise ParameterError(f"{what} {path} is a file: with Ray, the outputs are "
+                                 f"directories of part files")
+        other = [n for n in os.listdir(path) if not n.startswith("part-")]
+        if other:
+            raise ParameterError(f"{what} {path} holds {other[0]!r}, not only part files "
+                                 f"of an earlier run: give a new directory")
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.simindex-partial")
+    shutil.rmtree(tmp, ignore_errors=True)     # what a killed run left
+    os.makedirs(tmp)
+    return tmp
+
+
+def _publish(tmp: str, path: str) -> None:
+    """Put the directory `tmp` at `path` in one step (an existing one is swapped out
+    atomically, then removed), then sync the parent directory."""
+    path = os.path.abspath(path)
+    if not os.path.exists(path):
+        os.rename(tmp, path)
+    else:
+        libc = ctypes.CDLL(None, use_errno=True)
+        at_fdcwd, rename_exchange = -100, 2
+        if libc.renameat2(at_fdcwd, os.fsencode(tmp), at_fdcwd, os.fsencode(path),
+                          rename_exchange) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot replace {path}: {os.strerror(err)}")
+        shutil.rmtree(tmp, ignore_errors=True)
+    fd = os.open(os.path.dirname(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def dedup(inputs: Union[str, Iterable[str]], output: str, *, removed: Optional[str] = None,
+          clusters: Optional[str] = None, annotate: bool = False,
+          output_format: Optional[str] = None, address: Optional[str] = None,
+          partitions: Optional[int] = None, text_field: str = "text",
+          id_field: Optional[str] = None, fingerprint_field: Optional[str] = None,
+          k: Optional[int] = None, scheme: Optional[str] = None, width: Optional[int] = None,
+          index: Optional[str] = None, against: Optional[str] = None,
+          mode: Optional[str] = None, keep: str = "first", drop_all: bool = False,
+          min_similarity: Optional[float] = None, recall: Optional[float] = None,
+          containment: bool = False, time_budget: Optional[float] = None,
+          fmt: Optional[str] = None, on_error: Any = "stop",
+          summary: Optional[Summary] = None) -> Summary:
+    """`simindex dedup` on the Ray cluster at `address` (None: a local one): the same rows
+    kept, the same removed rows with the same matches, as `simindex.dedup` with these
+    options, written as directories of part files (one per input file that keeps rows,
+    `part-NNNNN.<format>`, in input order): `output`, and `removed` and `clusters` when
+    given. Each directory appears whole when the run completes, or not at all; the kept
+    rows are added to `index` (when given) before. Returns the run's Summary.
+
+    The inputs, `index` and `against` must be at the same paths on every node (a shared
+    filesystem, or one machine). `partitions`: reduce partitions of each stage (default:
+    twice the cluster's CPUs).
+    """
+    paths = input_files(inputs)
+    mode = check_options(mode, keep, drop_all, 1, min_similarity, recall, on_error)
+    if scheme is not None:
+        scheme = scheme_name(scheme)
+    measure = MEASURES[1] if containment else MEASURES[0]
+    if partitions is not None and (isinstance(partitions, bool) or
+                                   not isinstance(partitions, int) or partitions < 1):
+        raise ParameterError(f"partitions must be an int >= 1, got {partitions!r}")
+    out_fmt = format_of(paths[0], output_format or fmt) if paths else "jsonl"
+    summary = summary if summary is not None else Summary()
+    tmp: dict = {}
+    scratch = idx = ref = None
+    started = False
+    try:
+        for what, path in (("output", output), ("removed", removed), ("clusters", clusters)):
+            if path is not None:
+                tmp[what] = _prepare_dir(path, f"--{what}")
+        scratch = tempfile.mkdtemp(prefix="simindex-dedup-")
+        where = index if index is not None else os.path.join(scratch, "index")
+        new = not os.path.exists(os.path.join(where, manifest.NAME))
+        cal, _, scheme, width = choose_radius(
+            paths, new, k=k, scheme=scheme, width=width, min_similarity=min_similarity,
+            recall=recall, measure=measure, fmt=fmt, text_field=text_field,
+            fingerprint_field=fingerprint_field, time_budget=time_budget, summary=summary)
+        idx, ref, kk, min_similarity, measure = open_indexes(
+            where, against, new, cal, k=k, scheme=scheme, width=width,
+            min_similarity=min_similarity, measure=measure, summary=summary)
+        token = run_token(paths, text_field, id_field, fingerprint_field,
+                          judging(mode, kk, measure, min_similarity))
+        started = connect(address)
+        parts = partitions or 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
+        job = _Job(fmt=fmt, text_field=text_field, id_field=id_field,
+                   fingerprint_field=fingerprint_field, keep=keep, drop_all=drop_all,
+                   stop=on_error == "stop", width=idx.width, scheme=idx.scheme, k=kk,
+                   mode=mode, token=token,
+                   check=None if min_similarity is None else (float(min_similarity),
+                                                              measure, token),
+                   index=os.path.abspath(where) if len(idx) else None,
+                   against=None if against is None else os.path.abspath(against),
+                   annotate=annotate, sizes=annotate or clusters is not None,
+                   reduces=parts, radius=summary.radius, tmp=tmp, out_fmt=out_fmt)
+        _run(job, paths, parts, idx if index is not None else None, summary, on_error)
+        idx.flush()
+        for what, path in (("removed", removed), ("clusters", clusters), ("output", output)):
+            if path is not None:
+                _publish(tmp.pop(what), path)
+        return summary
+    finally:
+        for d in tmp.values():
+            shutil.rmtree(d, ignore_errors=True)
+        for x in (ref, idx):
+            if x is not None:
+                x.close()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        release(started)
+
+
+def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summary,
+         on_error: Any) -> None:
+    """Every stage of a run on Ray; the kept rows added to `idx` (the run's --index, or
+    None)."""
+    files = len(paths)
+    # tasks run in other working directories: absolute paths, rows named as given
+    reads = [_read.remote(job, p, os.path.abspath(path), path) for p, path in enumerate(paths)]
+    fps, rest = [r[0] for r in reads], [r[2] for r in reads]
+    counts: list = []
+    for info in fetch([r[1] for r in reads]):
+        summary.rows += info["rows"]
+        for e in info["skipped"]:
+            summary.skipped += 1
+            if callable(on_error):
+                on_error(e)
+        if info["error"] is not None:
+            raise info["error"]
+        counts.append(info["good"])
+    offsets = np.cumsum([0] + counts).astype(_U64)
+    total = int(offsets[-1])
+    # stage 2: every pair within k, by the join of `pairs`
+    joins = []
+    if total > 1:
+        if job.width == 64:
+            plan = Plan(k=job.k, shards=1)
+        else:
+            blocks, prefix = default_plan(job.k, total, width=job.width)
+            plan = Plan(k=job.k, blocks=blocks, prefix_blocks=prefix, shards=1,
+                        width=job.width)
+        args = {"k": job.k, "blocks": plan.blocks, "prefix_blocks": plan.prefix_blocks,
+                "shards": 1, "width": job.width}
+        pbits = 0 if plan.flips else \
+            min(max(parts - 1, 0).bit_length(), min(plan.prefix_bits), 16)
+        for t in range(plan.ntables):
+            splits = [_refs(_split.options(num_returns=1 << pbits).remote(
+                fps[f], int(offsets[f]), t, args, pbits), 1 << pbits)
+                for f in range(files) if counts[f]]
+            for q in range(1 << pbits):
+                joins.append(_join.remote(t, job.k, args, *[s[q] for s in splits]))
+    # stage 3: the links that pass the check, cut by the file of their earlier row
+    verified = [_refs(_verify.options(num_returns=1 + files).remote(job, j, offsets, rest),
+                      1 + files) for j in joins]
+    # stage 4: components of the links
+    stars = components([v[0] for v in verified], parts)
+    labels = [_refs(_labels.options(num_returns=files).remote(s, offsets), files)
+              for s in stars]
+    # stage 5: members and links routed to their component's partition, then decided
+    routes = [_refs(_route.options(num_returns=parts).remote(
+        job, int(offsets[f]), parts, len(labels), fps[f], rest[f], *[lb[f] for lb in labels],
+        *[v[1 + f] for v in verified]), parts) for f in range(files)]
+    resolved = [_refs(_resolve.options(num_returns=files).remote(
+        job, offsets, *[routes[f][r] for f in range(files)]), files) for r in range(parts)]
+    # stage 6: every row's decision, the group sizes, the parts of the outputs
+    n_out = 2 + (parts if job.sizes else 0)
+    assembled = [_refs(_assemble.options(num_returns=n_out).remote(
+        job, f, int(offsets[f]), fps[f], rest[f], *[resolved[r][f] for r in range(parts)]),
+        n_out) for f in range(files)]
+    sizes = [_refs(_sizes.options(num_returns=files).remote(
+        files, *[assembled[f][2 + q] for f in range(files)]), files)
+        for q in range(parts)] if job.sizes else []
+    writes = [_write.remote(job, f, os.path.abspath(paths[f]), paths[f], int(offsets[f]), assembled[f][0], rest[f],
+                            *[sizes[q][f] for q in range(len(sizes))]) for f in range(files)]
+    for f in range(files):
+        got = fetch(assembled[f][1])
+        summary.kept += got["kept"]
+        summary.removed += got["removed"]
+        if idx is not None and got["adds"]:
+            _add(idx, got["adds"])
+    fetch(writes)
+
+
+def _add(idx: Index, adds: list) -> None:
+    """Add kept rows' records, refusing an id that already names a record."""
+    for s in range(0, len(adds), BATCH):
+        try:
+            idx.add_many(adds[s:s + BATCH], replace=False)
+        except InputError as e:
+            raise ParameterError(f"a kept row's {e}: ids must be unique, across runs "
+                                 f"too") from None
