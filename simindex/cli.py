@@ -547,8 +547,9 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
 @cli.command(short_help="Write the rows of INPUTS without their near-duplicates.")
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--output", "-o", required=True, help="Where the kept rows go (written to a "
-              "temporary name and renamed when complete). Format: --output-format, else "
-              "its extension, else the first input's.")
+              "temporary name and renamed when complete; with --ray, a directory of part "
+              "files). Format: --output-format, else its extension, else the first "
+              "input's.")
 @click.option("--text-field", default="text", show_default=True,
               help="The column holding each row's text.")
 @click.option("--id-field", help="The column holding each row's id (default: FILE:ROW).")
@@ -608,33 +609,53 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
 @click.option("--on-error", type=click.Choice(["stop", "skip"]), default="stop",
               show_default=True, help="A bad row: stop (writing no output) or skip it.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
+              metavar="ADDRESS", help="Run on Ray: join the cluster at ADDRESS, or with no "
+              "ADDRESS start a local one. The same rows are kept; --output, --removed and "
+              "--clusters are directories of part files, one per input file (needs: pip "
+              "install 'simindex[ray]').")
 def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, width,
           index_dir, against, removed, clusters_out, mode, keep, drop_all, annotate,
           min_similarity, recall, containment, time_budget, fmt, output_format, jobs, on_error,
-          quiet):
+          quiet, ray_address):
     """Write the rows of INPUTS (JSONL, CSV or Parquet, .gz too) that are not near-duplicates
     of a row kept before them to --output: in input order, a row is kept when no kept row
     is within k bits (the crawler's rule, add_unique); each removed row names the kept row
-    it matched. With --index the kept rows stay indexed for later runs."""
-    from .datasets.run import Summary, decisions
+    it matched. With --index the kept rows stay indexed for later runs. INPUTS may be
+    directories: their files, in name order."""
+    from .datasets.run import Summary, decisions, input_files
     from .datasets.reports import DedupOutputs
     from .datasets.rows import format_of
 
     try:
-        out_fmt = output_format or _known_format(output) or format_of(inputs[0], fmt)
+        files = input_files(inputs)
+        out_fmt = output_format or _known_format(output) or format_of(files[0], fmt)
     except Error as e:
         _fail(str(e))
+    if (recall is not None or containment or time_budget is not None) and \
+            min_similarity is None:
+        raise click.UsageError("--recall, --containment and --time-budget need "
+                               "--min-similarity")
+    if ray_address is not None:
+        if jobs is not None:
+            raise click.UsageError("--jobs sets this machine's threads; with --ray, Ray's "
+                                   "tasks share the work")
+        _ray_dedup(files, output, ray_address, quiet, removed=removed, clusters=clusters_out,
+                   annotate=annotate, output_format=out_fmt, text_field=text_field,
+                   id_field=id_field, fingerprint_field=fingerprint_field, k=k,
+                   scheme=scheme, width=None if width is None else int(width),
+                   index=index_dir, against=against, mode=mode, keep=keep,
+                   drop_all=drop_all, min_similarity=min_similarity, recall=recall,
+                   containment=containment, time_budget=time_budget, fmt=fmt,
+                   on_error=_Skips(quiet) if on_error == "skip" else "stop")
+        return
     summary = Summary()
     outputs = None
     bar = _progress(quiet, unit="row")
     error = None
     try:
-        if (recall is not None or containment or time_budget is not None) and \
-                min_similarity is None:
-            raise click.UsageError("--recall, --containment and --time-budget need "
-                                   "--min-similarity")
         outputs = DedupOutputs(output, out_fmt, removed, clusters_out, annotate, summary)
-        for d in decisions(list(inputs), text_field=text_field, id_field=id_field,
+        for d in decisions(files, text_field=text_field, id_field=id_field,
                            fingerprint_field=fingerprint_field, k=k, scheme=scheme,
                            width=None if width is None else int(width), index=index_dir,
                            against=against, fmt=fmt, mode=mode, keep=keep,
@@ -657,6 +678,25 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
             bar.close()
     if error:
         _fail(f"{error} ({summary}; no output was written)")
+    if not quiet:
+        click.echo(f"simindex dedup: {summary}", err=True)
+
+
+def _ray_dedup(files, output, address, quiet, **options):
+    """dedup --ray: simindex.distributed.dedup, its errors turned into exit 1."""
+    try:
+        from .distributed.datasets import dedup as ray_dedup
+    except ImportError as e:
+        _fail(str(e))
+    from .datasets.run import Summary
+    summary = Summary()
+    try:
+        ray_dedup(files, output, address=None if address == "local" else address,
+                  summary=summary, **options)
+    except (ConnectionError, RuntimeError) as e:          # ray.init's failures
+        _fail(f"cannot start or join the Ray cluster at {address}: {e}")
+    except (Error, OSError, ValueError) as e:
+        _fail(f"{e} ({summary}; no output was written)")
     if not quiet:
         click.echo(f"simindex dedup: {summary}", err=True)
 

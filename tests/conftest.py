@@ -164,3 +164,18 @@ def run_py(code, *args, timeout=120, check=True, **kw):
     if check and p.returncode != 0:
         raise AssertionError(f"subprocess failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
     return p
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray (2 CPUs) for the module, started inside a loopback-only network
+    namespace, so no test traffic can leave 127.0.0.0/8."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'simindex[ray]')")
+    sandbox = pytest.importorskip("simindex.distributed.sandbox")
+    why = sandbox.loopback_only()
+    if why:
+        pytest.skip(f"no loopback-only network namespace for Ray: {why}")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
+             object_store_memory=256 << 20)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()

@@ -24,19 +24,6 @@ dist = pytest.importorskip("simindex.distributed")
 sandbox = pytest.importorskip("simindex.distributed.sandbox")
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    """One local Ray (2 CPUs) for the module, started inside a loopback-only network
-    namespace, so no test traffic can leave 127.0.0.0/8."""
-    why = sandbox.loopback_only()
-    if why:
-        pytest.skip(f"no loopback-only network namespace for Ray: {why}")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
-             object_store_memory=256 << 20)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
 def dataset(k, seed, n_random=3000, blocks=None):
     """Random records plus planted families at every distance 0..k+1 (edge bits included),
     one-table families and shard-boundary fingerprints; and queries at those places."""

@@ -1,4 +1,5 @@
-"""simindex on Ray: shards served by actors, distributed builds and batch near-duplicate joins.
+"""simindex on Ray: shards served by actors, distributed builds, batch near-duplicate joins
+and dataset dedup.
 
 Installed with `pip install "simindex[ray]"`. The core package never imports Ray; this
 package does, and raises a clear ImportError when it is missing.
@@ -12,5 +13,6 @@ except ImportError as e:                     # pragma: no cover - depends on the
 from .batch import clusters, pairs
 from .build import build
 from .cluster import Cluster
+from .datasets import dedup
 
-__all__ = ["Cluster", "build", "clusters", "pairs"]
+__all__ = ["Cluster", "build", "clusters", "dedup", "pairs"]

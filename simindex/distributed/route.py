@@ -10,12 +10,12 @@ from ..engine.plan import Plan
 
 
 def fetch(refs):
-    """ray.get, with a simindex error raised in an actor or task re-raised as itself (not
-    wrapped in a RayTaskError carrying the remote traceback)."""
+    """ray.get, with a simindex error (or an OSError) raised in an actor or task re-raised
+    as itself (not wrapped in a RayTaskError carrying the remote traceback)."""
     try:
         return _ray.get(refs)
     except _ray.exceptions.RayTaskError as e:
-        if isinstance(e.cause, Error):
+        if isinstance(e.cause, (Error, OSError)):
             raise e.cause from None
         raise
 

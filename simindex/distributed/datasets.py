@@ -610,8 +610,9 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summ
     sizes = [_refs(_sizes.options(num_returns=files).remote(
         files, *[assembled[f][2 + q] for f in range(files)]), files)
         for q in range(parts)] if job.sizes else []
-    writes = [_write.remote(job, f, os.path.abspath(paths[f]), paths[f], int(offsets[f]), assembled[f][0], rest[f],
-                            *[sizes[q][f] for q in range(len(sizes))]) for f in range(files)]
+    writes = [_write.remote(job, f, os.path.abspath(paths[f]), paths[f], int(offsets[f]),
+                            assembled[f][0], rest[f], *[sizes[q][f] for q in range(len(sizes))])
+              for f in range(files)]
     for f in range(files):
         got = fetch(assembled[f][1])
         summary.kept += got["kept"]

@@ -1,0 +1,269 @@
+"""`simindex dedup --ray` and simindex.distributed.dedup on a real local Ray (loopback only):
+for every mode and option, the rows kept, the removed report and the groups are exactly
+those of the one-machine command on the same files; a worker killed mid-run or a run
+killed as a whole and started again changes nothing in what is written."""
+
+import importlib
+import inspect
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import simindex
+from simindex.engine import environments, records
+from simindex.engine.transactions import TxnRunner
+from trials import ENV
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'simindex[ray]')")
+dist_dedup = pytest.importorskip("simindex.distributed.datasets")
+pq = pytest.importorskip("pyarrow.parquet")
+psutil = pytest.importorskip("psutil")
+
+MODULES = ("argparse", "inspect", "typing", "email.message", "http.client", "json.decoder",
+           "csv", "difflib", "textwrap", "logging")
+
+
+def paragraphs(count, words=120):
+    """Real text: runs of words from the sources of standard-library modules."""
+    out = []
+    for name in MODULES:
+        w = inspect.getsource(importlib.import_module(name)).split()
+        out += [" ".join(w[i:i + words]) for i in range(0, len(w) - words, words)]
+    random.Random(1).shuffle(out)
+    return out[:count]
+
+
+def corpus(seed, count=240):
+    """Rows of real text with near-copies planted at 0 to 30 changed words (so kept rows,
+    removed rows, chains and rows that only the threshold tells apart all occur), shuffled
+    so copies land in other files than their originals."""
+    rng = random.Random(seed)
+    rows = []
+    for i, text in enumerate(paragraphs(count)):
+        rows.append({"id": f"d{i}", "text": text, "score": rng.randrange(100)})
+        for c in range(rng.choice([0, 0, 1, 2, 3])):
+            w = text.split()
+            for _ in range(rng.choice([0, 1, 2, 4, 8, 16, 30])):
+                w[rng.randrange(len(w))] = rng.choice(["alpha", "beta", "gamma", "delta"])
+            rows.append({"id": f"d{i}c{c}", "text": " ".join(w), "score": rng.randrange(100)})
+    rng.shuffle(rows)
+    return rows
+
+
+def write_shards(directory, rows, files, fmt):
+    os.makedirs(directory, exist_ok=True)
+    for f in range(files):
+        part = rows[f::files]
+        path = os.path.join(directory, f"shard-{f}.{fmt}")
+        if fmt == "parquet":
+            import pyarrow as pa
+            pq.write_table(pa.Table.from_pylist(part), path)
+        else:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.writelines(json.dumps(r) + "\n" for r in part)
+    return str(directory)
+
+
+def rows_of(path):
+    """The rows of an output: a file, or a directory's part files in name order."""
+    if os.path.isdir(path):
+        return [r for n in sorted(os.listdir(path)) for r in rows_of(os.path.join(path, n))]
+    if path.endswith(".parquet"):
+        return pq.read_table(path).to_pylist()
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def env():
+    """The tests' environment, with what this process's Ray set (its token) for a CLI run
+    that joins it."""
+    return dict(os.environ, PYTHONPATH=ENV["PYTHONPATH"])
+
+
+def cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "simindex", "dedup", *map(str, args)],
+                          env=env(), capture_output=True, text=True, timeout=timeout)
+
+
+def one_machine(tmp, inputs, name, fmt, *options):
+    out = os.path.join(tmp, f"{name}.{fmt}")
+    r = cli(inputs, "-o", out, "--removed", out + ".removed", "--clusters", out + ".clusters",
+            *options)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def assert_same(one, distributed):
+    assert rows_of(distributed) == rows_of(one)
+    assert rows_of(distributed + ".removed") == rows_of(one + ".removed")
+    # the groups' lines, in the order of their parts
+    assert sorted(map(json.dumps, rows_of(distributed + ".clusters"))) == \
+        sorted(map(json.dumps, rows_of(one + ".clusters")))
+
+
+def ray_run(tmp, inputs, name, **options):
+    out = os.path.join(tmp, name)
+    dist_dedup.dedup(inputs, out, removed=out + ".removed", clusters=out + ".clusters",
+                     **options)
+    return out
+
+
+OPTIONS = [
+    ("greedy", ["--k", "8"], dict(k=8)),
+    ("components", ["--k", "8", "--mode", "components"], dict(k=8, mode="components")),
+    ("jaccard", ["--min-similarity", "0.7"], dict(min_similarity=0.7)),
+    ("jaccard-components", ["--min-similarity", "0.7", "--mode", "components"],
+     dict(min_similarity=0.7, mode="components")),
+    ("keep-column-annotated", ["--k", "10", "--keep", "score", "--annotate"],
+     dict(k=10, keep="score", annotate=True)),
+    ("drop-all", ["--k", "10", "--drop-all"], dict(k=10, drop_all=True)),
+    ("containment-longest", ["--min-similarity", "0.6", "--containment", "--keep", "longest"],
+     dict(min_similarity=0.6, containment=True, keep="longest")),
+    ("wide", ["--k", "20", "--width", "128"], dict(k=20, width=128)),
+]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("name,args,kw", OPTIONS, ids=[o[0] for o in OPTIONS])
+def test_every_mode_keeps_what_one_machine_keeps(local_ray, tmp_path, fmt, name, args, kw):
+    if fmt == "jsonl" and name not in ("greedy", "jaccard-components"):
+        pytest.skip("the formats are compared on two of the options")
+    src = write_shards(tmp_path / "in", corpus(3), 4, fmt)
+    one = one_machine(tmp_path, src, "one", fmt, "--id-field", "id", *args)
+    got = ray_run(tmp_path, src, "ray", id_field="id", **kw)
+    assert_same(one, got)
+    assert len(rows_of(got + ".removed")) > 20 and len(os.listdir(got)) == 4
+
+
+def stored_records(path):
+    """(id, fingerprint, meta) of an index's live records, in insertion order."""
+    env = environments.open_records(path, readonly=True, sync=True)
+    runner = TxnRunner(path, [env], what=path)
+    try:
+        with simindex.Index(path, readonly=True) as idx:
+            _, _, ids = runner.read_txn(env, lambda txn: records.live(txn, idx.width // 64))
+            return [tuple(idx.get(i)) for i in ids]
+    finally:
+        runner.close(sync=False)
+
+
+@pytest.mark.parametrize("mode", ["greedy", "components"])
+def test_runs_into_a_kept_index_then_against_it_match_one_machine(local_ray, tmp_path, mode):
+    rows = corpus(5)
+    first = write_shards(tmp_path / "first", rows[:len(rows) // 2], 2, "jsonl")
+    later = write_shards(tmp_path / "later", rows[len(rows) // 2:], 3, "jsonl")
+    common = ["--id-field", "id", "--min-similarity", "0.7", "--mode", mode]
+    for run, src in (("a", first), ("b", later)):
+        one = one_machine(tmp_path, src, f"one-{run}", "jsonl", *common, "--index",
+                          tmp_path / "one-idx")
+        got = ray_run(tmp_path, src, f"ray-{run}", id_field="id", min_similarity=0.7,
+                      mode=mode, index=str(tmp_path / "ray-idx"))
+        assert_same(one, got)
+    assert stored_records(tmp_path / "ray-idx") == stored_records(tmp_path / "one-idx")
+    # against the kept index, with the radius it was calibrated for
+    with simindex.Index(tmp_path / "one-idx", readonly=True) as idx:
+        k, width = idx.k, idx.width
+    again = write_shards(tmp_path / "again", corpus(6), 2, "jsonl")
+    ref = ["--k", k, "--width", width, "--scheme", "minhash-v1", "--min-similarity", "0.7"]
+    one = one_machine(tmp_path, again, "one-c", "jsonl", "--id-field", "id", "--mode", mode,
+                      "--against", tmp_path / "one-idx", *ref)
+    got = ray_run(tmp_path, again, "ray-c", id_field="id", mode=mode, k=k, width=width,
+                  scheme="minhash-v1", min_similarity=0.7, against=str(tmp_path / "ray-idx"))
+    assert_same(one, got)
+    assert any(r["reference"] for r in rows_of(got + ".removed"))
+
+
+def test_the_cli_on_ray_writes_part_directories_and_refuses_what_it_cannot_do(local_ray,
+                                                                              tmp_path):
+    src = write_shards(tmp_path / "in", corpus(7), 3, "jsonl")
+    one = one_machine(tmp_path, src, "one", "jsonl", "--id-field", "id", "--k", "8")
+    out = tmp_path / "ray"
+    r = cli(src, "-o", out, "--removed", f"{out}.removed", "--clusters", f"{out}.clusters",
+            "--id-field", "id", "--k", "8", "--ray", local_ray)
+    assert r.returncode == 0, r.stderr
+    assert_same(one, str(out))
+    assert sorted(os.listdir(out)) == ["part-00000.jsonl", "part-00001.jsonl",
+                                       "part-00002.jsonl"]
+    assert "simindex dedup: rows in" in r.stderr
+    # a second run replaces the parts whole
+    r = cli(src, "-o", out, "--id-field", "id", "--k", "0", "--ray", local_ray)
+    assert r.returncode == 0, r.stderr
+    assert len(rows_of(str(out))) > len(rows_of(one))
+    r = cli(src, "-o", out, "--ray", local_ray, "--jobs", "2")
+    assert r.returncode == 2 and "--jobs" in r.stderr
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    r = cli(src, "-o", tmp_path / "mine", "--ray", local_ray)
+    assert r.returncode == 1 and "notes.txt" in r.stderr
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    bad = tmp_path / "bad"
+    write_shards(bad, corpus(7)[:50], 2, "jsonl")
+    with open(bad / "shard-1.jsonl", "a") as f:
+        f.write('{"id": "x", "txt": "no text"}\n')
+    r = cli(bad, "-o", tmp_path / "o", "--ray", local_ray, "--id-field", "id")
+    assert r.returncode == 1 and "shard-1.jsonl:26: text field" in r.stderr
+    assert "no output was written" in r.stderr and not (tmp_path / "o").exists()
+    r = cli(bad, "-o", tmp_path / "o", "--ray", local_ray, "--id-field", "id",
+            "--on-error", "skip")
+    assert r.returncode == 0 and "skipped" in r.stderr and "skipped 1" in r.stderr
+
+
+def big_corpus(tmp_path):
+    """Files large enough that a worker can be killed while it reads one."""
+    rows = corpus(8, count=400)
+    rows = [dict(r, id=f"{r['id']}.{n}", text=f"{r['text']} copy {n}") for n in range(12)
+            for r in rows]
+    return write_shards(tmp_path / "big", rows, 4, "jsonl")
+
+
+def test_a_worker_killed_mid_run_changes_nothing(local_ray, tmp_path):
+    src = big_corpus(tmp_path)
+    one = one_machine(tmp_path, src, "one", "jsonl", "--id-field", "id", "--k", "6")
+    killed = []
+
+    def kill_a_reader():
+        end = time.time() + 60
+        while not killed and time.time() < end:
+            for p in psutil.process_iter(["cmdline"]):
+                if any("ray::_read" in c for c in (p.info["cmdline"] or [])):
+                    os.kill(p.pid, signal.SIGKILL)
+                    killed.append(p.pid)
+                    return
+            time.sleep(0.005)
+    t = threading.Thread(target=kill_a_reader)
+    t.start()
+    got = ray_run(tmp_path, src, "ray", id_field="id", k=6)
+    t.join()
+    assert killed, "no read task was seen running"
+    assert_same(one, got)
+
+
+def test_a_run_killed_and_run_again_writes_what_an_uninterrupted_run_writes(local_ray,
+                                                                             tmp_path):
+    src = big_corpus(tmp_path)
+    args = ["--id-field", "id", "--min-similarity", "0.7", "--ray", local_ray]
+    want = cli(src, "-o", tmp_path / "want", "--removed", tmp_path / "want.removed",
+               "--index", tmp_path / "want-idx", *args)
+    assert want.returncode == 0, want.stderr
+    cmd = [sys.executable, "-m", "simindex", "dedup", src, "-o", str(tmp_path / "o"),
+           "--removed", str(tmp_path / "o.removed"), "--index", str(tmp_path / "idx"), *args]
+    for delay in (1.0, 2.5):
+        p = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(delay)
+        p.send_signal(signal.SIGKILL)
+        p.communicate()
+        assert p.returncode == -signal.SIGKILL, "the run ended before it was killed"
+        assert not (tmp_path / "o").exists() and not (tmp_path / "o.removed").exists()
+    r = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert rows_of(str(tmp_path / "o")) == rows_of(str(tmp_path / "want"))
+    assert rows_of(str(tmp_path / "o.removed")) == rows_of(str(tmp_path / "want.removed"))
+    assert stored_records(tmp_path / "idx") == stored_records(tmp_path / "want-idx")
+    assert not [n for n in os.listdir(tmp_path) if "simindex-partial" in n]
