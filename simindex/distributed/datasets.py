@@ -21,6 +21,7 @@ import ctypes
 import os
 import shutil
 import tempfile
+import time
 import zlib
 from types import SimpleNamespace
 from typing import Any, Iterable, Optional, Union
@@ -425,6 +426,28 @@ def _write(job: _Job, p: int, path: str, shown: str, offset: int, decided: list,
         raise
 
 
+class _Stages:
+    """With `into` (a dict), each stage's wall time and the bytes of the objects it made,
+    waited for at the end of the stage (a benchmark's view; runs without it overlap the
+    stages as Ray schedules them)."""
+
+    def __init__(self, into: Optional[dict]) -> None:
+        self.into = into
+        self.last = time.perf_counter()
+
+    def done(self, name: str, refs: list) -> None:
+        if self.into is None:
+            return
+        flat = [r for x in refs for r in (x if isinstance(x, (list, tuple)) else [x])]
+        if flat:
+            ray.wait(flat, num_returns=len(flat), fetch_local=False)
+        where = ray.experimental.get_object_locations(flat) if flat else {}
+        now = time.perf_counter()
+        self.into[name] = {"seconds": now - self.last, "objects": len(flat),
+                           "bytes": sum(w.get("object_size") or 0 for w in where.values())}
+        self.last = now
+
+
 def _refs(got: Any, n: int) -> list:
     """A task's returns as a list (Ray gives a single ref, not a list, for one)."""
     return list(got) if n > 1 else [got]
@@ -480,7 +503,7 @@ def dedup(inputs: Union[str, Iterable[str]], output: str, *, removed: Optional[s
           min_similarity: Optional[float] = None, recall: Optional[float] = None,
           containment: bool = False, time_budget: Optional[float] = None,
           fmt: Optional[str] = None, on_error: Any = "stop",
-          summary: Optional[Summary] = None) -> Summary:
+          summary: Optional[Summary] = None, timings: Optional[dict] = None) -> Summary:
     """`simindex dedup` on the Ray cluster at `address` (None: a local one): the same rows
     kept, the same removed rows with the same matches, as `simindex.dedup` with these
     options, written as directories of part files (one per input file that keeps rows,
@@ -490,7 +513,8 @@ def dedup(inputs: Union[str, Iterable[str]], output: str, *, removed: Optional[s
 
     The inputs, `index` and `against` must be at the same paths on every node (a shared
     filesystem, or one machine). `partitions`: reduce partitions of each stage (default:
-    twice the cluster's CPUs).
+    twice the cluster's CPUs). `timings`: a dict that receives each stage's wall time and
+    the bytes of the objects it made (each stage then waits for the one before).
     """
     paths = input_files(inputs)
     mode = check_options(mode, keep, drop_all, 1, min_similarity, recall, on_error)
@@ -533,7 +557,8 @@ def dedup(inputs: Union[str, Iterable[str]], output: str, *, removed: Optional[s
                    against=None if against is None else os.path.abspath(against),
                    annotate=annotate, sizes=annotate or clusters is not None,
                    reduces=parts, radius=summary.radius, tmp=tmp, out_fmt=out_fmt)
-        _run(job, paths, parts, idx if index is not None else None, summary, on_error)
+        _run(job, paths, parts, idx if index is not None else None, summary, on_error,
+             _Stages(timings))
         idx.flush()
         for what, path in (("removed", removed), ("clusters", clusters), ("output", output)):
             if path is not None:
@@ -551,13 +576,14 @@ def dedup(inputs: Union[str, Iterable[str]], output: str, *, removed: Optional[s
 
 
 def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summary,
-         on_error: Any) -> None:
+         on_error: Any, stages: _Stages) -> None:
     """Every stage of a run on Ray; the kept rows added to `idx` (the run's --index, or
     None)."""
     files = len(paths)
     # tasks run in other working directories: absolute paths, rows named as given
     reads = [_read.remote(job, p, os.path.abspath(path), path) for p, path in enumerate(paths)]
     fps, rest = [r[0] for r in reads], [r[2] for r in reads]
+    stages.done("read", reads)
     counts: list = []
     for info in fetch([r[1] for r in reads]):
         summary.rows += info["rows"]
@@ -589,19 +615,23 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summ
                 for f in range(files) if counts[f]]
             for q in range(1 << pbits):
                 joins.append(_join.remote(t, job.k, args, *[s[q] for s in splits]))
+    stages.done("join", joins)
     # stage 3: the links that pass the check, cut by the file of their earlier row
     verified = [_refs(_verify.options(num_returns=1 + files).remote(job, j, offsets, rest),
                       1 + files) for j in joins]
+    stages.done("check", verified)
     # stage 4: components of the links
     stars = components([v[0] for v in verified], parts)
     labels = [_refs(_labels.options(num_returns=files).remote(s, offsets), files)
               for s in stars]
+    stages.done("components", labels)
     # stage 5: members and links routed to their component's partition, then decided
     routes = [_refs(_route.options(num_returns=parts).remote(
         job, int(offsets[f]), parts, len(labels), fps[f], rest[f], *[lb[f] for lb in labels],
         *[v[1 + f] for v in verified]), parts) for f in range(files)]
     resolved = [_refs(_resolve.options(num_returns=files).remote(
         job, offsets, *[routes[f][r] for f in range(files)]), files) for r in range(parts)]
+    stages.done("decide", resolved)
     # stage 6: every row's decision, the group sizes, the parts of the outputs
     n_out = 2 + (parts if job.sizes else 0)
     assembled = [_refs(_assemble.options(num_returns=n_out).remote(
@@ -610,6 +640,7 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summ
     sizes = [_refs(_sizes.options(num_returns=files).remote(
         files, *[assembled[f][2 + q] for f in range(files)]), files)
         for q in range(parts)] if job.sizes else []
+    stages.done("assemble", assembled + sizes)
     writes = [_write.remote(job, f, os.path.abspath(paths[f]), paths[f], int(offsets[f]),
                             assembled[f][0], rest[f], *[sizes[q][f] for q in range(len(sizes))])
               for f in range(files)]
@@ -619,7 +650,9 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summ
         summary.removed += got["removed"]
         if idx is not None and got["adds"]:
             _add(idx, got["adds"])
+    stages.done("index", [])
     fetch(writes)
+    stages.done("write", writes)
 
 
 def _add(idx: Index, adds: list) -> None:
