@@ -73,71 +73,90 @@ def _fp_int(fps: np.ndarray, i: int) -> int:
     return out
 
 
-@ray.remote(num_returns=3)
+@ray.remote(num_returns=4)
 def _read(job: _Job, p: int, path: str, shown: str) -> tuple:
-    """Stage 1, one file: (fingerprints, counts and bad rows, the rest of its columns)."""
+    """Stage 1, one file: (fingerprints, counts and bad rows, the other columns, the shingle
+    sets or None). Rows go in batches; only their columns stay."""
     summary = Summary()
     bad: list = []
     run = _Run([path], job.fmt, job.text_field, job.id_field, job.fingerprint_field, job.keep,
                None, "stop" if job.stop else bad.append, summary,
                SimpleNamespace(width=job.width, scheme=job.scheme), job.check is not None)
     run.files = [(p, path, shown)]
-    good: list = []
+    fps: list = []
+    rest: dict = {"numbers": [], "ids": [], "ranks": [], "best": [], "mine": []}
+    sets: list = []
     error = None
+    outside = _Outside(job) if job.index is not None or job.against is not None else None
     try:
         for batch in run._batches():
-            good += batch
+            fps += [g.fp for g in batch]
+            rest["numbers"] += [g.row.number for g in batch]
+            rest["ids"] += [g.id for g in batch]
+            rest["ranks"] += [g.rank for g in batch]
+            if job.check is not None:
+                sets += [g.sh.set for g in batch]
+            if outside is not None and batch:
+                best, mine = outside(batch)
+            else:
+                best, mine = [None] * len(batch), [False] * len(batch)
+            rest["best"] += best
+            rest["mine"] += mine
     except BadLine as e:
         error = e
-    fps = _fps_array([g.fp for g in good], job.width)
-    rest: dict = {"numbers": np.array([g.row.number for g in good], dtype=np.int64),
-                  "ids": [g.id for g in good], "ranks": [g.rank for g in good],
-                  "best": [None] * len(good), "mine": np.zeros(len(good), dtype=bool),
-                  "sets": None}
+    finally:
+        if outside is not None:
+            outside.close()
+    rest["numbers"] = np.array(rest["numbers"], dtype=np.int64)
+    rest["mine"] = np.array(rest["mine"], dtype=bool)
+    flat = None
     if job.check is not None:
-        sets = [g.sh.set for g in good]
-        rest["sets"] = (np.concatenate(sets) if sets else np.empty(0, _U64),
-                        np.cumsum([0] + [len(s) for s in sets], dtype=np.int64))
-    if error is None and good and (job.index is not None or job.against is not None):
-        _outside(job, good, rest)
-    info = {"rows": summary.rows, "skipped": bad, "error": error, "good": len(good)}
-    return fps, info, rest
+        flat = (np.concatenate(sets) if sets else np.empty(0, _U64),
+                np.cumsum([0] + [len(x) for x in sets], dtype=np.int64))
+    info = {"rows": summary.rows, "skipped": bad, "error": error, "good": len(fps)}
+    return _fps_array(fps, job.width), info, rest, flat
 
 
-def _outside(job: _Job, good: list, rest: dict) -> None:
+class _Outside:
     """Each row's nearest record of the index (records of earlier runs) and the reference,
     by the mode's rule; this run's own records are judged with its rows instead."""
-    check = None if job.check is None else Check(*job.check, None)
-    idx = Index(job.index, readonly=True) if job.index is not None else None
-    ref = Index(job.against, readonly=True) if job.against is not None else None
-    try:
-        for s in range(0, len(good), BATCH):
-            part = good[s:s + BATCH]
-            q = [g.fp for g in part]
-            stored = _matches(idx, q, job.k, check) if idx is not None else [[]] * len(q)
-            refs = _matches(ref, q, job.k, check) if ref is not None else [[]] * len(q)
-            for i, g in enumerate(part, s):
-                pos = [g.p, g.row.number]
-                if job.mode == "greedy":
-                    best, mine = greedy_outside(stored[i - s], refs[i - s], g.sh, pos,
-                                                job.token, check, own=False)
-                else:
-                    best, mine = components_outside(stored[i - s], refs[i - s], g.sh, pos,
-                                                    job.token, check)
-                rest["best"][i] = best
-                rest["mine"][i] = mine
-    finally:
-        for x in (idx, ref):
+
+    def __init__(self, job: _Job) -> None:
+        self.job = job
+        self.check = None if job.check is None else Check(*job.check, None)
+        self.idx = self.ref = None
+        self.idx = Index(job.index, readonly=True) if job.index is not None else None
+        self.ref = Index(job.against, readonly=True) if job.against is not None else None
+
+    def close(self) -> None:
+        for x in (self.idx, self.ref):
             if x is not None:
                 x.close()
+
+    def __call__(self, batch: list) -> tuple:
+        """([best], [mine]) of a batch of good rows."""
+        job, check = self.job, self.check
+        q = [g.fp for g in batch]
+        stored = _matches(self.idx, q, job.k, check) if self.idx is not None else [[]] * len(q)
+        refs = _matches(self.ref, q, job.k, check) if self.ref is not None else [[]] * len(q)
+        rule = greedy_outside if job.mode == "greedy" else components_outside
+        best, mine = [], []
+        for g, st, rf in zip(batch, stored, refs):
+            pos = [g.p, g.row.number]
+            b, m = rule(st, rf, g.sh, pos, job.token, check, **(
+                {"own": False} if job.mode == "greedy" else {}))
+            best.append(b)
+            mine.append(m)
+        return best, mine
 
 
 def _block_of(offsets: np.ndarray, g: np.ndarray) -> np.ndarray:
     return np.searchsorted(offsets, g, side="right") - 1
 
 
-def _set_of(rest: dict, i: int) -> np.ndarray:
-    flat, offs = rest["sets"]
+def _set_of(sets: tuple, i: int) -> np.ndarray:
+    """Row i's shingle set from a file's (concatenated sets, offsets)."""
+    flat, offs = sets
     return flat[offs[i]:offs[i + 1]]
 
 
@@ -186,7 +205,7 @@ def _labels(star: tuple, offsets: np.ndarray) -> Any:
 
 @ray.remote
 def _route(job: _Job, offset: int, parts: int, nlabels: int, fps: np.ndarray, rest: dict,
-           *pieces: tuple) -> Any:
+           sets: Optional[tuple], *pieces: tuple) -> Any:
     """One file's members of components and its links (by their earlier row), cut by the
     partition of their component's label. `pieces`: `nlabels` (node, label) pieces of
     stage 4, then the file's links from each task of stage 3."""
@@ -206,8 +225,7 @@ def _route(job: _Job, offset: int, parts: int, nlabels: int, fps: np.ndarray, re
                    "ids": [rest["ids"][i] for i in mine],
                    "fps": fps[mine], "ranks": [rest["ranks"][i] for i in mine],
                    "best": [rest["best"][i] for i in mine],
-                   "sets": [_set_of(rest, i) for i in mine]
-                   if job.check is not None and job.mode == "components" else None}
+                   "sets": None if sets is None else [_set_of(sets, i) for i in mine]}
         e = elabel % parts == r
         out.append((members, (lo[e],) + tuple(c[e] for c in cols)))
     return tuple(out) if parts > 1 else out[0]
@@ -296,7 +314,7 @@ def _hash_key(key: tuple, parts: int) -> int:
 
 @ray.remote
 def _assemble(job: _Job, p: int, offset: int, fps: np.ndarray, rest: dict,
-              *resolved: tuple) -> tuple:
+              sets: Optional[tuple], *resolved: tuple) -> tuple:
     """Stage 6, one file: every good row's decision, the records its kept rows add to the
     index, and its share of the group sizes (per reduce partition)."""
     n = len(rest["ids"])
@@ -318,11 +336,11 @@ def _assemble(job: _Job, p: int, offset: int, fps: np.ndarray, rest: dict,
                 decided[i] = (False, b[1], b[0], b[3], b[1], b[4], b[5])
         if decided[i][0]:
             kept += 1
-            if not rest["mine"][i]:
+            if job.adding and not rest["mine"][i]:
                 pos = [p, int(rest["numbers"][i])]
                 meta: Any = [job.token, pos]
                 if job.check is not None:
-                    sh = Shingles.of_set(_set_of(rest, i))
+                    sh = Shingles.of_set(_set_of(sets, i))
                     meta = Packed(pack_meta(meta, None, (sh.sketch, len(sh.set))))
                 adds.append((ids[i], _fp_int(fps, i), meta))
     pieces: list = [({}, []) for _ in range(job.reduces if job.sizes else 0)]
@@ -556,6 +574,7 @@ def dedup(inputs: Union[str, Iterable[str]], output: str, *, removed: Optional[s
                    index=os.path.abspath(where) if len(idx) else None,
                    against=None if against is None else os.path.abspath(against),
                    annotate=annotate, sizes=annotate or clusters is not None,
+                   adding=index is not None,
                    reduces=parts, radius=summary.radius, tmp=tmp, out_fmt=out_fmt)
         _run(job, paths, parts, idx if index is not None else None, summary, on_error,
              _Stages(timings))
@@ -582,7 +601,8 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summ
     files = len(paths)
     # tasks run in other working directories: absolute paths, rows named as given
     reads = [_read.remote(job, p, os.path.abspath(path), path) for p, path in enumerate(paths)]
-    fps, rest = [r[0] for r in reads], [r[2] for r in reads]
+    fps, rest, sets = [r[0] for r in reads], [r[2] for r in reads], [r[3] for r in reads]
+    grouped = job.check is not None and job.mode == "components"   # decide needs the sets
     stages.done("read", reads)
     counts: list = []
     for info in fetch([r[1] for r in reads]):
@@ -617,7 +637,7 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summ
                 joins.append(_join.remote(t, job.k, args, *[s[q] for s in splits]))
     stages.done("join", joins)
     # stage 3: the links that pass the check, cut by the file of their earlier row
-    verified = [_refs(_verify.options(num_returns=1 + files).remote(job, j, offsets, rest),
+    verified = [_refs(_verify.options(num_returns=1 + files).remote(job, j, offsets, sets),
                       1 + files) for j in joins]
     stages.done("check", verified)
     # stage 4: components of the links
@@ -627,7 +647,8 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summ
     stages.done("components", labels)
     # stage 5: members and links routed to their component's partition, then decided
     routes = [_refs(_route.options(num_returns=parts).remote(
-        job, int(offsets[f]), parts, len(labels), fps[f], rest[f], *[lb[f] for lb in labels],
+        job, int(offsets[f]), parts, len(labels), fps[f], rest[f],
+        sets[f] if grouped else None, *[lb[f] for lb in labels],
         *[v[1 + f] for v in verified]), parts) for f in range(files)]
     resolved = [_refs(_resolve.options(num_returns=files).remote(
         job, offsets, *[routes[f][r] for f in range(files)]), files) for r in range(parts)]
@@ -635,7 +656,9 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summ
     # stage 6: every row's decision, the group sizes, the parts of the outputs
     n_out = 2 + (parts if job.sizes else 0)
     assembled = [_refs(_assemble.options(num_returns=n_out).remote(
-        job, f, int(offsets[f]), fps[f], rest[f], *[resolved[r][f] for r in range(parts)]),
+        job, f, int(offsets[f]), fps[f], rest[f],
+        sets[f] if job.check is not None and job.adding else None,
+        *[resolved[r][f] for r in range(parts)]),
         n_out) for f in range(files)]
     sizes = [_refs(_sizes.options(num_returns=files).remote(
         files, *[assembled[f][2 + q] for f in range(files)]), files)
