@@ -521,7 +521,7 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
     and how many that k finds (with a 95% lower bound), the pairs within k per row for the
     whole input, and the estimated search time per row and run time. The width of least
     time is marked: it is what `simindex dedup --min-similarity` chooses without --k."""
-    from .datasets.run import RUN_SAMPLE_BYTES, RUN_SAMPLE_ROWS, calibrate_inputs
+    from .datasets.settings import RUN_SAMPLE_BYTES, RUN_SAMPLE_ROWS, calibrate_inputs
     try:
         cal = calibrate_inputs(list(inputs), min_similarity, fmt=fmt, text_field=text_field,
                                recall=recall, scheme=scheme,
@@ -623,7 +623,8 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
     is within k bits (the crawler's rule, add_unique); each removed row names the kept row
     it matched. With --index the kept rows stay indexed for later runs. INPUTS may be
     directories: their files, in name order."""
-    from .datasets.run import Summary, decisions, input_files
+    from .datasets.run import Summary, decisions
+    from .datasets.settings import input_files
     from .datasets.reports import DedupOutputs
     from .datasets.rows import format_of
 

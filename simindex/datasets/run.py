@@ -22,7 +22,6 @@ stored in the record for rows of earlier runs. Without k, the radius comes from 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import queue
 import shutil
@@ -37,26 +36,23 @@ from typing import (
 
 from ..signatures import _text
 from ..engine import manifest
-from ..radius import DEFAULT_RECALL, MEASURES, SAMPLE_ROWS, Calibration, calibrate
-from ..radius import DEFAULT_SCHEME as SIMILARITY_SCHEME
-from ..engine.codec import Packed, pack_meta, unpack_sketched
+from ..radius import MEASURES, Calibration
+from ..engine.codec import Packed, pack_meta
 from ..values import check_fp, check_wide_fp
 from ..errors import BadLine, Error, InputError, ParameterError
 from ..signatures.fingerprints import DEFAULT_SCHEME, WORD_SCHEMES, scheme_name
 from ..index import Index
 from ..inputs import parse_fp
 from ..engine.pairs import find_all
-from ..engine.results import Match
-from .check import Check, Shingles, batch_signatures, is_mine
-from .rows import Row, format_of, read_rows
+from .check import Check, Shingles, batch_signatures
+from .rows import Row, read_rows
+from .rules import components_outside, distance, greedy_outside, matches, verdict_of_group
+from .settings import (
+    check_options, choose_radius, input_files, judging, open_indexes, run_token,
+)
 
 BATCH = 4096              # rows judged together: one query_many, one add_many
 BATCH_CHARS = 8 << 20      # ... or fewer, when their texts hold this many characters
-# what a run reads to choose its radius when none is given: the model decides k, the
-# sample the width (its pairs within k, the cost of each step)
-RUN_SAMPLE_ROWS, RUN_SAMPLE_BYTES = 1000, 2 << 20
-MODES = ("greedy", "components")
-DEFAULT_K = 3
 
 
 class Decision(NamedTuple):
@@ -112,33 +108,6 @@ class Summary:
         return out
 
 
-def run_token(inputs: list, text_field: str, id_field: Optional[str],
-              fingerprint_field: Optional[str], judging: str = "") -> bytes:
-    """8 bytes naming a run: its inputs (absolute paths), the fields it reads and how it
-    judges (`judging`: its mode, k and check). A re-run of the same command has the same
-    token (see the module's docstring); one that judges otherwise is another run."""
-    h = hashlib.blake2b(digest_size=8)
-    for part in [*map(os.path.abspath, inputs), text_field, id_field or "",
-                 fingerprint_field or "", judging]:
-        h.update(part.encode("utf-8", "surrogateescape") + b"\0")
-    return h.digest()
-
-
-def _matches(index: Index, fps: list, k: int, check: Optional[Check]) -> list:
-    """Per fingerprint, its (Match, stored sketch or None) in `index`: with a check, the
-    sketches kept with the records' meta (by dedup's kept rows and the text calls)."""
-    if check is None:
-        return [[(m, None) for m in ms] for ms in index.query_many(fps, k=k)]
-    out = []
-    for hits in index._hits_many(fps, k=k):
-        row = []
-        for dist, fp, _seq, id_, mb in hits:
-            meta, sketch = unpack_sketched(mb)
-            row.append((Match(id_, fp, dist, meta), sketch))
-        out.append(row)
-    return out
-
-
 class _Judge:
     """The greedy decision of batches of rows against an index and a reference."""
 
@@ -161,8 +130,8 @@ class _Judge:
         check = self.check
         sh = sh if sh is not None else [None] * len(rows)
         k, token = self.k, self.token
-        stored = _matches(self.idx, fps, k, check)
-        refs = _matches(self.ref, fps, k, check) if self.ref is not None else None
+        stored = matches(self.idx, fps, k, check)
+        refs = matches(self.ref, fps, k, check) if self.ref is not None else None
         earlier: dict = {}
         for a, b in (find_all(fps, k=k, width=self.idx.width) if len(fps) > 1 else []):
             earlier.setdefault(b, []).append(a)
@@ -174,7 +143,7 @@ class _Judge:
                                         sh[i], pos, token, check)
             for j in earlier.get(i, ()):
                 if kept_here.get(j):
-                    d = _distance(fps[i], fps[j])
+                    d = distance(fps[i], fps[j])
                     if best is not None and (d, 1 + j) >= best[:2]:
                         continue
                     ok, sim, how = (True, None, None) if check is None else \
@@ -203,44 +172,6 @@ class _Judge:
         except InputError as e:
             raise ParameterError(f"a kept row's {e}: ids must be unique, across runs "
                                  f"too") from None
-
-
-def greedy_outside(stored: list, refs: Any, sh: Optional[Shingles], pos: list, token: bytes,
-                   check: Optional[Check], own: bool = True) -> tuple:
-    """(best, mine) of one row under the greedy rule, from its (Match, sketch) lists in the
-    index and the reference: best is (distance, order, id, reference, similarity, evidence)
-    of the nearest record that passes the check (a reference's first at its distance, order
-    -1, before the index's, order 0), or None; mine, whether this run already added the row
-    itself. This run's records at earlier positions count as matches when `own`, else they
-    are left to the caller (which judges this run's rows itself)."""
-    best = None
-    mine = False
-    for m, sketch in stored:
-        meta = m.meta
-        if is_mine(meta, token):
-            if meta[1] == pos:
-                mine = True        # kept by this run's earlier (killed) process
-                continue
-            if meta[1] > pos or not own:
-                continue           # kept later in this run's order: not before it
-        if best is not None and (m.distance, 0) >= best[:2]:
-            continue
-        ok, sim, how = (True, None, None) if check is None else \
-            check(sh, check.recall(meta, sketch))
-        if ok:
-            best = (m.distance, 0, m.id, False, sim, how)
-    for m, sketch in refs:                 # a reference's records: by their sketches
-        if best is not None and (m.distance, -1) >= best[:2]:
-            break
-        ok, sim, how = (True, None, None) if check is None else check(sh, sketch)
-        if ok:
-            best = (m.distance, -1, m.id, True, sim, how)
-            break
-    return best, mine
-
-
-def _distance(a: int, b: int) -> int:
-    return bin(a ^ b).count("1")
 
 
 def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
@@ -285,8 +216,8 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
                           judging(mode, kk, measure, min_similarity))
         if min_similarity is not None:
             check = Check(float(min_similarity), measure, token, scratch)
-        run = _Run(paths, fmt, text_field, id_field, fingerprint_field, keep, pool, on_error,
-                   summary, idx, check is not None, made)
+        run = BatchReader(paths, fmt, text_field, id_field, fingerprint_field, keep, pool,
+                          on_error, summary, idx, check is not None, made)
         judge = _Judge(idx, ref, kk, token, check)
         if mode == "greedy":
             with closing(run.batches()) as batches:      # its reader stops before the pool
@@ -308,136 +239,6 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def input_files(inputs: Union[str, Iterable[str]]) -> list:
-    """The files of a run's inputs, in order: each file as given, and each directory's
-    files of a known format (by extension; hidden ones left out) in name order: a directory
-    of shards reads as the shards one after another."""
-    paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
-    out = []
-    for p in map(os.fspath, paths):
-        if not os.path.isdir(p):
-            out.append(p)
-            continue
-        names = sorted(n for n in os.listdir(p) if not n.startswith((".", "_")) and
-                       os.path.isfile(os.path.join(p, n)) and _known_format(n))
-        if not names:
-            raise ParameterError(f"{p}: the directory holds no .jsonl, .csv or .parquet "
-                                 f"file (optionally .gz)")
-        out += [os.path.join(p, n) for n in names]
-    return out
-
-
-def _known_format(name: str) -> bool:
-    try:
-        format_of(name)
-    except ParameterError:
-        return False
-    return True
-
-
-def check_options(mode: Optional[str], keep: str, drop_all: bool, jobs: int,
-                  min_similarity: Optional[float], recall: Optional[float],
-                  on_error: Any) -> str:
-    """The mode a run's options choose, each option checked (ParameterError naming it)."""
-    if mode is None:
-        mode = "components" if drop_all or keep != "first" else "greedy"
-    if mode not in MODES:
-        raise ParameterError(f"mode {mode!r} is not one of {', '.join(MODES)}")
-    if mode == "greedy" and (keep != "first" or drop_all):
-        raise ParameterError("keep and drop_all choose among a component's rows: they need "
-                             "mode='components'")
-    if not isinstance(keep, str) or not keep:
-        raise ParameterError(f"keep must be 'first', 'longest' or a column name, got {keep!r}")
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ParameterError(f"jobs must be an int >= 1, got {jobs!r}")
-    if min_similarity is not None and (isinstance(min_similarity, bool) or not isinstance(
-            min_similarity, (int, float)) or not 0 < min_similarity <= 1):
-        raise ParameterError(f"min_similarity must be a similarity in (0, 1], got "
-                             f"{min_similarity!r}")
-    if recall is not None and (isinstance(recall, bool) or not isinstance(
-            recall, (int, float)) or not 0 < recall < 1):
-        raise ParameterError(f"recall must be a share in (0, 1), got {recall!r}")
-    if on_error not in ("stop", "skip") and not callable(on_error):
-        raise ParameterError(f"on_error must be 'stop', 'skip' or a callable, got "
-                             f"{on_error!r}")
-    return mode
-
-
-def choose_radius(paths: list, new: bool, *, k: Optional[int], scheme: Optional[str],
-                  width: Optional[int], min_similarity: Optional[float],
-                  recall: Optional[float], measure: str, fmt: Optional[str],
-                  text_field: str, fingerprint_field: Optional[str],
-                  time_budget: Optional[float], summary: Summary) -> tuple:
-    """(calibration or None, the shingle sets it made, scheme, width) of a run: for a new
-    index with a similarity threshold and no k, the radius calibrated on the input's first
-    rows (RUN_SAMPLE_ROWS or RUN_SAMPLE_BYTES)."""
-    cal = None
-    made: dict = {}           # rows the calibration already read: their shingle sets
-    if new:
-        if min_similarity is not None and scheme is None and fingerprint_field is None:
-            scheme = SIMILARITY_SCHEME      # fingerprints read from a column are not
-        if min_similarity is not None and k is None and fingerprint_field is None:
-            cal, made = _calibrate_inputs(
-                paths, min_similarity, fmt=fmt, text_field=text_field, recall=recall,
-                scheme=scheme, width=width, measure=measure, sample=RUN_SAMPLE_ROWS,
-                sample_bytes=RUN_SAMPLE_BYTES, sample_truth=False, time_budget=time_budget)
-            summary.calibration = cal
-            scheme, width = cal.scheme, cal.width
-    return cal, made, scheme, width
-
-
-def open_indexes(index: str, against: Optional[str], new: bool, cal: Optional[Calibration], *,
-                 k: Optional[int], scheme: Optional[str], width: Optional[int],
-                 min_similarity: Optional[float], measure: str, summary: Summary) -> tuple:
-    """(index, reference or None, k, threshold, measure) of a run: a new index is made for
-    k (default DEFAULT_K, or the calibration's); an existing one is asked at k, which must
-    not exceed its own, and keeps its calibration (and so the threshold it judges by).
-    Batches commit without fsync: the caller's flush at the end makes them durable."""
-    idx = ref = None
-    try:
-        idx = Index(index, k=(cal.k if cal is not None else DEFAULT_K if k is None else k)
-                    if new else None, scheme=scheme, width=width, sync=False,
-                    calibration=cal.stored() if cal is not None else None,
-                    expected=cal.expected_rows if cal is not None else None)
-        stored = idx.calibration
-        if stored is not None:
-            if min_similarity is not None and (min_similarity != stored["min_similarity"] or
-                                               measure != stored["measure"]):
-                raise ParameterError(
-                    f"the index {index} was calibrated for {stored['measure']} >= "
-                    f"{stored['min_similarity']:g}; give that threshold (or none) so this "
-                    f"run judges as the earlier ones did")
-            min_similarity, measure = stored["min_similarity"], stored["measure"]
-        if against is not None:
-            ref = Index(against, readonly=True)
-            if ref.width != idx.width:
-                raise ParameterError(f"the reference index {against} holds {ref.width}-bit "
-                                     f"fingerprints, this run {idx.width}-bit ones")
-            if ref.k < idx.k:
-                raise ParameterError(f"the reference index {against} finds up to k="
-                                     f"{ref.k}, this run needs k={idx.k}")
-        kk = idx.k if k is None else k
-        if kk > idx.k:
-            raise ParameterError(f"k ({kk}) is above the index's k ({idx.k})")
-    except BaseException:
-        if ref is not None:
-            ref.close()
-        if idx is not None:
-            idx.close()
-        raise
-    summary.radius = {"scheme": idx.scheme or DEFAULT_SCHEME, "width": idx.width, "k": kk,
-                      "min_similarity": min_similarity, "measure": measure,
-                      "expected_recall": stored["expected_recall"]
-                      if stored is not None and kk == stored["k"] else None}
-    return idx, ref, kk, min_similarity, measure
-
-
-def judging(mode: str, k: int, measure: str, min_similarity: Optional[float]) -> str:
-    """How a run judges, as its token records it."""
-    return f"{mode} k={k} {measure} >= {min_similarity}" if min_similarity is not None \
-        else f"{mode} k={k}"
-
-
 def _index_reads_words(index: str) -> bool:
     """Whether an existing index's scheme is read by the compiled text pass (threads)."""
     try:
@@ -445,100 +246,6 @@ def _index_reads_words(index: str) -> bool:
     except Error:
         return True
     return (m.get("scheme") or DEFAULT_SCHEME) in WORD_SCHEMES
-
-
-def calibrate_inputs(paths: list, t: float, *, fmt: Optional[str] = None,
-                     text_field: str = "text", recall: Optional[float] = None,
-                     scheme: Optional[str] = None, width: Optional[int] = None,
-                     measure: str = "jaccard", sample: int = SAMPLE_ROWS,
-                     sample_bytes: Optional[int] = None, sample_truth: bool = True,
-                     time_budget: Optional[float] = None) -> Calibration:
-    """The calibration (`simindex.calibrate`) of input files from their first `sample`
-    texts (and at most `sample_bytes` of text, if given), for the rows the files hold
-    (estimated; rows without a text are left to the run itself to report)."""
-    return _calibrate_inputs(paths, t, fmt=fmt, text_field=text_field, recall=recall,
-                             scheme=scheme, width=width, measure=measure, sample=sample,
-                             sample_bytes=sample_bytes, sample_truth=sample_truth,
-                             time_budget=time_budget)[0]
-
-
-def _calibrate_inputs(paths: list, t: float, *, fmt: Optional[str], text_field: str,
-                      recall: Optional[float], scheme: Optional[str], width: Optional[int],
-                      measure: str, sample: int, sample_bytes: Optional[int],
-                      sample_truth: bool, time_budget: Optional[float] = None) -> tuple:
-    """calibrate_inputs, and for minhash-v1 the shingle set its pass made of each sampled
-    row, by position, which the run need not make again."""
-    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 2:
-        raise ParameterError(f"sample must be an int >= 2, got {sample!r}")
-    texts: list = []
-    where: list = []
-    read = 0
-    limit = sample_bytes if sample_bytes is not None else float("inf")
-    for p, path in enumerate(paths):
-        for row in read_rows(path, fmt, lambda e: None):
-            text = row.data.get(text_field)
-            if isinstance(text, str):
-                texts.append(text)
-                where.append((p, row.number))
-                read += len(text)
-            if len(texts) >= sample or (read >= limit and len(texts) >= 2):
-                break
-        if len(texts) >= sample or (read >= limit and len(texts) >= 2):
-            break
-    if not texts:
-        raise ParameterError(f"no row of the input has a text in \"{text_field}\" to "
-                             f"calibrate on; give k")
-    rows = estimate_rows(paths, len(texts), read)
-    made: dict = {}
-    sets = seconds = None
-    if (scheme or SIMILARITY_SCHEME) == "minhash-v1":
-        start = time.perf_counter()
-        _, counts, raws = _text.signatures(texts, 3, shingles=True)
-        sets = [_text.sorted_set(r) for r in raws]            # type: ignore[union-attr]
-        seconds = time.perf_counter() - start
-        made = {w: x for w, x, c in zip(where, sets, counts) if c}
-    try:
-        cal = calibrate(texts, t, recall=DEFAULT_RECALL if recall is None else recall,
-                        scheme=scheme, measure=measure, expected_rows=rows,
-                        widths=None if width is None else [width],
-                        sample_truth=sample_truth, sets=sets, pass_seconds=seconds,
-                        time_budget=time_budget)
-    except InputError as e:
-        raise ParameterError(f"cannot calibrate on the input's first rows: {e}") from None
-    return cal, made
-
-
-def estimate_rows(paths: list, sample_rows: int, sample_bytes: int) -> int:
-    """How many rows the inputs hold: a Parquet file's own count and a plain JSON lines
-    file's lines (counted: a fast read), else about the file's bytes (a gzip file's stored
-    size, modulo 4 GiB) over the sample's bytes per row."""
-    total = 0
-    per_row = max(sample_bytes / max(sample_rows, 1), 1.0)
-    for path in paths:
-        try:
-            if path.endswith((".parquet", ".pq")):
-                import pyarrow.parquet as pq
-                total += pq.ParquetFile(path).metadata.num_rows
-                continue
-            if not path.endswith(".gz") and path.endswith((".jsonl", ".json", ".ndjson")):
-                lines = 0
-                with open(path, "rb") as f:
-                    while True:
-                        chunk = f.read(16 << 20)
-                        if not chunk:
-                            break
-                        lines += chunk.count(b"\n")
-                total += max(lines, 1)
-                continue
-            size = os.path.getsize(path)
-            if path.endswith(".gz") and size >= 4:
-                with open(path, "rb") as f:
-                    f.seek(-4, 2)
-                    size = max(size, int.from_bytes(f.read(4), "little"))
-            total += int(size / per_row)
-        except (OSError, ImportError, ValueError):
-            total += sample_rows
-    return max(total, sample_rows)
 
 
 class _Good(NamedTuple):
@@ -552,7 +259,7 @@ class _Good(NamedTuple):
     sh: Any = None   # the shingle set (with min_similarity)
 
 
-class _Run:
+class BatchReader:
     """The inputs of one run read in fingerprinted batches of good rows."""
 
     def __init__(self, paths: list, fmt: Optional[str], text_field: str,
@@ -774,8 +481,8 @@ def _first_pass(good: list, ids: list, fps: list, pos: list, ranks: list, earlie
     reference that passes the check."""
     base = len(ids)
     q = [g.fp for g in good]
-    stored = _matches(idx, q, k, check)
-    refs = _matches(ref, q, k, check) if ref is not None else [[]] * len(q)
+    stored = matches(idx, q, k, check)
+    refs = matches(ref, q, k, check) if ref is not None else [[]] * len(q)
     for i, g in enumerate(good):
         ids.append(g.id)
         fps.append(g.fp)
@@ -790,32 +497,7 @@ def _first_pass(good: list, ids: list, fps: list, pos: list, ranks: list, earlie
             earlier[base + i] = best
 
 
-def components_outside(stored: list, refs: list, sh: Optional[Shingles], pos: list,
-                       token: bytes, check: Optional[Check]) -> tuple:
-    """(best, mine) of one row for the components mode: best is its nearest record of the
-    index or the reference that passes the check, as (distance, id, fingerprint, reference,
-    similarity, evidence, the record's shingles for later checks), or None (a reference's
-    wins a tie); mine, whether this run already added the row itself. This run's own
-    records are judged again with the run's rows, not here."""
-    best = None
-    mine = False
-    for (m, sketch), isref in [(x, False) for x in stored] + [(x, True) for x in refs]:
-        meta = m.meta
-        if not isref and is_mine(meta, token):
-            if meta[1] == pos:
-                mine = True
-            continue               # this run's own records: judged again here
-        if best is not None and (m.distance > best[0] or m.distance == best[0]
-                                 and not isref):
-            continue
-        theirs = None if check is None else sketch if isref else check.recall(meta, sketch)
-        ok, sim, how = (True, None, None) if check is None else check(sh, theirs)
-        if ok:
-            best = (m.distance, m.id, m.fingerprint, isref, sim, how, theirs)
-    return best, mine
-
-
-def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
+def _components(run: BatchReader, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
     """Connected components of the near-duplicate graph of the run's rows (links within k,
     chains included), each joined by any record of the index or the reference within k of
     a member. A component with such a record keeps none of its rows; otherwise it keeps its
@@ -890,51 +572,6 @@ def _components(run: _Run, judge: _Judge, drop_all: bool) -> Iterator[Decision]:
         i += 1
     if adds:
         judge.add(adds)
-
-
-def verdict_of_group(group: list, earlier: dict, ids: Any, fps: Any, ranks: Any, keep: str,
-                     drop_all: bool, check: Optional[Check], shingles: Callable,
-                     verdict: Any) -> None:
-    """The components mode's decision for one group of rows (positions in input order),
-    into `verdict`: per row None (kept, alone), its own id (kept, the head of its group)
-    or (match id, distance, reference, cluster id, similarity, evidence). `earlier`: rows'
-    nearest outside records (components_outside); `shingles(i)`: row i's Shingles."""
-    outside = [earlier[i] for i in group if i in earlier]
-    if outside:
-        first = min(outside, key=lambda e: e[0])
-        for i in group:
-            if i in earlier:
-                d, mid, mfp, isref, sim, how, _ = earlier[i]
-                verdict[i] = (mid, d, isref, mid, sim, how)
-                continue
-            d, mid, mfp, isref, _, _, theirs = first
-            ok, sim, how = (True, None, None) if check is None else \
-                check(shingles(i), theirs)
-            if ok:
-                verdict[i] = (mid, _distance(fps[i], mfp), isref, mid, sim, how)
-        return
-    if len(group) == 1:
-        return
-    best = group[0] if keep == "first" else max(group, key=lambda i: (ranks[i], -i))
-    head = shingles(best) if check is not None else None
-    gone = []
-    for i in group:
-        if i == best:
-            continue
-        ok, sim, how = (True, None, None) if check is None else check(shingles(i), head)
-        if ok:
-            verdict[i] = (ids[best], _distance(fps[i], fps[best]), False, ids[best], sim, how)
-            gone.append(i)
-    if not gone:
-        return                             # nothing passed against the head: all stay
-    if drop_all:
-        other = gone[0]
-        sim, how = (None, None) if check is None else \
-            check(head, shingles(other))[1:]      # type: ignore[arg-type]
-        verdict[best] = (ids[other], _distance(fps[best], fps[other]), False, ids[best],
-                         sim, how)
-    else:
-        verdict[best] = ids[best]          # kept, the head of its group
 
 
 def _bad(e: BadLine, on_error, summary) -> None:

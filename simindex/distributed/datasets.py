@@ -32,9 +32,10 @@ import ray
 from ..datasets.check import Check, Shingles
 from ..datasets.reports import ANNOTATIONS, _key
 from ..datasets.rows import RowWriter, format_of, read_rows
-from ..datasets.run import (
-    BATCH, Summary, _matches, _Run, check_options, choose_radius, components_outside,
-    greedy_outside, input_files, judging, open_indexes, run_token, verdict_of_group,
+from ..datasets.rules import components_outside, greedy_outside, matches, verdict_of_group
+from ..datasets.run import BATCH, BatchReader, Summary
+from ..datasets.settings import (
+    check_options, choose_radius, input_files, judging, open_indexes, run_token,
 )
 from ..engine import manifest
 from ..engine.codec import Packed, pack_meta
@@ -79,9 +80,10 @@ def _read(job: _Job, p: int, path: str, shown: str) -> tuple:
     sets or None). Rows go in batches; only their columns stay."""
     summary = Summary()
     bad: list = []
-    run = _Run([path], job.fmt, job.text_field, job.id_field, job.fingerprint_field, job.keep,
-               None, "stop" if job.stop else bad.append, summary,
-               SimpleNamespace(width=job.width, scheme=job.scheme), job.check is not None)
+    run = BatchReader([path], job.fmt, job.text_field, job.id_field, job.fingerprint_field,
+                      job.keep, None, "stop" if job.stop else bad.append, summary,
+                      SimpleNamespace(width=job.width, scheme=job.scheme),
+                      job.check is not None)
     run.files = [(p, path, shown)]
     fps: list = []
     rest: dict = {"numbers": [], "ids": [], "ranks": [], "best": [], "mine": []}
@@ -137,8 +139,8 @@ class _Outside:
         """([best], [mine]) of a batch of good rows."""
         job, check = self.job, self.check
         q = [g.fp for g in batch]
-        stored = _matches(self.idx, q, job.k, check) if self.idx is not None else [[]] * len(q)
-        refs = _matches(self.ref, q, job.k, check) if self.ref is not None else [[]] * len(q)
+        stored = matches(self.idx, q, job.k, check) if self.idx is not None else [[]] * len(q)
+        refs = matches(self.ref, q, job.k, check) if self.ref is not None else [[]] * len(q)
         rule = greedy_outside if job.mode == "greedy" else components_outside
         best, mine = [], []
         for g, st, rf in zip(batch, stored, refs):
