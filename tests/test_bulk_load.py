@@ -244,7 +244,7 @@ def test_gather_shards_refuses_regions_it_would_overrun():
 
 
 def test_sort_entries_sorts_into_given_buffers_and_checks_them():
-    from simindex.engine._blocks import sort_entries
+    from simindex.engine._slabs import sort_entries
     rng = np.random.default_rng(5)
     for n in (0, 1, 1000, 300_000):            # above 2**18: through the partitions
         keys = rng.integers(0, 2**64, n, dtype=np.uint64)
