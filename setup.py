@@ -28,7 +28,7 @@ modules = [
     core("_layout"),                      # the on-disk format's constants, for Python
     core("_lmdb", ["lmdb"]),              # environments, transactions, errors, resize gate
     core("_permute"),                     # permuted keys of the tables
-    core("_blocks", ["lmdb", "z"]),       # the block codec and a shard's state
+    core("_slabs", ["lmdb", "z"]),        # the slab codec and a shard's state
     core("_records", ["lmdb", "z"]),      # the record codec
     core("_join"),                        # Hamming kernels and the pair join
     core("_query", ["lmdb"]),             # the query engine

@@ -529,6 +529,6 @@ class Index:
     def verify(self) -> list[str]:
         """Check every table of every shard against the records; returns the problems found.
 
-        Reads every block (checksums included); an empty list means the index is sound.
+        Reads every table slab (checksums included); an empty list means the index is sound.
         """
         return _verify.problems(self._folded_store())

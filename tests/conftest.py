@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 class Settings:
     """How a test's index runs: "tuned" (group commit off: every batch reaches the shards'
-    runs, merges and blocks at once), "shipped" (the defaults users get: group commit on)
+    runs, merges and slabs at once), "shipped" (the defaults users get: group commit on)
     or "buffered" (the defaults with sync=False: single adds go through the write buffer)."""
 
     def __init__(self, name):
@@ -49,7 +49,7 @@ def settings(request):
 @pytest.fixture(autouse=True)
 def group_commit(request):
     """In this process tests apply every batch to the shards at once (group commit off), so
-    small batches still make the runs, merges and blocks they are written to reach. Tests
+    small batches still make the runs, merges and slabs they are written to reach. Tests
     marked group_commit (test_group_commit.py), or run under shipped or buffered Settings,
     run with the shipped GROUP_LIMIT, and so do child processes."""
     from simindex import _testing

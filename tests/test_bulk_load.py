@@ -202,7 +202,7 @@ def gather_reference(plan, fps, seqs, ids, lo, hi):
 @pytest.mark.parametrize("spare", [1, 3])
 def test_gather_shards_takes_every_tables_entries_of_a_group_in_input_order(lo, hi, spare):
     plan = Plan(k=3, blocks=5, prefix_blocks=2, shards=8)
-    # 40,000 records: the blocks of 2,048 that cannot fill a region take the fast loop,
+    # 40,000 records: the tiles of 2,048 that cannot fill a region take the fast loop,
     # the last ones the loop that stays within it
     fps = plan_fps(40_000, 3)
     seqs = np.arange(10, 10 + 3 * len(fps), 3, dtype=np.uint64)
@@ -244,7 +244,7 @@ def test_gather_shards_refuses_regions_it_would_overrun():
 
 
 def test_sort_entries_sorts_into_given_buffers_and_checks_them():
-    from simindex.engine._blocks import sort_entries
+    from simindex.engine._slabs import sort_entries
     rng = np.random.default_rng(5)
     for n in (0, 1, 1000, 300_000):            # above 2**18: through the partitions
         keys = rng.integers(0, 2**64, n, dtype=np.uint64)

@@ -145,7 +145,7 @@ def test_remove_verify_compact(tmp_path):
     assert "sound" in run("verify", tmp_path / "idx", check=0).stderr
     with simindex.Index(tmp_path / "idx", readonly=True) as idx:
         assert len(idx) == 1 and "d" in idx
-    # damage every block: verify lists it and exits 1
+    # damage every slab: verify lists it and exits 1
     for shard in os.listdir(tmp_path / "idx"):
         f = tmp_path / "idx" / shard / "data.mdb"
         if shard.startswith("shard-") and f.exists():
@@ -173,7 +173,7 @@ def test_version_and_plan(tmp_path):
     assert rows[0][:6] == ["4", "1", "4", "0", "4", "16"]
     assert rows[0][-1] == "<- build --expected 10000000 (1 shard)"
     assert rows[1][:3] == ["5", "2", "10"]
-    # bytes on disk: 4 tables of ~10.1 B per entry (block layout v2) plus ~67 B per record
+    # bytes on disk: 4 tables of ~10.1 B per entry (slab layout v2) plus ~67 B per record
     assert float(rows[0][8]) == pytest.approx(10_000_000 * (4 * 10.1 + 67), rel=0.01)
     # a plan with flips: 4 tables of 16 bits probed within 2 bits (1 + 16 + 120 each)
     flips = run("plan", "--size", "1000000", "--k", "8", "--top", "1000", check=0).stdout

@@ -1,12 +1,13 @@
-"""The block and record codecs (layout.pxd): runs and records written and read back
+"""The slab and record codecs (layout.pxd): runs and records written and read back
 exactly, at width 64 and with the further words of wide fingerprints, and damage refused
-(a block's low words must be the run's)."""
+(a slab's low words must be the run's)."""
 
 import numpy as np
 import pytest
 
 import simindex
-from simindex.engine._blocks import read_run, write_run
+from simindex.engine._layout import DB_SLABS
+from simindex.engine._slabs import read_run, write_run
 from simindex.engine._lmdb import Env, Txn
 from simindex.engine._records import (
     read_tail, record_get, records_lookup, records_problems, records_put, split_record,
@@ -16,7 +17,7 @@ from simindex.engine._records import (
 @pytest.fixture
 def env(tmp_path):
     e = Env(str(tmp_path), mapsize=1 << 28)
-    for db in ("blocks", "ids", "seqs"):
+    for db in (DB_SLABS, "ids", "seqs"):
         e.open_db(db, create=True)
     yield e
     e.close()
@@ -36,26 +37,26 @@ def entries(n, low_words, seed, spread=64):
 def test_runs_round_trip(env, low_words, n, spread):
     keys, seqs, lows = entries(n, low_words, seed=n + low_words, spread=spread)
     with Txn(env, write=True) as txn:
-        blocks = write_run(txn, "blocks", 7, keys, seqs, lows if low_words else None)
+        slabs = write_run(txn, DB_SLABS, 7, keys, seqs, lows if low_words else None)
     with Txn(env) as txn:
-        got = read_run(txn, "blocks", 7, n, check=True, low_words=low_words)
+        got = read_run(txn, DB_SLABS, 7, n, check=True, low_words=low_words)
     assert np.array_equal(got[0], keys) and np.array_equal(got[1], seqs)
     if low_words:
         assert np.array_equal(got[2], lows)
-    # a block holds 16,328 bytes of entries: the lows alone need their share, and at the
-    # widest key and seq offsets (8 bytes each) a block still holds 16328 // entry bytes
-    assert -(-n * 8 * low_words // 16328) <= blocks <= -(-n // (16328 // (16 + 8 * low_words)))
+    # a slab holds 16,328 bytes of entries: the lows alone need their share, and at the
+    # widest key and seq offsets (8 bytes each) a slab still holds 16328 // entry bytes
+    assert -(-n * 8 * low_words // 16328) <= slabs <= -(-n // (16328 // (16 + 8 * low_words)))
 
 
 def test_a_run_read_with_other_low_words_is_damage(env):
     keys, seqs, lows = entries(100, 1, seed=1)
     with Txn(env, write=True) as txn:
-        write_run(txn, "blocks", 3, keys, seqs, lows)
+        write_run(txn, DB_SLABS, 3, keys, seqs, lows)
     with Txn(env) as txn:
         with pytest.raises(simindex.CorruptError, match="holds 1 low words per entry, not 0"):
-            read_run(txn, "blocks", 3, 100)
+            read_run(txn, DB_SLABS, 3, 100)
         with pytest.raises(simindex.CorruptError, match="not 3"):
-            read_run(txn, "blocks", 3, 100, low_words=3)
+            read_run(txn, DB_SLABS, 3, 100, low_words=3)
 
 
 def test_bad_tails_are_refused(env):
@@ -63,7 +64,7 @@ def test_bad_tails_are_refused(env):
     with Txn(env, write=True) as txn:
         for bad in (np.zeros((9, 1), np.uint64), np.zeros((10, 4), np.uint64)):
             with pytest.raises(ValueError, match="lows must be"):
-                write_run(txn, "blocks", 4, keys, seqs, bad)
+                write_run(txn, DB_SLABS, 4, keys, seqs, bad)
 
 
 @pytest.mark.parametrize("sums", [True, False], ids=["format 3", "formats 1 and 2"])

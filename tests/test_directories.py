@@ -1,4 +1,4 @@
-"""Run directories (a query finds its block in an in-memory array of each run's block keys,
+"""Run directories (a query finds its slab in an in-memory array of each run's slab keys,
 kept across snapshots while the run is listed), the compiled single-query path and batch
 results: answers stay exact while this process or another one writes, merges, compacts and
 grows the map, and a batch leaves the garbage collector as it found it."""
@@ -13,8 +13,8 @@ from simindex import _testing as hook
 from conftest import brute, fp_of, planted_family, run_py
 from test_wide_index import brute as wide_brute
 
-# Batch sizes that make runs of one tiny block (its value inside a leaf page, which a later
-# write may copy elsewhere), of one or several full blocks (overflow pages), and merges.
+# Batch sizes that make runs of one tiny slab (its value inside a leaf page, which a later
+# write may copy elsewhere), of one or several full slabs (overflow pages), and merges.
 BATCHES = [1, 3, 2500, 1, 40, 7000, 2, 300, 1, 1, 12000, 5]
 
 
@@ -282,10 +282,10 @@ def distances(fps, q):
     return np.unpackbits(x.view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1)
 
 
-# Runs of 40 to 150 blocks: a directory's top holds one key per group of 8 blocks, the last
-# group partial; a crowd of equal keys spans blocks and groups; plans without and with flips
+# Runs of 40 to 150 slabs: a directory's top holds one key per group of 8 slabs, the last
+# group partial; a crowd of equal keys spans slabs and groups; plans without and with flips
 @pytest.mark.parametrize("k,blocks,prefix", [(3, 4, 1), (7, 8, 1), (3, 2, 1)])
-def test_runs_of_many_blocks_find_the_first_block_of_every_range(tmp_path, k, blocks, prefix):
+def test_runs_of_many_slabs_find_the_first_slab_of_every_range(tmp_path, k, blocks, prefix):
     rng = np.random.default_rng(k * 10 + blocks)
     crowd = int(rng.integers(0, 2**64, dtype=np.uint64))
     fps = np.concatenate([rng.integers(0, 2**64, 60_000, dtype=np.uint64),
@@ -301,7 +301,7 @@ def test_runs_of_many_blocks_find_the_first_block_of_every_range(tmp_path, k, bl
     with simindex.Index(tmp_path / "i", k=k, blocks=blocks, prefix_blocks=prefix,
                         shards=1) as idx:
         idx.add_many(range(len(fps)), fps)
-        assert idx.stats()["runs"] == idx.stats()["tables"]     # one run of many blocks each
+        assert idx.stats()["runs"] == idx.stats()["tables"]     # one run of many slabs each
         want = []
         for q in queries:
             d = distances(fps, q)

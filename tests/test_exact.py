@@ -128,8 +128,8 @@ def test_pairs_in_crowded_prefixes_equal_brute_force(tmp_path, k, blocks, free_b
 
 
 @pytest.mark.parametrize("width", [64, 128])
-def test_blocks_with_unevenly_spread_keys_answer_exactly(tmp_path, width):
-    """Dense runs of keys beside sparse ones (a block's scan start is guessed by
+def test_slabs_with_unevenly_spread_keys_answer_exactly(tmp_path, width):
+    """Dense runs of keys beside sparse ones (a slab's scan start is guessed by
     interpolation and then searched: a far-off guess must still find every entry)."""
     rng = np.random.default_rng(5)
     words = width // 64
@@ -157,9 +157,9 @@ def test_blocks_with_unevenly_spread_keys_answer_exactly(tmp_path, width):
 
 
 @pytest.mark.parametrize("width", [64, 128])
-def test_equal_keys_spanning_blocks_at_the_top_of_a_range_are_all_found(tmp_path, width):
+def test_equal_keys_spanning_slabs_at_the_top_of_a_range_are_all_found(tmp_path, width):
     """40,000 copies of the all-ones fingerprint: their key is the top of its prefix range in
-    every table and fills several blocks, so a scan that stopped at a block whose last key
+    every table and fills several slabs, so a scan that stopped at a slab whose last key
     equals the range's top would miss the copies in the next one."""
     n = 40_000
     words = width // 64
@@ -243,7 +243,7 @@ entries = st.lists(st.tuples(
 
 @given(es=entries, copies=st.integers(1, 40))
 def test_run_entries_sort_by_key_then_seq(es, copies):
-    from simindex.engine._blocks import sort_entries
+    from simindex.engine._slabs import sort_entries
     es = es * copies                                # equal pairs and crowded buckets
     keys = np.array([k for k, _ in es], dtype=np.uint64)
     seqs = np.array([q for _, q in es], dtype=np.uint64)
@@ -254,7 +254,7 @@ def test_run_entries_sort_by_key_then_seq(es, copies):
 @pytest.mark.parametrize("keys", ["random", "one shard", "crowded", "equal", "narrow"])
 def test_large_runs_sort_through_partitions_by_key_then_seq(keys):
     # above 2**18 entries sort_entries splits by leading bits first, then sorts each part
-    from simindex.engine._blocks import sort_entries
+    from simindex.engine._slabs import sort_entries
     rng = np.random.default_rng(9)
     n = 300_000
     k = rng.integers(0, 2**64, n, dtype=np.uint64)

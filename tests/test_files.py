@@ -22,7 +22,7 @@ entries, found = 0, set()
 for s in range(m["shards"]):
     e = lmdb.open(f"{path}/shard-{s:03d}", readonly=True, lock=False, max_dbs=4)
     with e.begin() as txn:
-        db = e.open_db(b"blocks", txn=txn)
+        db = e.open_db(b"blocks", txn=txn)          # the slabs, under their on-disk name
         for key, val in txn.cursor(db):
             # layout v2: header, kw-byte key offsets, sw-byte seq offsets, 8 zero bytes
             magic, count, crc, kw, sw, zero, kbase, sbase = struct.unpack_from("<IIIBBHQQ", val)
@@ -133,13 +133,13 @@ def test_missing_shard_directory(tmp_path):
         simindex.Index(path)
 
 
-def test_damaged_block_is_reported_by_verify(tmp_path):
+def test_damaged_slab_is_reported_by_verify(tmp_path):
     path = _built(tmp_path, n=5000)
     with simindex.Index(path) as idx:
         idx.compact()
     f = os.path.join(path, "shard-000", "data.mdb")
     data = bytearray(open(f, "rb").read())
-    # flip a byte inside the keys of every block (magic "SIB2", 32-byte header), live or freed
+    # flip a byte inside the keys of every slab (magic "SIB2", 32-byte header), live or freed
     at = data.find(b"SIB2")
     assert at > 0
     while at > 0:
@@ -158,7 +158,7 @@ def test_a_closed_index_directory_can_be_copied(tmp_path):
 
 
 def _v1_index(tmp_path):
-    """The index of tests/data/make_index_v1.py (block layout v1) and what it must hold."""
+    """The index of tests/data/make_index_v1.py (slab layout v1) and what it must hold."""
     import sys
     import tarfile
     data = os.path.join(os.path.dirname(__file__), "data")
@@ -182,7 +182,7 @@ def _brute(state, q, k=3):
     return sorted(i for i, fp in state.items() if bin(fp ^ q).count("1") <= k)
 
 
-def test_an_index_written_with_block_layout_v1_is_read_and_upgraded(tmp_path):
+def test_an_index_written_with_slab_layout_v1_is_read_and_upgraded(tmp_path):
     path, state = _v1_index(tmp_path)
     shard = os.path.join(path, "shard-000", "data.mdb")
     assert b"SIB1" in open(shard, "rb").read() and b"SIB2" not in open(shard, "rb").read()

@@ -479,10 +479,10 @@ def test_a_writable_open_on_read_only_media_is_a_read_only_error(tmp_path):
     assert read == "read ['a']"
 
 
-DAMAGE_BLOCKS = r"""
+DAMAGE_SLABS = r"""
 import sys, lmdb                      # py-lmdb, in its own process (one LMDB per process)
 env = lmdb.open(sys.argv[1], max_dbs=4)
-db = env.open_db(b"blocks")
+db = env.open_db(b"blocks")           # the slab database (its on-disk name)
 with env.begin(write=True) as t:
     for k, v in list(t.cursor(db)):
         b = bytearray(v)
@@ -493,20 +493,20 @@ env.close()
 """
 
 
-def test_a_damaged_block_is_reported_at_its_shard(tmp_path):
-    """A query that meets a damaged table block names the shard that holds it, not
+def test_a_damaged_slab_is_reported_at_its_shard(tmp_path):
+    """A query that meets a damaged table slab names the shard that holds it, not
     records/."""
     path = tmp_path / "i"
     fps = np.random.default_rng(0).integers(0, 2**64, 5000, dtype=np.uint64)
     with simindex.Index(path, k=3, shards=2) as idx:
         idx.add_many([f"d{i}" for i in range(5000)], fps)
-    p = subprocess.run([sys.executable, "-c", DAMAGE_BLOCKS, str(path / "shard-001")],
+    p = subprocess.run([sys.executable, "-c", DAMAGE_SLABS, str(path / "shard-001")],
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     with simindex.Index(path, readonly=True) as idx:
         for call in (lambda: idx.query_many(fps[:200]),
                      lambda: [idx.query(int(f)) for f in fps[:200]]):
-            with pytest.raises(simindex.CorruptError, match=r"shard-001: a table block is "
+            with pytest.raises(simindex.CorruptError, match=r"shard-001: a table slab is "
                                                             r"damaged"):
                 call()
 

@@ -115,7 +115,7 @@ def test_an_index_that_records_an_alias_opens_and_answers_as_one_that_records_th
         simindex.Index(str(tmp_path / "aliased"), scheme="minhash-v1")
 
 
-def test_an_index_of_block_layout_v1_that_records_an_alias_keeps_it_when_upgraded(tmp_path):
+def test_an_index_of_slab_layout_v1_that_records_an_alias_keeps_it_when_upgraded(tmp_path):
     data = os.path.join(os.path.dirname(__file__), "data", "index-v1.tar.gz")
     with tarfile.open(data) as t:
         t.extractall(tmp_path, filter="data")

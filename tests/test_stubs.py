@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("mypy")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULES = [*(f"simindex.engine.{m}" for m in ("_layout", "_lmdb", "_permute", "_blocks",
+MODULES = [*(f"simindex.engine.{m}" for m in ("_layout", "_lmdb", "_permute", "_slabs",
                                                 "_records", "_join", "_query")),
            "simindex.signatures._fingerprint", "simindex.signatures._text"]
 

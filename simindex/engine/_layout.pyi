@@ -22,7 +22,7 @@ DB_IDS: str
 DB_SEQS: str
 DB_INFO: str
 DB_STATE: str
-DB_BLOCKS: str
+DB_SLABS: str
 INFO_NEXT_SEQ: bytes
 INFO_STALE: bytes
 INFO_LOG_MARKER: bytes
@@ -39,8 +39,8 @@ ID_TAG_BYTES: bytes
 ID_TAG_INT: bytes
 MAX_ID_KEY: int
 RUN_ENTRY: int
-BLOCK_BYTES: int
-BLOCK_ENTRIES: int
+SLAB_BYTES: int
+SLAB_ENTRIES: int
 V1_MAX_ENTRIES: int
 LMDB_PAGE_HEADER: int
 LMDB_PAGE_FLAGS_AT: int

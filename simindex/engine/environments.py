@@ -14,7 +14,7 @@ from typing import Optional
 
 from . import lmdbfile, manifest
 from ._layout import (
-    DB_BLOCKS, DB_IDS, DB_INFO, DB_SEQS, DB_STATE, INFO_NEXT_SEQ, LOCK_FILE, LOG_DIR,
+    DB_IDS, DB_INFO, DB_SEQS, DB_SLABS, DB_STATE, INFO_NEXT_SEQ, LOCK_FILE, LOG_DIR,
     MANIFEST, RECORDS_DIR, SHARD_PREFIX, shard_dir,
 )
 from ._lmdb import Env, Txn
@@ -26,7 +26,7 @@ from .plan import Plan
 INITIAL_MAP = 16 << 30    # address space only; grows by doubling when full
 MAX_DBS = 4
 RECORDS_DBS = (DB_IDS, DB_SEQS, DB_INFO)
-SHARD_DBS = (DB_STATE, DB_BLOCKS)
+SHARD_DBS = (DB_STATE, DB_SLABS)
 _KNOWN = {MANIFEST, RECORDS_DIR, LOCK_FILE, LOG_DIR}
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 
 from ._layout import (
-    BLOCK_BYTES, FORMAT_CLASSIC, FORMAT_FLIPS, FORMAT_VERSION as FORMAT, LAYOUT_V1,
-    LAYOUT_V2 as LAYOUT,
-    MANIFEST as NAME, MANIFEST_MAGIC as MAGIC, V1_MAX_ENTRIES, WIDTH,
+    FORMAT_CLASSIC, FORMAT_FLIPS, FORMAT_VERSION as FORMAT, LAYOUT_V1, LAYOUT_V2 as LAYOUT,
+    MANIFEST as NAME, MANIFEST_MAGIC as MAGIC, SLAB_BYTES, V1_MAX_ENTRIES, WIDTH,
 )
 from .._version import __version__ as _version
 from .codec import pack, unpack
@@ -16,11 +15,12 @@ from ..errors import CorruptError, FormatError, NotAnIndexError, ParameterError,
 
 WIDTHS = (64, 128, 256)
 
-# Block layouts a table may hold, and the field that names each one's block size: v1 (16
+# Slab layouts a table may hold, and the field that names each one's slab size: v1 (16
 # bytes per entry; still read) and v2 (offset-coded entries, ~10 bytes; what this version
 # writes). A writable open upgrades the manifest to v2 before its first write, so older
-# code refuses an index that may hold v2.
-_LAYOUTS = {LAYOUT_V1: ("block_entries", V1_MAX_ENTRIES), LAYOUT: ("block_bytes", BLOCK_BYTES)}
+# code refuses an index that may hold v2. The layout and field names are on disk: they keep
+# the word "block" for a slab.
+_LAYOUTS = {LAYOUT_V1: ("block_entries", V1_MAX_ENTRIES), LAYOUT: ("block_bytes", SLAB_BYTES)}
 _MAX_BYTES = 1 << 16
 
 
@@ -30,7 +30,7 @@ def make(plan, scheme=None, calibration=None) -> dict:
     read only formats 1 and 2 refuse it rather than misread them."""
     m = {"magic": MAGIC, "format": FORMAT, "width": plan.width, "k": plan.k,
          "blocks": plan.blocks, "prefix_blocks": plan.prefix_blocks, "shards": plan.shards,
-         "tables": plan.ntables, "layout": LAYOUT, "block_bytes": BLOCK_BYTES,
+         "tables": plan.ntables, "layout": LAYOUT, "block_bytes": SLAB_BYTES,
          "scheme": scheme, "created_by": f"simindex {_version}"}
     if calibration is not None:
         m["calibration"] = dict(calibration)
@@ -184,7 +184,7 @@ def check_same(manifest, **given):
 
 
 def upgrade(dirpath, m):
-    """Name the current block layout in an older index's manifest before writing to it
+    """Name the current slab layout in an older index's manifest before writing to it
     (every other field as the file holds it)."""
     if m.get("layout") == LAYOUT:
         return m

@@ -12,9 +12,9 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from ._blocks import read_run
+from ._slabs import read_run
 from ._join import pairs_sorted, pairs_wide
-from ._layout import DB_BLOCKS, DB_SEQS
+from ._layout import DB_SEQS, DB_SLABS
 from ._records import records_lookup
 from .records import tail
 from ..values import fp_array, words_array
@@ -125,7 +125,7 @@ def stored_pairs(store, k: int) -> list:
                 ks, ss = [], []
                 for s in group:
                     for run, count in runs_of(states[s][1], t):
-                        part = read_run(stxns[s], DB_BLOCKS, run, count,
+                        part = read_run(stxns[s], DB_SLABS, run, count,
                                         low_words=words - 1)
                         kk, sq = part[0], part[1]
                         if words > 1:                  # wide: the whole key, word by word

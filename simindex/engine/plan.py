@@ -33,11 +33,11 @@ FLIP_K = 8               # from here k + 1 blocks leave prefixes too short to pa
 
 
 # Query cost model of the planner, measured on a 2-core VM (1M-10M, k=3; see
-# docs/benchmarks.md): a table costs one seek (LMDB branch pages, a block header, a binary
+# docs/benchmarks.md): a table costs one seek (LMDB branch pages, a slab header, a binary
 # search: ~0.4 us of cache misses) plus ~3 ns per candidate scanned in its prefix range.
 SEEK_NS, SCAN_NS = 400.0, 3.0
 PLANNED_TABLES = 64          # the planner never picks more tables than this
-# Bytes per fingerprint: 10.1 per table entry and ~67 per record (block layout v2, after
+# Bytes per fingerprint: 10.1 per table entry and ~67 per record (slab layout v2, after
 # compact(), measured at 1M and 10M). An index larger than the page cache can hold answers
 # from disk: each seek then costs a random read.
 ENTRY_BYTES, RECORD_BYTES = 10.1, 67.0

@@ -25,7 +25,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import records
-from ._blocks import sort_entries
+from ._slabs import sort_entries
 from ._lmdb import Env, Txn
 from ._permute import Permuter
 from .plan import Plan
@@ -302,7 +302,7 @@ def catch_up(txns: TxnRunner, plan: Plan, lag: int = 0, jobs: int = 1,
     With `lag`, a shard behind the last committed record by fewer than `lag` records is
     left behind (queries check those records directly), saving its commit, fsync and
     merges (GROUP_LIMIT, LAG_LIMIT). `jobs` shards are written at once (each its own
-    environment and write lock; the block writes and commits release the GIL).
+    environment and write lock; the slab writes and commits release the GIL).
     `prepared`: commit_prepared's first pass, taken as it is when every shard still stands
     right below its records.
     """

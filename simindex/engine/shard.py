@@ -1,7 +1,8 @@
-"""One shard's tables: sorted runs of packed blocks, and the state that lists them.
+"""One shard's tables: sorted runs of packed slabs, and the state that lists them.
 
 The shard's state records the highest record seq it has applied and its runs (table, run
-id, entry count); its blocks database holds the runs (the codec is compiled: _blocks.pyx).
+id, entry count); its slab database (`blocks` on disk) holds the runs (the codec is
+compiled: _slabs.pyx).
 Runs are appended sorted and merged by size, like an LSM tree's tiers.
 """
 
@@ -11,10 +12,10 @@ from typing import Optional
 
 import numpy as np
 
-from ._blocks import RUN_DTYPE, delete_run, load_state, read_run, sort_entries, write_run
+from ._slabs import RUN_DTYPE, delete_run, load_state, read_run, sort_entries, write_run
 from ._query import scan_shard
 from ._layout import (
-    BLOCK_ENTRIES, DB_BLOCKS, DB_STATE, STATE_APPLIED, STATE_NEXT_RUN, STATE_RUNS,
+    DB_SLABS, DB_STATE, SLAB_ENTRIES, STATE_APPLIED, STATE_NEXT_RUN, STATE_RUNS,
 )
 from ._lmdb import Txn
 
@@ -82,7 +83,7 @@ class ShardWriter:
         if len(keys) == 0:
             return
         run = self._new_run()
-        write_run(self.txn, DB_BLOCKS, run, keys, seqs, lows)
+        write_run(self.txn, DB_SLABS, run, keys, seqs, lows)
         self.runs.append((table, run, len(keys)))
         self._merge_tiers(table)
 
@@ -93,12 +94,12 @@ class ShardWriter:
 
     def _merge_tiers(self, table):
         # Merge the newest runs while the next older one is no larger than all of them
-        # together (a run smaller than a block counts as one block): run sizes then grow
+        # together (a run smaller than a slab counts as one slab): run sizes then grow
         # geometrically, so a table keeps O(log n) runs and an entry is rewritten O(log n) times.
         runs = self.table_runs(table)
         j = len(runs) - 1
-        acc = max(runs[j][1], BLOCK_ENTRIES)
-        while j >= 1 and max(runs[j - 1][1], BLOCK_ENTRIES) <= acc:
+        acc = max(runs[j][1], SLAB_ENTRIES)
+        while j >= 1 and max(runs[j - 1][1], SLAB_ENTRIES) <= acc:
             acc += runs[j - 1][1]
             j -= 1
         if j < len(runs) - 1:
@@ -113,7 +114,7 @@ class ShardWriter:
         above `newest` belong to records added since and are kept.
         """
         counts = {r: c for (t, r, c) in self.runs if t == table}
-        parts = [read_run(self.txn, DB_BLOCKS, r, counts[r], low_words=self.low_words)
+        parts = [read_run(self.txn, DB_SLABS, r, counts[r], low_words=self.low_words)
                  for r in run_ids]
         keys = np.concatenate([p[0] for p in parts])
         seqs = np.concatenate([p[1] for p in parts])
@@ -124,11 +125,11 @@ class ShardWriter:
             lows = None if lows is None else lows[keep]
         keys, seqs, lows = sorted_entries(keys, seqs, lows)
         for r in run_ids:
-            delete_run(self.txn, DB_BLOCKS, r)
+            delete_run(self.txn, DB_SLABS, r)
         self.runs = [x for x in self.runs if not (x[0] == table and x[1] in run_ids)]
         if len(keys):
             run = self._new_run()
-            write_run(self.txn, DB_BLOCKS, run, keys, seqs, lows)
+            write_run(self.txn, DB_SLABS, run, keys, seqs, lows)
             self.runs.append((table, run, len(keys)))
 
     def save(self, applied: Optional[int] = None) -> None:

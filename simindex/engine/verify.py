@@ -1,11 +1,11 @@
-"""verify(): check every environment's pages, every record, every block, and every table
+"""verify(): check every environment's pages, every record, every slab, and every table
 against records/.
 
 LMDB aborts the process on a cursor step onto a damaged page, so the pages of the snapshot
 are walked with plain file reads first (simindex/engine/lmdbfile.py: their structure and the order
 of their keys); an environment with damaged pages is reported and not read through LMDB.
 Then every record is read with its checksum and every id entry must lead to the record that
-holds it; every block is read with its checksum, and each shard's entries of each table are
+holds it; every slab is read with its checksum, and each shard's entries of each table are
 compared with what the records say they must be.
 """
 
@@ -16,8 +16,8 @@ import os
 import numpy as np
 
 from . import lmdbfile
-from ._blocks import read_run
-from ._layout import DB_BLOCKS, DB_IDS, DB_SEQS, shard_dir
+from ._slabs import read_run
+from ._layout import DB_IDS, DB_SEQS, DB_SLABS, shard_dir
 from ._records import records_problems
 from .records import tail
 from ..errors import CorruptError
@@ -60,7 +60,7 @@ def problems(store) -> list:
                 parts = []
                 for run, count in runs_of(runs, t):
                     try:
-                        part = read_run(txn, DB_BLOCKS, run, count, True, words - 1)
+                        part = read_run(txn, DB_SLABS, run, count, True, words - 1)
                         parts.append((part[0] if words == 1 else
                                       np.column_stack([part[0], part[2]]), part[1]))
                     except CorruptError as e:

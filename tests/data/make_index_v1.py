@@ -1,4 +1,4 @@
-"""How tests/data/index-v1.tar.gz was made: an index holding block layout v1, written by
+"""How tests/data/index-v1.tar.gz was made: an index holding slab layout v1, written by
 simindex at commit b23a09f (the last version that wrote v1). `history()` is also the test's
 record of what the index must hold; running this file with newer code would write v2."""
 

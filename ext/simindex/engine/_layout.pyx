@@ -33,7 +33,7 @@ DB_IDS = layout.DB_IDS.decode()
 DB_SEQS = layout.DB_SEQS.decode()
 DB_INFO = layout.DB_INFO.decode()
 DB_STATE = layout.DB_STATE.decode()
-DB_BLOCKS = layout.DB_BLOCKS.decode()
+DB_SLABS = layout.DB_SLABS.decode()      # "blocks": the on-disk name of the slab database
 
 INFO_NEXT_SEQ = <bytes>layout.INFO_NEXT_SEQ
 INFO_STALE = <bytes>layout.INFO_STALE
@@ -55,8 +55,8 @@ ID_TAG_INT = bytes([layout.ID_TAG_INT])
 MAX_ID_KEY = layout.MAX_ID_KEY
 
 RUN_ENTRY = layout.RUN_ENTRY
-BLOCK_BYTES = layout.BLOCK_BYTES
-BLOCK_ENTRIES = layout.BLOCK_ENTRIES
+SLAB_BYTES = layout.SLAB_BYTES
+SLAB_ENTRIES = layout.SLAB_ENTRIES
 V1_MAX_ENTRIES = layout.V1_MAX_ENTRIES
 
 LMDB_PAGE_HEADER = layout.LMDB_PAGE_HEADER

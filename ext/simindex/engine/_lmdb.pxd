@@ -7,7 +7,7 @@ cimport simindex.engine.layout as layout
 
 # Return codes of the core's nogil loops, beside LMDB's own (error() names them).
 cdef enum:
-    CORRUPT_BLOCK = -1001
+    CORRUPT_SLAB = -1001
     CORRUPT_STATE = -1002
     NO_MEMORY = -1003
     CORRUPT_RECORD = -1004

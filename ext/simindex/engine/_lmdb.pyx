@@ -77,8 +77,8 @@ cdef object error(int rc, str what):
         return MapResizedError(f"{what}: another process grew the LMDB map", code=rc)
     if rc in (MDB_CORRUPTED, MDB_PAGE_NOTFOUND, MDB_INVALID, MDB_VERSION_MISMATCH, MDB_PANIC):
         return CorruptError(f"{what}: {mdb_strerror(rc).decode(errors='replace')}", code=rc)
-    if rc == CORRUPT_BLOCK:
-        return CorruptError(f"{what}: a table block is damaged (bad header, size or order)",
+    if rc == CORRUPT_SLAB:
+        return CorruptError(f"{what}: a table slab is damaged (bad header, size or order)",
                             code=rc)
     if rc == CORRUPT_STATE:
         return CorruptError(f"{what}: a shard's state record is damaged", code=rc)

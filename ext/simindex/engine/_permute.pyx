@@ -18,7 +18,7 @@ cimport simindex.engine.layout as layout
 
 
 cdef enum:
-    GATHER_BLOCK = 2048      # records gather_shards takes table after table (32 KiB)
+    GATHER_TILE = 2048       # records gather_shards takes table after table (32 KiB)
 
 
 cdef class Permuter:
@@ -165,7 +165,7 @@ cdef class Permuter:
         """The entries of shards s0..s1-1 in every table, in one pass over the records
         (`ids`: shard_ids' first array): table t's permuted keys and their seqs, in input
         order, go to out_k/out_s from starts[t], and their counts are returned. Records go
-        a block at a time, every table in turn.
+        a tile of GATHER_TILE at a time, every table in turn.
 
         Table t's region ends at starts[t + 1] (the last at the arrays' end) and needs one
         slot more than its count: every record is written, and only a table's own advance
@@ -211,13 +211,13 @@ cdef class Permuter:
                 row[t] = &ids[t, 0] if n else NULL
             b = 0
             while b < n:
-                e = b + GATHER_BLOCK if n - b > GATHER_BLOCK else n
-                for t in range(T):              # the block's records stay in cache
+                e = b + GATHER_TILE if n - b > GATHER_TILE else n
+                for t in range(T):              # the tile's records stay in cache
                     k = kp[t]
                     q = sp[t]
                     last = spare[t]
                     r = row[t]
-                    if last - k >= e - b:       # the block cannot fill the region
+                    if last - k >= e - b:       # the tile cannot fill the region
                         for i in range(b, e):
                             k[0] = fps[i]
                             q[0] = seqs[i]

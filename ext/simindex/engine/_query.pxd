@@ -4,7 +4,7 @@ from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from simindex.engine.clmdb cimport MDB_env, MDB_txn, MDB_cursor, MDB_dbi, MDB_val
 from simindex.engine._lmdb cimport Env, Txn, Handle
 from simindex.engine._permute cimport Permuter, WidePermuter, Tables
-from simindex.engine._blocks cimport Block, RunList
+from simindex.engine._slabs cimport Slab, RunList
 from simindex.engine._records cimport Tail
 
 
@@ -15,23 +15,23 @@ cdef enum ViewState:
 
 
 cdef enum:
-    DIR_GROUP = 8          # blocks per key of a directory's top (one cache line of keys)
+    DIR_GROUP = 8          # slabs per key of a directory's top (one cache line of keys)
 
 
 cdef struct RunDir:
-    # A run's block directory: each block's last key and value, so a query finds its block
+    # A run's slab directory: each slab's last key and value, so a query finds its slab
     # with a binary search here instead of an LMDB descent. Runs are never changed once
     # written (a merge writes a new run id and deletes the old run), so while a run is listed
-    # in the shard's state its blocks stay where they are: a directory whose blocks are all
+    # in the shard's state its slabs stay where they are: a directory whose slabs are all
     # in overflow pages is kept across snapshots; one holding a value inside a leaf page
     # (which a later write may copy elsewhere) only for the snapshot it was built in.
     uint32_t table
     uint64_t run
-    size_t n               # blocks (once built: at the first probe of the run)
+    size_t n               # slabs (once built: at the first probe of the run)
     bint built
-    uint64_t *last         # each block's last permuted key (non-decreasing)
-    uint64_t *top          # the last key of each group of DIR_GROUP blocks: searched first
-    const uint8_t **data   # each block's value in the map
+    uint64_t *last         # each slab's last permuted key (non-decreasing)
+    uint64_t *top          # the last key of each group of DIR_GROUP slabs: searched first
+    const uint8_t **data   # each slab's value in the map
     uint32_t *size         # its size
     bint kept              # every value is in overflow pages
 
@@ -59,12 +59,12 @@ cdef struct Hit:
 
 
 cdef struct Probe:
-    # one run's part of one probe of a query: the block the directory found, and the range
-    RunDir *dir            # the run's directory (for a range that runs past the block)
-    size_t bi              # the block's number in the run
+    # one run's part of one probe of a query: the slab the directory found, and the range
+    RunDir *dir            # the run's directory (for a range that runs past the slab)
+    size_t si              # the slab's number in the run
     uint64_t lo, hi, pk
     const uint64_t *pkt    # the table key's further words (wide)
-    Block blk              # its decoded header (pass 2)
+    Slab slab              # its decoded header (pass 2)
     size_t guess           # where its range is guessed to start (pass 2)
     size_t q               # its query (a key-ordered batch)
 
@@ -99,7 +99,7 @@ cdef class ReadContext(Handle):
     cdef MDB_env **shard_envs
     cdef size_t **mapgens      # each shard Env's map generation (the Envs live in envs)
     cdef ShardView *views
-    cdef MDB_dbi *blocks_dbi
+    cdef MDB_dbi *slabs_dbi
     cdef MDB_dbi *state_dbi
     cdef MDB_txn *rec_txn
     cdef MDB_cursor *rec_cur    # on seqs, kept across calls and renewed with rec_txn
@@ -117,7 +117,7 @@ cdef class ReadContext(Handle):
     cdef TailTables ttab
     cdef size_t tail_work              # records passed over on ctail since it changed
     cdef readonly size_t tail_builds   # tail tables built (tests, tools)
-    cdef RunDir *failed_dir            # the run whose block a failed probe was reading
+    cdef RunDir *failed_dir            # the run whose slab a failed probe was reading
     cdef uint64_t bad_seq              # the seq of the damaged record a call met (0: none)
     cdef int _tail(self, MDB_cursor *cur, uint64_t start, uint64_t last, int words,
                    Tail **out) noexcept nogil

@@ -25,12 +25,12 @@ from cpython.ref cimport Py_INCREF
 cimport simindex.bits as bits
 cimport simindex.engine.layout as layout
 from simindex.engine._lmdb cimport (
-    Env, Txn, Handle, Gate, error, process_id, page_size, val_in_pages, CORRUPT_BLOCK, CORRUPT_KEY,
+    Env, Txn, Handle, Gate, error, process_id, page_size, val_in_pages, CORRUPT_SLAB, CORRUPT_KEY,
     CORRUPT_RECORD, CORRUPT_STATE, NO_MEMORY,
 )
 from simindex.engine._permute cimport Permuter, WidePermuter, Tables, permute, prefix_range
-from simindex.engine._blocks cimport (
-    Block, RunList, open_block, open_value, key_at, seq_at, low_at, read_state, free_state,
+from simindex.engine._slabs cimport (
+    Slab, RunList, open_slab, open_value, key_at, seq_at, low_at, read_state, free_state,
     sort_pairs)
 from simindex.engine._records cimport (
     Tail, load_tail, drop_tail_below, free_tail, record_id_meta, record_fp, record_header,
@@ -51,9 +51,9 @@ if si_guard_install():           # LMDB calls return an error on a damaged page 
 
 # A big batch over big tables scans in key order instead of query by query, table by table
 # (the paper's batch plan; ReadContext._scan_in_key_order): every probe of every query is
-# sorted by (table, range start), so the blocks of a table are read in order, each about
+# sorted by (table, range start), so the slabs of a table are read in order, each about
 # once, in windows of the same passes, and the memory system streams them instead of missing
-# on four random blocks per query. Hits carry their query and are grouped by it afterwards.
+# on four random slabs per query. Hits carry their query and are grouped by it afterwards.
 # Measured (10k queries, k=3, 4 tables): 10M fingerprints (40M table entries) 209-213k ->
 # 264k q/s; 3M (12M entries) 505-541k -> 476-494k and 1M 540k -> 474-513k, where the tables
 # stay mostly in cache.
@@ -122,7 +122,7 @@ cdef bint _gc_was_on = False
 # Cython textual includes: one module, one C file, so inline functions stay inline across
 # them. Each part uses the module state above, the parts before it and _rows (below).
 include "_query_hits.pxi"       # hit buffers: push, de-duplication, grouping, record check
-include "_query_scan.pxi"       # the nogil scan: blocks, run directories, probe passes
+include "_query_scan.pxi"       # the nogil scan: slabs, run directories, probe passes
 include "_query_tail.pxi"       # the records not yet applied to every shard
 include "_query_results.pxi"    # resolved hits into Match objects or tuples
 include "_query_context.pxi"    # ReadContext: snapshots, query() and resolve()

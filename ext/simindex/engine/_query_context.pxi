@@ -16,7 +16,7 @@ cdef class ReadContext(Handle):
         self.views = NULL
         self.shard_envs = NULL
         self.mapgens = NULL
-        self.blocks_dbi = NULL
+        self.slabs_dbi = NULL
         self.state_dbi = NULL
         self.rec_txn = NULL
         self.rec_cur = NULL
@@ -30,9 +30,9 @@ cdef class ReadContext(Handle):
         self.shard_envs = <MDB_env **>calloc(self.nshards or 1, sizeof(MDB_env *))
         self.mapgens = <size_t **>calloc(self.nshards or 1, sizeof(size_t *))
         self.views = <ShardView *>calloc(self.nshards or 1, sizeof(ShardView))
-        self.blocks_dbi = <MDB_dbi *>calloc(self.nshards or 1, sizeof(MDB_dbi))
+        self.slabs_dbi = <MDB_dbi *>calloc(self.nshards or 1, sizeof(MDB_dbi))
         self.state_dbi = <MDB_dbi *>calloc(self.nshards or 1, sizeof(MDB_dbi))
-        if self.shard_envs == NULL or self.views == NULL or self.blocks_dbi == NULL or \
+        if self.shard_envs == NULL or self.views == NULL or self.slabs_dbi == NULL or \
                 self.state_dbi == NULL or self.mapgens == NULL:
             raise MemoryError()
         self.seqs_dbi = records.dbi(layout.DB_SEQS.decode())
@@ -43,7 +43,7 @@ cdef class ReadContext(Handle):
             env.check()
             self.shard_envs[s] = env.env
             self.mapgens[s] = &env.mapgen
-            self.blocks_dbi[s] = env.dbi(layout.DB_BLOCKS.decode())
+            self.slabs_dbi[s] = env.dbi(layout.DB_SLABS.decode())
             self.state_dbi[s] = env.dbi(layout.DB_STATE.decode())
             env.deps.add(self)
         records.deps.add(self)
@@ -53,7 +53,7 @@ cdef class ReadContext(Handle):
         free(self.views)
         free(self.shard_envs)
         free(<void *>self.mapgens)
-        free(self.blocks_dbi)
+        free(self.slabs_dbi)
         free(self.state_dbi)
 
     cdef void invalidate(self) noexcept:
@@ -219,7 +219,7 @@ cdef class ReadContext(Handle):
                 return rc
         sv.state = VIEW_ACTIVE
         if sv.cur == NULL:
-            rc = mdb_cursor_open(sv.txn, self.blocks_dbi[s], &sv.cur)
+            rc = mdb_cursor_open(sv.txn, self.slabs_dbi[s], &sv.cur)
             if rc:
                 sv.cur = NULL
                 return rc
@@ -299,7 +299,7 @@ cdef class ReadContext(Handle):
         i = 0
         while i < ni and rc == 0:
             # a window of consecutive probes in the passes of a single query's, so
-            # the misses of blocks read in order still overlap
+            # the misses of slabs read in order still overlap
             probes.n = 0
             w = i
             while i < ni and i < w + KEY_ORDER_WINDOW and rc == 0:
@@ -775,7 +775,7 @@ cdef class ReadContext(Handle):
                             bad = s
                 if bad >= 0:
                     where = (<Env>self.envs[bad]).path
-                elif rc == CORRUPT_BLOCK or rc == CORRUPT_STATE:
+                elif rc == CORRUPT_SLAB or rc == CORRUPT_STATE:
                     where = f"a shard of {os.path.dirname(self.records.path)}"
                 raise self._error(rc, f"query on {where}")
             return _hit_lists(&hits, qstart, n, matches, words)

@@ -1,13 +1,13 @@
-# The nogil scan (included by _query.pyx): a run's blocks over a prefix range, run directories,
+# The nogil scan (included by _query.pyx): a run's slabs over a prefix range, run directories,
 # a query's probes in passes; apart as the hot loops, which touch no Python object.
 
 
 # ---------------------------------------------------------------- the scan
-cdef inline size_t _guess(const Block *blk, uint64_t lo, uint64_t last) noexcept nogil:
-    """Where in a block whose keys span [kbase, last] the first key >= lo should be, by
+cdef inline size_t _guess(const Slab *slab, uint64_t lo, uint64_t last) noexcept nogil:
+    """Where in a slab whose keys span [kbase, last] the first key >= lo should be, by
     interpolation (permuted simhash keys spread evenly)."""
-    cdef size_t c = blk.c, g
-    cdef uint64_t first = blk.kbase
+    cdef size_t c = slab.c, g
+    cdef uint64_t first = slab.kbase
     if lo <= first:
         return 0
     if lo > last or last <= first:
@@ -16,48 +16,48 @@ cdef inline size_t _guess(const Block *blk, uint64_t lo, uint64_t last) noexcept
     return g if g < c else c - 1
 
 
-cdef inline size_t _lower_bound(const Block *blk, uint64_t lo, uint64_t last,
+cdef inline size_t _lower_bound(const Slab *slab, uint64_t lo, uint64_t last,
                                 size_t g) noexcept nogil:
-    """The first entry of a block with key >= lo, found by galloping from the guess g (see
-    _guess), so a block not in cache costs one or two cache lines of keys, not a binary
+    """The first entry of a slab with key >= lo, found by galloping from the guess g (see
+    _guess), so a slab not in cache costs one or two cache lines of keys, not a binary
     search's nine. Any guess below the count gives the right answer; only the speed
     depends on it."""
-    cdef size_t c = blk.c, a, b, mid, step = 1
-    if lo <= blk.kbase:
+    cdef size_t c = slab.c, a, b, mid, step = 1
+    if lo <= slab.kbase:
         return 0
-    if key_at(blk, g) < lo:
+    if key_at(slab, g) < lo:
         a = g + 1                          # every key before a is < lo
-        while a + step <= c and key_at(blk, a + step - 1) < lo:
+        while a + step <= c and key_at(slab, a + step - 1) < lo:
             a += step
             step *= 2
         b = a + step - 1 if a + step - 1 < c else c
     else:
         b = g                              # key b is >= lo (or b == c)
-        while b >= step and key_at(blk, b - step) >= lo:
+        while b >= step and key_at(slab, b - step) >= lo:
             b -= step
             step *= 2
         a = b - step + 1 if b >= step else 0
     while a < b:
         mid = (a + b) >> 1
-        if key_at(blk, mid) < lo:
+        if key_at(slab, mid) < lo:
             a = mid + 1
         else:
             b = mid
     return a
 
 
-cdef inline int _block_at(MDB_cursor *cur, MDB_cursor_op op, uint64_t run_id, uint64_t lo,
-                         MDB_val *key, MDB_val *val, bint *found) noexcept nogil:
-    """Move `cur` to run `run_id`'s first block whose last key reaches lo (MDB_SET_RANGE)
-    or to the next block (MDB_NEXT); `found` says whether it is a block of that run. 0, or
+cdef inline int _slab_at(MDB_cursor *cur, MDB_cursor_op op, uint64_t run_id, uint64_t lo,
+                        MDB_val *key, MDB_val *val, bint *found) noexcept nogil:
+    """Move `cur` to run `run_id`'s first slab whose last key reaches lo (MDB_SET_RANGE)
+    or to the next slab (MDB_NEXT); `found` says whether it is a slab of that run. 0, or
     an error."""
-    cdef uint8_t kbuf[layout.BLOCK_KEY]
+    cdef uint8_t kbuf[layout.SLAB_KEY]
     cdef int rc
     if op == MDB_SET_RANGE:
         bits.store_be64(kbuf, run_id)
         bits.store_be64(kbuf + 8, lo)
         bits.store_be32(kbuf + 16, 0)
-        key.mv_size = layout.BLOCK_KEY
+        key.mv_size = layout.SLAB_KEY
         key.mv_data = kbuf
     found[0] = False
     rc = mdb_cursor_get(cur, key, val, op)
@@ -65,32 +65,32 @@ cdef inline int _block_at(MDB_cursor *cur, MDB_cursor_op op, uint64_t run_id, ui
         return 0
     if rc:
         return rc
-    if key.mv_size != layout.BLOCK_KEY:
+    if key.mv_size != layout.SLAB_KEY:
         return CORRUPT_KEY
     found[0] = bits.load_be64(key.mv_data) == run_id
     return 0
 
 
-cdef inline int _scan_block(const Block *blk, size_t i, uint64_t hi, uint64_t pk, int k,
-                            HitBuf *hits, const uint64_t *pkt, size_t lw,
-                            bint *past) noexcept nogil:
-    """Push (seq, distance) of the block's entries from i on with key <= hi within k of pk
+cdef inline int _scan_slab(const Slab *slab, size_t i, uint64_t hi, uint64_t pk, int k,
+                           HitBuf *hits, const uint64_t *pkt, size_t lw,
+                           bint *past) noexcept nogil:
+    """Push (seq, distance) of the slab's entries from i on with key <= hi within k of pk
     (and of the `lw` low words `pkt`); `past` says whether a key above hi ended it."""
     cdef size_t w
     cdef uint64_t x
     cdef int d, rc
     past[0] = False
-    while i < blk.c:
-        x = key_at(blk, i)
+    while i < slab.c:
+        x = key_at(slab, i)
         if x > hi:
             past[0] = True
             return 0
         d = bits.popcount(x ^ pk)
         if d <= k:
             for w in range(lw):
-                d += bits.popcount(low_at(blk, i, w) ^ pkt[w])
+                d += bits.popcount(low_at(slab, i, w) ^ pkt[w])
             if d <= k:
-                rc = _hit_push(hits, seq_at(blk, i), d)
+                rc = _hit_push(hits, seq_at(slab, i), d)
                 if rc:
                     return rc
         i += 1
@@ -101,28 +101,28 @@ cdef int _scan_run(MDB_cursor *cur, uint64_t run_id, uint64_t lo, uint64_t hi,
                    uint64_t pk, int k, HitBuf *hits, const uint64_t *pkt=NULL,
                    size_t lw=0) noexcept nogil:
     """Push (seq, distance) of every entry of run `run_id` with key in [lo, hi] within k of pk
-    (and, for wide fingerprints, of its `lw` low words `pkt`: every block must hold lw)."""
+    (and, for wide fingerprints, of its `lw` low words `pkt`: every slab must hold lw)."""
     cdef MDB_val key, val
     cdef bint found, past, first = True
-    cdef Block blk
+    cdef Slab slab
     cdef uint64_t last
     cdef size_t i
-    cdef int rc = _block_at(cur, MDB_SET_RANGE, run_id, lo, &key, &val, &found)
+    cdef int rc = _slab_at(cur, MDB_SET_RANGE, run_id, lo, &key, &val, &found)
     while rc == 0 and found:
-        rc = open_block(&key, &val, &blk)
+        rc = open_slab(&key, &val, &slab)
         if rc:
             return rc
-        if blk.lw != lw:
-            return CORRUPT_BLOCK
+        if slab.lw != lw:
+            return CORRUPT_SLAB
         i = 0
         if first:
             last = bits.load_be64(<const uint8_t *>key.mv_data + 8)
-            i = _lower_bound(&blk, lo, last, _guess(&blk, lo, last))
+            i = _lower_bound(&slab, lo, last, _guess(&slab, lo, last))
             first = False
-        rc = _scan_block(&blk, i, hi, pk, k, hits, pkt, lw, &past)
+        rc = _scan_slab(&slab, i, hi, pk, k, hits, pkt, lw, &past)
         if rc or past:
             return rc
-        rc = _block_at(cur, MDB_NEXT, run_id, lo, &key, &val, &found)
+        rc = _slab_at(cur, MDB_NEXT, run_id, lo, &key, &val, &found)
     return rc
 
 
@@ -188,13 +188,13 @@ cdef int _sync_dirs(ShardView *sv, size_t mapgen, int ntables) noexcept nogil:
 
 
 cdef int _build_dir(RunDir *d, MDB_cursor *cur, size_t psize) noexcept nogil:
-    """Walk run d.run's blocks once (their keys: no block is read) into its directory."""
+    """Walk run d.run's slabs once (their keys: no slab is read) into its directory."""
     cdef MDB_val key, val
     cdef bint found
     cdef size_t cap = 0, n = 0, g
     cdef uint64_t last
     cdef void *t
-    cdef int rc = _block_at(cur, MDB_SET_RANGE, d.run, 0, &key, &val, &found)
+    cdef int rc = _slab_at(cur, MDB_SET_RANGE, d.run, 0, &key, &val, &found)
     _free_dir(d)
     d.kept = psize != 0
     while rc == 0 and found:
@@ -223,7 +223,7 @@ cdef int _build_dir(RunDir *d, MDB_cursor *cur, size_t psize) noexcept nogil:
         if psize and ((<size_t>val.mv_data) & (psize - 1)) != layout.LMDB_PAGE_HEADER:
             d.kept = False
         n += 1
-        rc = _block_at(cur, MDB_NEXT, d.run, 0, &key, &val, &found)
+        rc = _slab_at(cur, MDB_NEXT, d.run, 0, &key, &val, &found)
     if rc:
         return rc
     d.top = <uint64_t *>malloc(((n + DIR_GROUP - 1) // DIR_GROUP or 1) * sizeof(uint64_t))
@@ -239,13 +239,13 @@ cdef int _build_dir(RunDir *d, MDB_cursor *cur, size_t psize) noexcept nogil:
 
 
 # A directory is searched in two steps: a binary search in `top` (one key per DIR_GROUP
-# blocks, ~1 KiB per million table entries, so the tops of every run a query reads stay in
+# slabs, ~1 KiB per million table entries, so the tops of every run a query reads stay in
 # cache), then one group of `last` (a cache line, or two) and its `data` pointers, fetched
 # for every probe of a query before any is read. At 100M fingerprints in 10 tables a binary
 # search of `last` missed the cache ~5 times per probe, one probe after another: 46% of a
 # single query's time (perf).
 cdef inline size_t _dir_group(const RunDir *d, uint64_t lo) noexcept nogil:
-    """The first group of blocks whose last key is >= lo (the group count: none)."""
+    """The first group of slabs whose last key is >= lo (the group count: none)."""
     cdef size_t a = 0, b = (d.n + DIR_GROUP - 1) // DIR_GROUP, mid
     while a < b:
         mid = (a + b) >> 1
@@ -256,31 +256,31 @@ cdef inline size_t _dir_group(const RunDir *d, uint64_t lo) noexcept nogil:
     return a
 
 
-cdef inline int _dir_block(const RunDir *d, size_t i, size_t psize, size_t lw,
-                           Block *blk) noexcept nogil:
-    """Decode block i of a directory's run, checked against its pages and the key width."""
+cdef inline int _dir_slab(const RunDir *d, size_t i, size_t psize, size_t lw,
+                          Slab *slab) noexcept nogil:
+    """Decode slab i of a directory's run, checked against its pages and the key width."""
     cdef MDB_val v
     cdef int rc
     v.mv_data = <void *>d.data[i]
     v.mv_size = d.size[i]
     if not val_in_pages(&v, psize):
-        return CORRUPT_BLOCK
-    rc = open_value(d.data[i], d.size[i], blk)
-    if rc == 0 and blk.lw != lw:
-        return CORRUPT_BLOCK
+        return CORRUPT_SLAB
+    rc = open_value(d.data[i], d.size[i], slab)
+    if rc == 0 and slab.lw != lw:
+        return CORRUPT_SLAB
     return rc
 
 
 # A query's probes run in passes so that the memory they read is fetched in parallel, not
-# one miss after another: (1) find every run's group of blocks for every probe in the
-# directories' tops and prefetch the group; (2) find the block in its group and prefetch
+# one miss after another: (1) find every run's group of slabs for every probe in the
+# directories' tops and prefetch the group; (2) find the slab in its group and prefetch
 # its header; (3) decode each header, guess where the range starts (interpolation) and
 # prefetch those keys and low words; (4) scan. At 256 bits and k=31 a query reads ~190
-# blocks that are rarely in cache; the passes measured 1.6x one probe at a time.
+# slabs that are rarely in cache; the passes measured 1.6x one probe at a time.
 cdef int _probe_push(ProbeBuf *b, RunDir *d, MDB_cursor *cur, size_t psize, uint64_t lo,
                      uint64_t hi, uint64_t pk, const uint64_t *pkt) noexcept nogil:
-    """Pass 1: find the run's group of blocks whose keys reach lo in its directory (built on
-    the run's first probe), queue it with the range and prefetch the group's keys and block
+    """Pass 1: find the run's group of slabs whose keys reach lo in its directory (built on
+    the run's first probe), queue it with the range and prefetch the group's keys and slab
     addresses; 0 (queued, or nothing in the run at or above lo), or an error."""
     cdef size_t cap, g, e
     cdef void *t
@@ -308,7 +308,7 @@ cdef int _probe_push(ProbeBuf *b, RunDir *d, MDB_cursor *cur, size_t psize, uint
         b.cap = cap
     pr = &b.p[b.n]
     pr.dir = d
-    pr.bi = g
+    pr.si = g
     pr.lo = lo
     pr.hi = hi
     pr.pk = pk
@@ -319,35 +319,35 @@ cdef int _probe_push(ProbeBuf *b, RunDir *d, MDB_cursor *cur, size_t psize, uint
 
 
 cdef inline void _probe_find(Probe *pr) noexcept nogil:
-    """Pass 2: the first block of the probe's group whose last key is >= lo (the group's
+    """Pass 2: the first slab of the probe's group whose last key is >= lo (the group's
     last key is), and a prefetch of its header."""
     cdef const RunDir *d = pr.dir
-    while d.last[pr.bi] < pr.lo:
-        pr.bi += 1
-    bits.prefetch(d.data[pr.bi])
+    while d.last[pr.si] < pr.lo:
+        pr.si += 1
+    bits.prefetch(d.data[pr.si])
 
 
 cdef int _probe_guess(Probe *pr, size_t lw, size_t psize) noexcept nogil:
-    """Pass 3: decode the block's header, guess where the range starts, prefetch there."""
-    cdef int rc = _dir_block(pr.dir, pr.bi, psize, lw, &pr.blk)
+    """Pass 3: decode the slab's header, guess where the range starts, prefetch there."""
+    cdef int rc = _dir_slab(pr.dir, pr.si, psize, lw, &pr.slab)
     cdef size_t g, e
     cdef uint64_t last
     if rc:
         return rc
-    last = pr.dir.last[pr.bi]
-    g = _guess(&pr.blk, pr.lo, last)
+    last = pr.dir.last[pr.si]
+    g = _guess(&pr.slab, pr.lo, last)
     pr.guess = g
     # the entries the range should hold, as the keys spread (a few lines at most)
     e = 2
-    if last > pr.blk.kbase and pr.hi > pr.lo:
-        e += <size_t>(<double>(pr.hi - pr.lo) / <double>(last - pr.blk.kbase) *
-                      <double>pr.blk.c)
-    if g + e > pr.blk.c:
-        e = pr.blk.c - g
-    _prefetch_span(pr.blk.keys + g * pr.blk.kw, e * pr.blk.kw)
-    _prefetch_span(pr.blk.seqs + g * pr.blk.sw, e * pr.blk.sw)   # read by a hit
+    if last > pr.slab.kbase and pr.hi > pr.lo:
+        e += <size_t>(<double>(pr.hi - pr.lo) / <double>(last - pr.slab.kbase) *
+                      <double>pr.slab.c)
+    if g + e > pr.slab.c:
+        e = pr.slab.c - g
+    _prefetch_span(pr.slab.keys + g * pr.slab.kw, e * pr.slab.kw)
+    _prefetch_span(pr.slab.seqs + g * pr.slab.sw, e * pr.slab.sw)   # read by a hit
     if lw:
-        _prefetch_span(pr.blk.lows + g * lw * 8, e * lw * 8)
+        _prefetch_span(pr.slab.lows + g * lw * 8, e * lw * 8)
     return 0
 
 
@@ -364,18 +364,18 @@ cdef inline void _prefetch_span(const uint8_t *p, size_t n) noexcept nogil:
 
 
 cdef int _probe_scan(Probe *pr, int k, HitBuf *hits, size_t lw, size_t psize) noexcept nogil:
-    """Pass 4: push (seq, distance) of the block's entries in the probe's range within k,
-    going on into the run's next blocks while the range does (equal keys may span blocks)."""
+    """Pass 4: push (seq, distance) of the slab's entries in the probe's range within k,
+    going on into the run's next slabs while the range does (equal keys may span slabs)."""
     cdef bint past
-    cdef Block blk
-    cdef size_t bi = pr.bi + 1, start = hits.n
-    cdef size_t i = _lower_bound(&pr.blk, pr.lo, pr.dir.last[pr.bi], pr.guess)
-    cdef int rc = _scan_block(&pr.blk, i, pr.hi, pr.pk, k, hits, pr.pkt, lw, &past)
-    while rc == 0 and not past and bi < pr.dir.n:
-        rc = _dir_block(pr.dir, bi, psize, lw, &blk)
+    cdef Slab slab
+    cdef size_t si = pr.si + 1, start = hits.n
+    cdef size_t i = _lower_bound(&pr.slab, pr.lo, pr.dir.last[pr.si], pr.guess)
+    cdef int rc = _scan_slab(&pr.slab, i, pr.hi, pr.pk, k, hits, pr.pkt, lw, &past)
+    while rc == 0 and not past and si < pr.dir.n:
+        rc = _dir_slab(pr.dir, si, psize, lw, &slab)
         if rc == 0:
-            rc = _scan_block(&blk, 0, pr.hi, pr.pk, k, hits, pr.pkt, lw, &past)
-        bi += 1
+            rc = _scan_slab(&slab, 0, pr.hi, pr.pk, k, hits, pr.pkt, lw, &past)
+        si += 1
     for i in range(start, hits.n):
         hits.h[i].q = pr.q
     return rc

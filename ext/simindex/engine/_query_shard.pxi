@@ -39,7 +39,7 @@ cdef tuple _scan_shard(Txn txn, object perm, int shard, const uint64_t *queries,
     cdef RunList runs
     cdef MDB_cursor *cur = NULL
     txn.check()
-    cdef MDB_dbi dbi = txn.env.dbi(layout.DB_BLOCKS.decode())
+    cdef MDB_dbi dbi = txn.env.dbi(layout.DB_SLABS.decode())
     cdef MDB_dbi state = txn.env.dbi(layout.DB_STATE.decode())
     memset(&hits, 0, sizeof(HitBuf))
     memset(&out, 0, sizeof(PairBuf))

@@ -38,7 +38,7 @@ if si_guard_install():           # LMDB calls return an error on a damaged page 
 
 def checksum(bytes data not None, unsigned long start=0):
     """zlib's CRC-32 of `data`, continuing from `start` (the write buffer's log frames its
-    entries with it, as the blocks do theirs). Bytes only: no buffer protocol to set up,
+    entries with it, as the slabs do theirs). Bytes only: no buffer protocol to set up,
     since a log entry is a few dozen bytes and this runs once per single add."""
     return crc32(start, <const unsigned char *>PyBytes_AS_STRING(data),
                  <unsigned int>PyBytes_GET_SIZE(data))

@@ -6,20 +6,26 @@
 # describes the format in prose; change a value here only with a new format or layout
 # version (and a test that an index written before still opens).
 #
+# Words: a fingerprint is cut into `blocks` of bits (the paper's blocks: the manifest's
+# "blocks" and "prefix_blocks"); a table's sorted entries are stored as runs of slabs, each
+# one LMDB value. The names the files hold call a slab a block (the database "blocks", the
+# layouts "packed-blocks-v1"/"-v2", the manifest fields "block_bytes"/"block_entries"): they
+# are the format, and an index written with them must open, so they stay.
+#
 # INDEX/
 #   manifest.msgpack   magic, format, width, k, blocks, tables, shards, layout, scheme;
 #                      format 2 also prefix_blocks
 #   lock               serializes index creation
 #   records/           LMDB: ids (id key -> seq), seqs (seq -> record), info (counters,
 #                      fold markers, request records)
-#   shard-NNN/         LMDB: state (applied seq, runs), blocks (the runs of every table)
+#   shard-NNN/         LMDB: state (applied seq, runs), blocks (the slabs of every run)
 #   pending/           the write buffer's logs, <32 hex digits>.log
 
 cdef extern from *:
     """
     #define SI_MANIFEST "manifest.msgpack"
     #define SI_MANIFEST_MAGIC "simindex"
-    #define SI_LAYOUT_V1 "packed-blocks-v1"
+    #define SI_LAYOUT_V1 "packed-blocks-v1"     /* on-disk names: "block" is a slab */
     #define SI_LAYOUT_V2 "packed-blocks-v2"
     #define SI_RECORDS_DIR "records"
     #define SI_SHARD_PREFIX "shard-"
@@ -31,7 +37,7 @@ cdef extern from *:
     #define SI_DB_SEQS "seqs"
     #define SI_DB_INFO "info"
     #define SI_DB_STATE "state"
-    #define SI_DB_BLOCKS "blocks"
+    #define SI_DB_SLABS "blocks"                /* on-disk name: "block" is a slab */
     #define SI_INFO_NEXT_SEQ "next_seq"
     #define SI_INFO_STALE "stale"
     #define SI_INFO_LOG_MARKER "log:"
@@ -45,7 +51,7 @@ cdef extern from *:
     # ---- the manifest (simindex/engine/manifest.py reads and writes it)
     const char *MANIFEST "SI_MANIFEST"                # its file name
     const char *MANIFEST_MAGIC "SI_MANIFEST_MAGIC"    # its "magic" field
-    const char *LAYOUT_V1 "SI_LAYOUT_V1"              # block layouts a manifest may name
+    const char *LAYOUT_V1 "SI_LAYOUT_V1"              # slab layouts a manifest may name
     const char *LAYOUT_V2 "SI_LAYOUT_V2"
 
     # ---- files and directories of an index
@@ -61,7 +67,7 @@ cdef extern from *:
     const char *DB_SEQS "SI_DB_SEQS"                  # seq (u64 BE) -> record
     const char *DB_INFO "SI_DB_INFO"                  # the keys below
     const char *DB_STATE "SI_DB_STATE"                # the keys below
-    const char *DB_BLOCKS "SI_DB_BLOCKS"              # block key -> block
+    const char *DB_SLABS "SI_DB_SLABS"                # slab key -> slab; named "blocks"
 
     # ---- keys of records/info
     const char *INFO_NEXT_SEQ "SI_INFO_NEXT_SEQ"      # u64 BE: the next seq to give out
@@ -111,32 +117,32 @@ cdef enum:
     RUN_COUNT_AT = 8
     RUN_TABLE_AT = 16
 
-    # A run is a sorted sequence of blocks, each one LMDB value in the shard's blocks db
-    # under BLOCK_KEY bytes: run id (u64 BE), last permuted key of the block (u64 BE), block
-    # number in the run (u32 BE). Seeking (run, lo, 0) lands on the first block that can
-    # hold keys >= lo.
-    BLOCK_KEY = 20
+    # A run is a sorted sequence of slabs, each one LMDB value in the shard's slab db
+    # (DB_SLABS) under SLAB_KEY bytes: run id (u64 BE), last permuted key of the slab (u64
+    # BE), slab number in the run (u32 BE). Seeking (run, lo, 0) lands on the first slab that
+    # can hold keys >= lo.
+    SLAB_KEY = 20
     # Layout v2 (written): a V2_HEADER-byte header (magic, count u32, crc32 u32 of everything
     # after it but the padding, key width u8, seq width u8, low words u8, 1 zero byte, key
     # base u64, seq base u64; LE), `count` keys as kw-byte offsets from the key base, `count`
     # seqs as sw-byte offsets from the seq base, then (wide fingerprints only) `count` times
     # `low words` u64 LE: the permuted key's words after the first, then V2_PAD zero bytes
     # so every entry is one unaligned 8-byte load. Widths are the fewest bytes that span the
-    # block's keys and seqs. Low words are 0 at width 64, 1 at 128 and 3 at 256.
+    # slab's keys and seqs. Low words are 0 at width 64, 1 at 128 and 3 at 256.
     V2_MAGIC = 0x32424953     # b"SIB2" read little-endian
     V2_HEADER = 32
     V2_PAD = 8
     MAX_LOW_WORDS = 3
-    # A full block: with LMDB's 16-byte page header, exactly four 4 KiB overflow pages.
-    BLOCK_BYTES = 16368
-    V2_MAX_ENTRIES = BLOCK_BYTES - V2_HEADER - V2_PAD
-    # Entries of a v2 block at full width (16 bytes): a run smaller than this costs a block.
-    BLOCK_ENTRIES = (BLOCK_BYTES - V2_HEADER - V2_PAD) // 16
+    # A full slab: with LMDB's 16-byte page header, exactly four 4 KiB overflow pages.
+    SLAB_BYTES = 16368        # the manifest's "block_bytes" (an on-disk name)
+    V2_MAX_ENTRIES = SLAB_BYTES - V2_HEADER - V2_PAD
+    # Entries of a v2 slab at full width (16 bytes): a run smaller than this costs a slab.
+    SLAB_ENTRIES = (SLAB_BYTES - V2_HEADER - V2_PAD) // 16
     # Layout v1 (still read): a 16-byte header (magic, count u32, crc32 u32, 0 u32), then
     # `count` 8-byte keys and `count` 8-byte seqs, at most V1_MAX_ENTRIES.
     V1_MAGIC = 0x31424953     # b"SIB1"
     V1_HEADER = 16
-    V1_MAX_ENTRIES = 1022
+    V1_MAX_ENTRIES = 1022     # the manifest's "block_entries" of layout v1 (on disk)
 
     # LMDB's own page format, as far as the damage checks read it (lmdb/mdb.c): a page
     # header of 16 bytes, its flags (u16) at offset 10, then an overflow run's page count

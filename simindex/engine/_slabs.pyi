@@ -1,4 +1,4 @@
-"""Type stubs of the block codec (ext/simindex/engine/_blocks.pyx)."""
+"""Type stubs of the slab codec (ext/simindex/engine/_slabs.pyx)."""
 
 from typing import Optional
 

@@ -1,14 +1,14 @@
-# The block codec (ext/simindex/_blocks.pyx): a table's sorted (permuted key, seq) entries
-# stored as runs of packed blocks (format: layout.pxd), and a shard's state, the list of
-# its runs. Decoding a block is inline here, so the scan loops compile it in.
+# The slab codec (ext/simindex/engine/_slabs.pyx): a table's sorted (permuted key, seq)
+# entries stored as runs of packed slabs (format: layout.pxd), and a shard's state, the list
+# of its runs. Decoding a slab is inline here, so the scan loops compile it in.
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from simindex.engine.clmdb cimport MDB_txn, MDB_dbi, MDB_val
 cimport simindex.bits as bits
 cimport simindex.engine.layout as layout
-from simindex.engine._lmdb cimport CORRUPT_BLOCK, CORRUPT_KEY
+from simindex.engine._lmdb cimport CORRUPT_SLAB, CORRUPT_KEY
 
 
-cdef struct Block:
+cdef struct Slab:
     const uint8_t *keys      # kw-byte key offsets
     const uint8_t *seqs      # sw-byte seq offsets
     const uint8_t *lows     # lw u64 LE words per entry (wide fingerprints)
@@ -24,42 +24,42 @@ cdef inline uint64_t width_mask(size_t w) noexcept nogil:
     return <uint64_t>-1 if w >= 8 else ((<uint64_t>1 << (8 * w)) - 1)
 
 
-cdef inline uint64_t key_at(const Block *b, size_t i) noexcept nogil:
+cdef inline uint64_t key_at(const Slab *b, size_t i) noexcept nogil:
     return b.kbase + (bits.load64(b.keys + i * b.kw) & b.kmask)
 
 
-cdef inline uint64_t seq_at(const Block *b, size_t i) noexcept nogil:
+cdef inline uint64_t seq_at(const Slab *b, size_t i) noexcept nogil:
     return b.sbase + (bits.load64(b.seqs + i * b.sw) & b.smask)
 
 
-cdef inline int open_block(const MDB_val *k, const MDB_val *v, Block *b) noexcept nogil:
-    """Decode a block's header (v1 or v2) after checking it against the key and value sizes;
+cdef inline int open_slab(const MDB_val *k, const MDB_val *v, Slab *b) noexcept nogil:
+    """Decode a slab's header (v1 or v2) after checking it against the key and value sizes;
     0, or an error code for damage."""
-    if k.mv_size != layout.BLOCK_KEY:
+    if k.mv_size != layout.SLAB_KEY:
         return CORRUPT_KEY
     return open_value(<const uint8_t *>v.mv_data, v.mv_size, b)
 
 
-cdef inline int open_value(const uint8_t *p, size_t size, Block *b) noexcept nogil:
-    """Decode a block's header (v1 or v2) from its value, checked against its size; 0, or
-    CORRUPT_BLOCK."""
+cdef inline int open_value(const uint8_t *p, size_t size, Slab *b) noexcept nogil:
+    """Decode a slab's header (v1 or v2) from its value, checked against its size; 0, or
+    CORRUPT_SLAB."""
     cdef uint32_t magic
     if size < layout.V1_HEADER + 16:
-        return CORRUPT_BLOCK
+        return CORRUPT_SLAB
     magic = bits.load32(p)
     b.c = bits.load32(p + 4)
     b.crc = bits.load32(p + 8)
     if magic == layout.V2_MAGIC:
         if size < layout.V2_HEADER + layout.V2_PAD or b.c == 0 or \
                 b.c > layout.V2_MAX_ENTRIES:
-            return CORRUPT_BLOCK
+            return CORRUPT_SLAB
         b.kw = p[12]
         b.sw = p[13]
         b.lw = p[14]
         if b.kw > 8 or b.sw > 8 or b.lw > layout.MAX_LOW_WORDS or \
                 (b.kw + b.sw == 0 and b.c > 1) or \
                 layout.V2_HEADER + b.c * (b.kw + b.sw + 8 * b.lw) + layout.V2_PAD != size:
-            return CORRUPT_BLOCK
+            return CORRUPT_SLAB
         b.kbase = bits.load64(p + 16)
         b.sbase = bits.load64(p + 24)
         b.keys = p + layout.V2_HEADER
@@ -68,14 +68,14 @@ cdef inline int open_value(const uint8_t *p, size_t size, Block *b) noexcept nog
     elif magic == layout.V1_MAGIC:
         if b.c == 0 or b.c > layout.V1_MAX_ENTRIES or \
                 layout.V1_HEADER + 16 * b.c != size:
-            return CORRUPT_BLOCK
+            return CORRUPT_SLAB
         b.kw = b.sw = 8
         b.lw = 0
         b.kbase = b.sbase = 0
         b.keys = b.checked = p + layout.V1_HEADER
         b.checked_size = 16 * b.c
     else:
-        return CORRUPT_BLOCK
+        return CORRUPT_SLAB
     b.kmask = width_mask(b.kw)
     b.smask = width_mask(b.sw)
     b.seqs = b.keys + b.c * b.kw
@@ -83,7 +83,7 @@ cdef inline int open_value(const uint8_t *p, size_t size, Block *b) noexcept nog
     return 0
 
 
-cdef inline uint64_t low_at(const Block *b, size_t i, size_t w) noexcept nogil:
+cdef inline uint64_t low_at(const Slab *b, size_t i, size_t w) noexcept nogil:
     """Word w + 1 of entry i's permuted key (wide fingerprints)."""
     return bits.load64(b.lows + (i * b.lw + w) * 8)
 

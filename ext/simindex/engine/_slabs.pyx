@@ -1,10 +1,11 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The block codec: a table's sorted entries (permuted key, record seq) stored as runs of
-packed blocks in a shard's `blocks` database, and the shard's state that lists the runs.
+"""The slab codec: a table's sorted entries (permuted key, record seq) stored as runs of
+packed slabs in a shard's slab database (`blocks` on disk), and the shard's state that lists
+the runs.
 
 The format is in layout.pxd. Runs are written once, sorted, with MDB_APPEND (full pages, no
 splits) and never changed: a merge writes a new run and deletes the old ones
-(simindex/engine/shard.py decides which). Decoding is inline in _blocks.pxd for the scan loops.
+(simindex/engine/shard.py decides which). Decoding is inline in _slabs.pxd for the scan loops.
 """
 
 import numpy as np
@@ -48,9 +49,9 @@ cdef inline int _width(uint64_t span) noexcept nogil:
     return 0 if span == 0 else (71 - bits.clz64(span)) >> 3
 
 
-cdef int _block_widths(const uint64_t *keys, const uint64_t *seqs, size_t c,
-                       uint64_t *smin) noexcept nogil:
-    """kw + sw of a v2 block holding these entries (keys sorted); sets the least seq."""
+cdef int _slab_widths(const uint64_t *keys, const uint64_t *seqs, size_t c,
+                      uint64_t *smin) noexcept nogil:
+    """kw + sw of a v2 slab holding these entries (keys sorted); sets the least seq."""
     cdef uint64_t lo = seqs[0], hi = seqs[0]
     cdef size_t i
     for i in range(1, c):
@@ -63,17 +64,17 @@ cdef int _block_widths(const uint64_t *keys, const uint64_t *seqs, size_t c,
 
 
 cdef enum:
-    PAGE = 4096            # LMDB stores a block in whole pages of the OS's size...
+    PAGE = 4096            # LMDB stores a slab in whole pages of the OS's size...
     PAGE_HEADER = 16       # ...after a header in the first
 
 
-cdef size_t _block_count(const uint64_t *keys, const uint64_t *seqs, size_t rem,
-                         size_t extra) noexcept nogil:
-    """How many of the next `rem` entries make one v2 block (`extra`: the low-word bytes of
+cdef size_t _slab_count(const uint64_t *keys, const uint64_t *seqs, size_t rem,
+                        size_t extra) noexcept nogil:
+    """How many of the next `rem` entries make one v2 slab (`extra`: the low-word bytes of
     every entry): all of them if they fit, else of the largest counts that fit in 2, 3 or
     4 pages, the one with the most entries per page. Widths grow with the count, and a
-    block just past a page boundary would waste the rest of its last page (100M keys in
-    8 shards: blocks of 1,020 entries at 6 + 4 bytes filled 10,240 of 12,288 bytes). One
+    slab just past a page boundary would waste the rest of its last page (100M keys in
+    8 shards: slabs of 1,020 entries at 6 + 4 bytes filled 10,240 of 12,288 bytes). One
     page is never chosen: its value could be small enough for a leaf page, which run
     directories do not keep."""
     cdef size_t i, c = 0, size, p, best = 0, n = rem
@@ -90,12 +91,12 @@ cdef size_t _block_count(const uint64_t *keys, const uint64_t *seqs, size_t rem,
         size = layout.V2_HEADER + (i + 1) * (<size_t>(_width(keys[i] - keys[0]) +
                                                       _width(hi - lo)) + extra) + \
             layout.V2_PAD
-        if size > layout.BLOCK_BYTES:
+        if size > layout.SLAB_BYTES:
             break
         c = i + 1
         p = (size + PAGE_HEADER + PAGE - 1) // PAGE
         fit[p if p <= 4 else 4] = c
-    if c == rem or c == 0:           # the rest fits in one block (or one entry is all)
+    if c == rem or c == 0:           # the rest fits in one slab (or one entry is all)
         return c if c else 1
     for p in range(4, 1, -1):
         if fit[p] and (best == 0 or fit[p] * best > fit[best] * p):
@@ -317,9 +318,9 @@ def sort_entries(const uint64_t[::1] keys not None, const uint64_t[::1] seqs not
 
 def write_run(Txn txn, str db, uint64_t run_id, const uint64_t[::1] keys,
               const uint64_t[::1] seqs, lows=None):
-    """Append sorted (key, seq) entries as run `run_id` in v2 blocks; returns the block count.
+    """Append sorted (key, seq) entries as run `run_id` in v2 slabs; returns the slab count.
 
-    Keys must be sorted and the run id larger than any run already stored, so every block
+    Keys must be sorted and the run id larger than any run already stored, so every slab
     goes in with MDB_APPEND (no page splits, full pages). `lows`, for wide fingerprints:
     an (n, low words) uint64 array, the permuted keys' words after the first.
     """
@@ -327,8 +328,8 @@ def write_run(Txn txn, str db, uint64_t run_id, const uint64_t[::1] keys,
     cdef const uint64_t[:, ::1] tl
     cdef size_t lw = 0
     cdef const uint64_t *tp = NULL
-    cdef uint32_t blockno = 0
-    cdef uint8_t kbuf[layout.BLOCK_KEY]
+    cdef uint32_t slabno = 0
+    cdef uint8_t kbuf[layout.SLAB_KEY]
     cdef MDB_val k, v
     cdef uint8_t *p
     cdef uint8_t *ko
@@ -350,14 +351,14 @@ def write_run(Txn txn, str db, uint64_t run_id, const uint64_t[::1] keys,
             tp = &tl[0, 0]
     with nogil:
         while off < n:
-            c = _block_count(&keys[off], &seqs[off], n - off, 8 * lw)
+            c = _slab_count(&keys[off], &seqs[off], n - off, 8 * lw)
             kbase = keys[off]
             kw = _width(keys[off + c - 1] - kbase)
-            sw = _block_widths(&keys[off], &seqs[off], c, &sbase) - kw
+            sw = _slab_widths(&keys[off], &seqs[off], c, &sbase) - kw
             bits.store_be64(kbuf, run_id)
             bits.store_be64(kbuf + 8, keys[off + c - 1])
-            bits.store_be32(kbuf + 16, blockno)
-            k.mv_size = layout.BLOCK_KEY
+            bits.store_be32(kbuf + 16, slabno)
+            k.mv_size = layout.SLAB_KEY
             k.mv_data = kbuf
             v.mv_size = layout.V2_HEADER + c * (kw + sw + 8 * lw) + layout.V2_PAD
             v.mv_data = NULL
@@ -386,12 +387,12 @@ def write_run(Txn txn, str db, uint64_t run_id, const uint64_t[::1] keys,
             bits.store32(p + 8, <uint32_t>crc32(
                 0, p + 12, <unsigned int>(v.mv_size - 12 - layout.V2_PAD)))
             off += c
-            blockno += 1
+            slabno += 1
     if rc == MDB_KEYEXIST:
         raise CorruptError(f"{txn.env.path}: run {run_id} is not newer than the runs stored")
     if rc:
         raise error(rc, f"{txn.env.path}: writing run {run_id} failed")
-    return blockno
+    return slabno
 
 
 # ---------------------------------------------------------------- reading and deleting runs
@@ -399,18 +400,18 @@ def read_run(Txn txn, str db, uint64_t run_id, size_t count, bint check=False,
              size_t low_words=0):
     """All (keys, seqs) of run `run_id` as uint64 arrays, checking structure (and crc if asked);
     with `low_words` (wide fingerprints), (keys, seqs, lows), lows an (n, low_words)
-    array: every block must hold that many.
+    array: every slab must hold that many.
 
     `count` is the entry count the shard state records for the run; a mismatch is damage.
     """
     cdef MDB_cursor *cur
     cdef MDB_val k, v
-    cdef uint8_t kbuf[layout.BLOCK_KEY]
+    cdef uint8_t kbuf[layout.SLAB_KEY]
     cdef int rc
     cdef size_t got = 0, i
-    cdef uint32_t blockno = 0
+    cdef uint32_t slabno = 0
     cdef uint64_t prev = 0, key
-    cdef Block b
+    cdef Slab b
     cdef str reason = None
     txn.check()
     keys = np.empty(count, dtype=np.uint64)
@@ -423,37 +424,37 @@ def read_run(Txn txn, str db, uint64_t run_id, size_t count, bint check=False,
     rc = mdb_cursor_open(txn.txn, txn.env.dbi(db), &cur)
     if rc:
         raise error(rc, f"{txn.env.path}: cursor failed")
-    memset(kbuf, 0, layout.BLOCK_KEY)
+    memset(kbuf, 0, layout.SLAB_KEY)
     bits.store_be64(kbuf, run_id)
-    k.mv_size = layout.BLOCK_KEY
+    k.mv_size = layout.SLAB_KEY
     k.mv_data = kbuf
     try:
         rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE)
         while rc == 0:
-            if k.mv_size != layout.BLOCK_KEY:
-                reason = "a block key has the wrong size"
+            if k.mv_size != layout.SLAB_KEY:
+                reason = "a slab key has the wrong size"
                 break
             if bits.load_be64(k.mv_data) != run_id:
                 break
-            if open_block(&k, &v, &b):
-                reason = f"block {blockno} has a bad header or size"
+            if open_slab(&k, &v, &b):
+                reason = f"slab {slabno} has a bad header or size"
                 break
-            if bits.load_be32(<uint8_t *>k.mv_data + 16) != blockno:
-                reason = f"block {blockno} is missing"
+            if bits.load_be32(<uint8_t *>k.mv_data + 16) != slabno:
+                reason = f"slab {slabno} is missing"
                 break
             if check and b.crc != <uint32_t>crc32(0, b.checked, <unsigned int>b.checked_size):
-                reason = f"block {blockno} fails its checksum"
+                reason = f"slab {slabno} fails its checksum"
                 break
             if got + b.c > count:
                 reason = f"the run holds more than the {count} entries recorded"
                 break
             if b.lw != low_words:
-                reason = f"block {blockno} holds {b.lw} low words per entry, not {low_words}"
+                reason = f"slab {slabno} holds {b.lw} low words per entry, not {low_words}"
                 break
             for i in range(b.c):
                 key = key_at(&b, i)
                 if key < prev:
-                    reason = f"block {blockno} is out of order"
+                    reason = f"slab {slabno} is out of order"
                     break
                 prev = key
                 ko[got + i] = key
@@ -463,10 +464,10 @@ def read_run(Txn txn, str db, uint64_t run_id, size_t count, bint check=False,
             if reason is not None:
                 break
             if bits.load_be64(<uint8_t *>k.mv_data + 8) != prev:
-                reason = f"block {blockno}'s key does not match its last entry"
+                reason = f"slab {slabno}'s key does not match its last entry"
                 break
             got += b.c
-            blockno += 1
+            slabno += 1
             rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)
     finally:
         mdb_cursor_close(cur)
@@ -480,22 +481,22 @@ def read_run(Txn txn, str db, uint64_t run_id, size_t count, bint check=False,
 
 
 def delete_run(Txn txn, str db, uint64_t run_id):
-    """Delete every block of run `run_id`; returns how many were deleted."""
+    """Delete every slab of run `run_id`; returns how many were deleted."""
     cdef MDB_cursor *cur
     cdef MDB_val k, v
-    cdef uint8_t kbuf[layout.BLOCK_KEY]
+    cdef uint8_t kbuf[layout.SLAB_KEY]
     cdef int rc
     cdef size_t n = 0
     txn.check()
     rc = mdb_cursor_open(txn.txn, txn.env.dbi(db), &cur)
     if rc:
         raise error(rc, f"{txn.env.path}: cursor failed")
-    memset(kbuf, 0, layout.BLOCK_KEY)
+    memset(kbuf, 0, layout.SLAB_KEY)
     bits.store_be64(kbuf, run_id)
     with nogil:
-        # Re-seek after each delete: the first remaining block of the run, or the next run.
+        # Re-seek after each delete: the first remaining slab of the run, or the next run.
         while True:
-            k.mv_size = layout.BLOCK_KEY
+            k.mv_size = layout.SLAB_KEY
             k.mv_data = kbuf
             rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE)
             if rc or k.mv_size < 8 or bits.load_be64(k.mv_data) != run_id:
