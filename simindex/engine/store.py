@@ -22,8 +22,7 @@ from ._permute import Permuter
 from ._query import SingleQuery
 from ..values import words_array
 from ..errors import (
-    CorruptError, Error, MissingIndexError, NotAnIndexError, ParameterError, ReadOnlyError,
-    StorageError,
+    CorruptError, Error, MissingIndexError, NotAnIndexError, ReadOnlyError, StorageError,
 )
 from .plan import DEFAULT_K, DEFAULT_SHARDS, Plan
 from .shard import ShardWriter
@@ -65,20 +64,14 @@ class Store:
                 environments.create(path, plan, scheme, calibration)
             except StorageError as e:
                 raise space_error(e, path) from None
-        self.manifest = manifest.read(path)
-        manifest.check_same(self.manifest, k=k, blocks=blocks, shards=shards, scheme=scheme,
-                            prefix_blocks=prefix_blocks, width=width, calibration=calibration)
-        m = self.manifest
-        try:
-            self.plan = Plan(**manifest.plan_args(m))
-        except ParameterError as e:
-            raise CorruptError(f"{path}: the manifest holds impossible parameters: {e}") from None
-        if self.plan.ntables != m["tables"]:
-            raise CorruptError(f"{path}: the manifest's table count does not match k and blocks")
+        m = self.manifest = manifest.read(path)
+        m.check_same(k=k, blocks=blocks, shards=shards, scheme=scheme,
+                     prefix_blocks=prefix_blocks, width=width, calibration=calibration)
+        self.plan = m.plan
         envs: list = []
         try:
             envs.append(environments.open_records(path, readonly=readonly, sync=sync,
-                                                  sums=manifest.record_sums(m), lock=lock))
+                                                  sums=m.record_sums, lock=lock))
             envs += [environments.open_shard(path, s, readonly=readonly, sync=sync, lock=lock)
                      for s in range(self.plan.shards)]
         except BaseException as e:
@@ -97,7 +90,7 @@ class Store:
         try:
             self._check_records_kept()
             if not readonly:
-                self.manifest = manifest.upgrade(path, self.manifest)
+                self.manifest = manifest.upgrade(self.manifest)
                 top = max(self.txns.read(lambda ctx: ctx.applied(self.plan.ntables)))
                 protocol.raise_seq_floor(self.txns, self.records, top)
                 self.replayed = writebuffer.replay_logs(path, self.txns, self.records,
