@@ -29,7 +29,7 @@ from ._blocks import sort_entries
 from ._lmdb import Env, Txn
 from ._permute import Permuter
 from .plan import Plan
-from .shard import ShardWriter, sorted_entries
+from .shard import ShardWriter, applied_seqs, sorted_entries
 from .transactions import TxnRunner
 
 # records per records/ transaction of a large add. LMDB gives a transaction's pages in the
@@ -107,7 +107,7 @@ def commit_prepared(txns: TxnRunner, records_env: Env, plan: Plan, idkeys: list,
         commit(txns, records_env, idkeys, fps, metas, replace)
         return None
     first = txns.read_txn(records_env, records.next_seq)
-    if any(a != first - 1 for a in txns.read(lambda ctx: ctx.applied(plan.ntables))):
+    if any(a != first - 1 for a in applied_seqs(txns, plan.ntables)):
         commit(txns, records_env, idkeys, fps, metas, replace)     # records wait already
         return None
     seqs = np.arange(first, first + n, dtype=np.uint64)
@@ -310,7 +310,7 @@ def catch_up(txns: TxnRunner, plan: Plan, lag: int = 0, jobs: int = 1,
     rec, shards = txns.envs[0], txns.envs[1:]
     chunk = max(1, APPLY_CHUNK // plan.words)
     while True:
-        applied = txns.read(lambda ctx: ctx.applied(plan.ntables))
+        applied = applied_seqs(txns, plan.ntables)
         start = min(applied) + 1
         if prepared is not None:
             ready, prepared = prepared, None

@@ -25,7 +25,7 @@ from ..errors import (
     CorruptError, Error, MissingIndexError, NotAnIndexError, ReadOnlyError, StorageError,
 )
 from .plan import DEFAULT_K, DEFAULT_SHARDS, Plan
-from .shard import ShardWriter
+from .shard import ShardWriter, applied_seqs
 from .transactions import TxnRunner, space_error
 
 
@@ -91,7 +91,7 @@ class Store:
             self._check_records_kept()
             if not readonly:
                 self.manifest = manifest.upgrade(self.manifest)
-                top = max(self.txns.read(lambda ctx: ctx.applied(self.plan.ntables)))
+                top = max(applied_seqs(self.txns, self.plan.ntables))
                 protocol.raise_seq_floor(self.txns, self.records, top)
                 self.replayed = writebuffer.replay_logs(path, self.txns, self.records,
                                                         self.plan.width)
@@ -111,7 +111,7 @@ class Store:
         """Refuse records/ that never held a record while a shard applied some: its records
         were lost (the file emptied or replaced), and an index open on it would answer as
         an empty one."""
-        applied = self.txns.read(lambda ctx: ctx.applied(self.plan.ntables))
+        applied = applied_seqs(self.txns, self.plan.ntables)
         if max(applied) and self.read_records(
                 lambda txn: txn.get(DB_INFO, INFO_NEXT_SEQ)) is None:
             shard = int(np.argmax(applied))
