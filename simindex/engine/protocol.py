@@ -10,6 +10,9 @@
 4. A bulk load may compute its first pass while its records commit (`commit_prepared`);
    the shards apply it only if the records got the seqs it was made for, still after
    step 1.
+5. Compaction (`compact`) rewrites each shard's runs of a table as one in a shard write
+   transaction of its own, dropping only entries of records removed before its records
+   snapshot; records/ then forgets the removals it counted.
 
 The single-process store and the Ray servers both write through these functions and
 through the runners of simindex/engine/transactions.py, so the rules cannot drift apart.
@@ -387,6 +390,42 @@ def _advance(txns, plan, shards, applied, last):
                 if w.applied < last:
                     w.save(applied=last)
             txns.write(shards[s], bump, then=SHARD_WRITE_FAILED)
+
+
+def compact(txns: TxnRunner, plan: Plan) -> None:
+    """Bring every shard level, then merge each table's runs in each shard into one against
+    one records snapshot, dropping the entries of records removed before it. Each shard is
+    one write transaction: a failed one leaves that shard as it was (SHARD_WRITE_FAILED),
+    and the removals stay counted until a compact completes."""
+    catch_up(txns, plan)
+    rec, shards = txns.envs[0], txns.envs[1:]
+    live, stale = txns.read_txn(rec, lambda txn: removals(txn, plan.words))
+    # seqs above the snapshot's newest may belong to records added meanwhile
+    newest = int(live[-1]) if len(live) else 0
+    for env in shards:
+        txns.write(env, lambda txn: _merge_all(txn, plan, live, newest, stale),
+                   then=SHARD_WRITE_FAILED)
+    # removals made meanwhile stay counted
+    txns.write(rec, lambda txn: records.add_stale(txn, -stale))
+
+
+def removals(txn: Txn, words: int) -> tuple:
+    """(live seqs ascending, removals counted) of the records snapshot `txn`: what a
+    compaction keeps, and whether it has anything to drop."""
+    return records.tail(txn, 0, 0, words)[0], records.stale(txn)
+
+
+def _merge_all(txn, plan, live, newest, stale):
+    """Merge every table's runs of the shard `txn` writes into one, keeping the entries of
+    `live` seqs and of seqs above `newest`."""
+    w = ShardWriter(txn, plan.ntables, plan.words - 1)
+    for t in range(plan.ntables):
+        runs = [r for r, _ in w.table_runs(t)]
+        # one run and no removed records: rewriting it would only free its old pages,
+        # which LMDB keeps in the file
+        if len(runs) > 1 or (runs and stale):
+            w.merge(t, runs, live=live, newest=newest)
+    w.save()
 
 
 def raise_seq_floor(txns: TxnRunner, records_env: Env, top: int) -> None:

@@ -25,7 +25,7 @@ from ..errors import (
     CorruptError, Error, MissingIndexError, NotAnIndexError, ReadOnlyError, StorageError,
 )
 from .plan import DEFAULT_K, DEFAULT_SHARDS, Plan
-from .shard import ShardWriter, applied_seqs
+from .shard import applied_seqs
 from .transactions import TxnRunner, space_error
 
 
@@ -270,29 +270,11 @@ class Store:
             protocol.catch_up(self.txns, self.plan, lag=lag, jobs=jobs, prepared=prepared)
 
     def compact(self) -> None:
-        """Merge each table's runs in each shard into one, dropping removed entries."""
+        """Merge each table's runs in each shard into one, dropping removed entries
+        (protocol.compact)."""
         self.check_writable()
         with self.write_lock:
-            self.catch_up()
-
-            def live_state(txn):
-                return records.tail(txn, 0, 0, self.plan.words)[0], records.stale(txn)
-            live, stale = self.read_records(live_state)
-            # seqs above the snapshot's newest may belong to records added meanwhile
-            newest = int(live[-1]) if len(live) else 0
-            for env in self.shard_envs:
-                def merge_all(txn):
-                    w = ShardWriter(txn, self.plan.ntables, self.plan.words - 1)
-                    for t in range(self.plan.ntables):
-                        runs = [r for r, _ in w.table_runs(t)]
-                        # one run and no removed records: rewriting it would only free
-                        # its old pages, which LMDB keeps in the file
-                        if len(runs) > 1 or (runs and stale):
-                            w.merge(t, runs, live=live, newest=newest)
-                    w.save()
-                self.txns.write(env, merge_all, then=protocol.SHARD_WRITE_FAILED)
-            # removals made meanwhile stay counted
-            self.txns.write(self.records, lambda txn: records.add_stale(txn, -stale))
+            protocol.compact(self.txns, self.plan)
 
     def flush(self) -> None:
         """Bring every shard level and force every environment to disk."""
