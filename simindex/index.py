@@ -245,7 +245,7 @@ class Index:
         fp = self._fp(fingerprint, st)
         mb = pack_meta(meta, id)
         if st.buffer is not None:
-            st.buffer.append(idk, fp, mb)
+            st.append(idk, fp, mb)
         elif st.plan.width == 64:
             st.add([idk], np.array([fp], dtype=np.uint64), [mb])
         else:
@@ -326,7 +326,7 @@ class Index:
             check_wide_fp(fingerprint, plan.width)
         buf = st.buffer
         if buf is not None and buf.n:
-            buf.fold_if_old()
+            st.fold_if_old()
             if buf.n:
                 return kept_where(self._query_buffered(st, fp, k), where)
         if plan.width != 64:

@@ -99,7 +99,6 @@ class Store:
                 if not sync:
                     self.buffer = writebuffer.WriteBuffer(
                         path, self.txns, self.records, self.write_lock,
-                        after_fold=lambda: self.catch_up(lag=protocol.GROUP_LIMIT),
                         width=self.plan.width)
         except BaseException as e:
             self.txns.close(sync=not readonly)    # what was replayed reaches the disk
@@ -189,9 +188,25 @@ class Store:
             self.buffer.forget_log()
 
     def fold(self) -> None:
-        """Commit this process's write buffer, if any (see writebuffer.WriteBuffer.fold)."""
-        if self.buffer is not None:
-            self.buffer.fold()
+        """Commit this process's write buffer, if any (writebuffer.WriteBuffer.fold), then
+        apply what it committed to the shards as add_many would (group commit)."""
+        buf = self.buffer
+        if buf is not None and buf.fold():
+            self.catch_up(lag=protocol.GROUP_LIMIT)
+
+    def fold_if_old(self) -> None:
+        """fold() when the oldest buffered record is older than FOLD_AGE (a query's check)."""
+        buf = self.buffer
+        if buf is not None and buf.old() and self.txns.failed is None:
+            self.fold()
+
+    def append(self, idkey: bytes, fp: int, meta: bytes) -> None:
+        """Add one record to the write buffer (sync=False), folding it first when due."""
+        buf = self.buffer
+        assert buf is not None
+        if buf.due():
+            self.fold()
+        buf.append(idkey, fp, meta)
 
     def buffered(self) -> int:
         return self.buffer.n if self.buffer is not None else 0
