@@ -19,6 +19,7 @@ from ._layout import (
     BLOCK_ENTRIES, DB_BLOCKS, DB_STATE, STATE_APPLIED, STATE_NEXT_RUN, STATE_RUNS,
 )
 from ._lmdb import Txn
+from .transactions import TxnRunner
 
 __all__ = ["ShardWriter", "applied_seqs", "entry_order", "load_state", "runs_of", "scan",
            "sorted_entries", "RUN_DTYPE"]
@@ -59,7 +60,7 @@ def scan(txn: Txn, plan, shard: int, queries: np.ndarray, k: int) -> tuple:
     return scan_shard(txn, plan.permuter, shard, queries, k)
 
 
-def applied_seqs(txns, ntables: int) -> list:
+def applied_seqs(txns: TxnRunner, ntables: int) -> list:
     """The applied seq of every shard of a store (`txns`: its TxnRunner, envs records then
     the shards), each from its own read transaction: what the write protocol reads of the
     shard state, without the query engine's read contexts."""
