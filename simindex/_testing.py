@@ -167,23 +167,23 @@ def crash(idx: Index) -> None:
 
 @contextmanager
 def after_compact_snapshot(idx: Index, fn: Callable[[], None]) -> Iterator[None]:
-    """Run fn() once, right after the next compact() read its records snapshot (to add
-    records from another process while it merges)."""
-    st = _store(idx)
-    real = st.read_records
+    """Run fn() once, right after the next compact() of `idx` read its records snapshot
+    (to add records from another process while it merges)."""
+    _store(idx)
+    real = protocol.removals
     calls: list = []
 
-    def read_records(f):
-        out = real(f)
+    def removals(txn, words):
+        out = real(txn, words)
         if not calls:
             calls.append(1)
             fn()
         return out
-    st.read_records = read_records
+    protocol.removals = removals
     try:
         yield
     finally:
-        del st.read_records
+        protocol.removals = real
 
 
 def log_markers(idx: Index) -> list:

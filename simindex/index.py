@@ -210,14 +210,13 @@ class Index:
     @property
     def scheme(self) -> Optional[str]:
         """The fingerprint scheme the *_text calls use (recorded at creation)."""
-        return self._open_store().manifest.get("scheme")
+        return self._open_store().manifest.scheme
 
     @property
     def calibration(self) -> Optional[dict]:
         """The similarity threshold this index's k was chosen for, and how (see
         `simindex.calibrate`), or None: recorded at creation, so later runs judge alike."""
-        cal = self._open_store().manifest.get("calibration")
-        return None if cal is None else dict(cal)
+        return self._open_store().manifest.calibration
 
     def fingerprint(self, text: str) -> int:
         """The fingerprint of `text` under this index's scheme."""
@@ -246,7 +245,7 @@ class Index:
         fp = self._fp(fingerprint, st)
         mb = pack_meta(meta, id)
         if st.buffer is not None:
-            st.buffer.append(idk, fp, mb)
+            st.append(idk, fp, mb)
         elif st.plan.width == 64:
             st.add([idk], np.array([fp], dtype=np.uint64), [mb])
         else:
@@ -327,7 +326,7 @@ class Index:
             check_wide_fp(fingerprint, plan.width)
         buf = st.buffer
         if buf is not None and buf.n:
-            buf.fold_if_old()
+            st.fold_if_old()
             if buf.n:
                 return kept_where(self._query_buffered(st, fp, k), where)
         if plan.width != 64:
@@ -377,8 +376,8 @@ class Index:
 
     def _text_check(self, st: Store, k: Optional[int],
                     min_similarity: Optional[float]) -> Optional[TextCheck]:
-        return text_check(st.manifest.get("scheme"), st.plan.width, st.plan.k,
-                          st.manifest.get("calibration"), min_similarity,
+        return text_check(st.manifest.scheme, st.plan.width, st.plan.k,
+                          st.manifest.calibration, min_similarity,
                           None if k is None else self._k(k, st))
 
     def text_record(self, text: str, meta: Any = None, id: Optional[Id] = None) -> tuple:
@@ -386,9 +385,9 @@ class Index:
         add_many([(id, *text_record(text, meta)), ...]) store what add_text stores (the
         meta then holds the text's sketch where the index keeps sketches)."""
         st = self._open_store()
-        if not keeps_sketches(st.manifest.get("scheme"), st.manifest.get("calibration")):
+        if not keeps_sketches(st.manifest.scheme, st.manifest.calibration):
             return self.fingerprint(text), meta
-        fp, sketch = text_sketch(text, st.manifest.get("scheme"), st.plan.width)
+        fp, sketch = text_sketch(text, st.manifest.scheme, st.plan.width)
         return fp, Packed(pack_meta(meta, id, sketch))
 
     def add_text(self, id: Id, text: str, meta: Any = None) -> int:
@@ -420,7 +419,7 @@ class Index:
         if check is None:
             fp = self.fingerprint(text)
             return fp, self.query(fp, k=k, where=where)
-        fp, (sketch, size) = text_sketch(text, st.manifest.get("scheme"), st.plan.width)
+        fp, (sketch, size) = text_sketch(text, st.manifest.scheme, st.plan.width)
         q = np.array([fp], dtype=np.uint64) if st.plan.width == 64 else \
             words_array([fp], st.plan.width)
         buf = st.buffer
@@ -449,12 +448,12 @@ class Index:
         """(fingerprint, matches) of add_unique_text (the server answers with both)."""
         st = self._writable_store()
         check = self._text_check(st, k, min_similarity)
-        if check is None and not keeps_sketches(st.manifest.get("scheme"),
-                                                st.manifest.get("calibration")):
+        if check is None and not keeps_sketches(st.manifest.scheme,
+                                                st.manifest.calibration):
             fp = self.fingerprint(text)
             return fp, self.add_unique(id, fp, meta=meta, k=k)
         idk = encode_id(id)
-        fp, (sketch, size) = text_sketch(text, st.manifest.get("scheme"), st.plan.width)
+        fp, (sketch, size) = text_sketch(text, st.manifest.scheme, st.plan.width)
         mb = pack_meta(meta, id, (sketch, size))
         st.fold()
         if check is None:
@@ -521,7 +520,7 @@ class Index:
             "stale": removed, "last_seq": last,
             "unapplied": unapplied,
             "prefix_bits": plan.prefix_bits, "bytes": size,
-            "scheme": st.manifest.get("scheme"), "format": st.manifest["format"],
+            "scheme": st.manifest.scheme, "format": st.manifest.format,
             "buffered": buffered, "replayed": st.replayed.records,
             "torn_bytes": st.replayed.torn_bytes,
         }

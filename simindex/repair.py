@@ -14,7 +14,6 @@ from typing import Union
 
 from .engine import environments, lmdbfile, manifest
 from .engine._layout import RECORDS_DIR, SHARD_PREFIX, shard_dir
-from .engine.plan import Plan
 from .errors import CorruptError, MissingIndexError
 from .index import Index
 
@@ -40,7 +39,7 @@ def repair(path: Union[str, os.PathLike]) -> list[str]:
     path = os.path.abspath(os.fspath(path))
     if not os.path.exists(os.path.join(path, manifest.NAME)):
         raise MissingIndexError(f"no simindex index at {path}")
-    plan = Plan(**manifest.plan_args(manifest.read(path)))
+    plan = manifest.read(path).plan
     bad = lmdbfile.problems(os.path.join(path, RECORDS_DIR))
     if bad:
         raise CorruptError(f"{bad[0]}: the index's records are damaged or lost and cannot "

@@ -254,9 +254,10 @@ def test_ledger_writes_run_once_per_request(tmp_path):
     # the stored result instead of writing again (no Ray needed to show it)
     from simindex.engine.codec import encode_id, pack_meta
     from simindex.distributed.servers import LedgerServer
+    from simindex.engine import manifest
     with simindex.Index(tmp_path / "i", k=3, shards=2):
         pass
-    led = LedgerServer(str(tmp_path / "i"))
+    led = LedgerServer(manifest.read(str(tmp_path / "i")))
     try:
         me = (b"client-1" * 3, 1)
         args = ([encode_id("a")], np.array([5], dtype=np.uint64), [pack_meta(None)])

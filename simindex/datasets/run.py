@@ -245,7 +245,7 @@ def _index_reads_words(index: str) -> bool:
         m = manifest.read(index)
     except Error:
         return True
-    return (m.get("scheme") or DEFAULT_SCHEME) in WORD_SCHEMES
+    return (m.scheme or DEFAULT_SCHEME) in WORD_SCHEMES
 
 
 class _Good(NamedTuple):

@@ -26,9 +26,10 @@ CHUNK = 1 << 20        # records per map partition of a stored index
 
 
 @ray.remote
-def _index_records(path, words):
-    """(positions, fps, ids) of the live records of a stored index, in insertion order."""
-    env = environments.open_records(path, readonly=True, sync=True)
+def _index_records(path, words, sums):
+    """(positions, fps, ids) of the live records of a stored index, in insertion order
+    (`sums`: its manifest's record_sums)."""
+    env = environments.open_records(path, readonly=True, sync=True, sums=sums)
     txns = TxnRunner(path, [env], what=f"index {path}")
     try:
         return txns.read_txn(env, lambda txn: records.live(txn, words))
@@ -66,20 +67,18 @@ def _sources(source, k, blocks, fmt, fp_format, width):
             os.path.exists(os.path.join(os.fspath(source), manifest.NAME)):
         path = os.path.abspath(os.fspath(source))
         m = manifest.read(path)
-        stored = manifest.plan_args(m)
-        manifest.check_same({"width": stored["width"]}, width=width)
-        k = _check_k(m["k"] if k is None else k, m["k"])
-        if blocks is not None and blocks != m["blocks"]:
+        m.check_same(width=width)
+        k = _check_k(m.k if k is None else k, m.k)
+        if blocks is not None and blocks != m.blocks:
             raise ParameterError(f"blocks={blocks} was given, but the index at {path} has "
-                                 f"blocks={m['blocks']}")
-        seqs, fps, ids = fetch(_index_records.remote(path, stored["width"] // 64))
+                                 f"blocks={m.blocks}")
+        seqs, fps, ids = fetch(_index_records.remote(path, m.width // 64, m.record_sums))
         names = dict(zip(seqs.tolist(), ids))
         parts = [(ray.put(seqs[i:i + CHUNK]), ray.put(fps[i:i + CHUNK]))
                  for i in range(0, len(seqs), CHUNK)]
         # the index's own tables: a smaller k needs no more flips than the index's
-        prefix_blocks = Plan(**stored).prefix_blocks
-        return k, {"k": k, "blocks": m["blocks"], "prefix_blocks": prefix_blocks,
-                   "width": stored["width"]}, parts, names.__getitem__
+        return k, {"k": k, "blocks": m.blocks, "prefix_blocks": m.plan.prefix_blocks,
+                   "width": m.width}, parts, names.__getitem__
     width = 64 if width is None else width
     Plan(k=0, blocks=1, width=width)              # the width's check (one table: cheap)
     k = _check_k(DEFAULT_K if k is None else k, width - 1)

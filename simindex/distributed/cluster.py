@@ -30,7 +30,7 @@ from ..engine.transactions import is_io
 from . import route
 from .parts import PART_RECORDS
 from .route import fetch
-from .servers import LedgerServer, ShardServer, plan_of
+from .servers import LedgerServer, ShardServer
 
 # Actors hold an environment, not a CPU: they wait on disk and network, so they reserve
 # none (a 2-core node can serve 16 shards). Ray restarts one that dies and retries its calls
@@ -90,8 +90,9 @@ class Cluster:
         if not os.path.exists(os.path.join(self.path, manifest.NAME)):
             raise MissingIndexError(f"no simindex index at {self.path} (create it with "
                                     f"simindex.Index or simindex.distributed.build)")
+        # read once here: the servers get it from the driver and never read the file
         self._manifest = manifest.read(self.path)
-        self.plan = plan_of(self.path)
+        self.plan = self._manifest.plan
         self.readonly = bool(readonly)
         self._client = uuid.uuid4().bytes
         self._requests = 0
@@ -112,9 +113,9 @@ class Cluster:
         self.shards: list[Any] = []
         try:
             self.ledger = ray.remote(LedgerServer).options(**placed("records")).remote(
-                self.path, self.readonly)
+                self._manifest, self.readonly)
             self.shards = [ray.remote(ShardServer).options(**placed(s)).remote(
-                self.path, s, self.readonly) for s in range(self.plan.shards)]
+                self._manifest, s, self.readonly) for s in range(self.plan.shards)]
             self._applied = fetch([s.applied.remote() for s in self.shards])
             self._clean = [(0, -1)] * self.plan.shards   # (lo, hi): nothing for the shard
             if not self.readonly:
@@ -196,7 +197,7 @@ class Cluster:
 
     @property
     def scheme(self) -> Optional[str]:
-        return self._manifest["scheme"]
+        return self._manifest.scheme
 
     def fingerprint(self, text: str) -> int:
         return fingerprint(text, scheme=self.scheme, width=self.plan.width)
@@ -327,11 +328,11 @@ class Cluster:
                    k: Optional[int] = None) -> Optional[TextCheck]:
         """As Index.text_check."""
         return text_check(self.scheme, self.plan.width, self.plan.k,
-                          self._manifest.get("calibration"), min_similarity,
+                          self._manifest.calibration, min_similarity,
                           None if k is None else self._k(k))
 
     def _keeps_sketches(self) -> bool:
-        return keeps_sketches(self.scheme, self._manifest.get("calibration"))
+        return keeps_sketches(self.scheme, self._manifest.calibration)
 
     def text_record(self, text: str, meta: Any = None, id: Optional[Id] = None) -> tuple:
         """As Index.text_record."""

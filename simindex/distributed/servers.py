@@ -10,30 +10,27 @@ that missed records (its actor restarted) is caught up from the ledger.
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import numpy as np
 
-from ..engine import environments, manifest, protocol, records
+from ..engine import environments, protocol, records
 from ..engine.codec import pack, unpack
+from ..engine.manifest import Manifest
 from ..values import words_array
 from ..errors import Error
-from ..engine.plan import Plan
 from ..engine.shard import load_state, scan as scan_shard
 from ..engine.transactions import TxnRunner
 from . import route
 
 
-def plan_of(path: str) -> Plan:
-    """The Plan recorded in an index's manifest."""
-    return Plan(**manifest.plan_args(manifest.read(path)))
-
-
 class _Server:
-    """An actor that holds one environment. An error while opening it (a damaged file) is
-    kept and raised by every call, so the caller gets the typed error, not a dead actor
-    that Ray restarts without end."""
+    """An actor that holds one environment of the index whose Manifest the driver read
+    and sends (a restarted actor gets the same one). An error while opening it (a damaged
+    file) is kept and raised by every call, so the caller gets the typed error, not a dead
+    actor that Ray restarts without end."""
 
-    txns = None
+    txns: Optional[TxnRunner] = None
     _error = None
 
     def __init__(self, *args):
@@ -60,8 +57,9 @@ class _Server:
 class ShardServer(_Server):
     """One shard environment: applies committed records and scans for candidates."""
 
-    def _open(self, path, shard, readonly=False):
-        self.plan = plan_of(path)
+    def _open(self, m: Manifest, shard, readonly=False):
+        path = m.path
+        self.plan = m.plan
         self.shard = shard
         self.env = environments.open_shard(path, shard, readonly=readonly, sync=True)
         self.txns = TxnRunner(path, [self.env], what=f"shard {shard} of index {path}")
@@ -91,10 +89,11 @@ class ShardServer(_Server):
 class LedgerServer(_Server):
     """records/: assigns seqs, commits records, and resolves candidates into matches."""
 
-    def _open(self, path, readonly=False):
-        self.path = path
-        self.plan = plan_of(path)
-        self.env = environments.open_records(path, readonly=readonly, sync=True)
+    def _open(self, m: Manifest, readonly=False):
+        path = self.path = m.path
+        self.plan = m.plan
+        self.env = environments.open_records(path, readonly=readonly, sync=True,
+                                             sums=m.record_sums)
         self.txns = TxnRunner(path, [self.env], what=f"the ledger of index {path}",
                                  contexts=True)
 

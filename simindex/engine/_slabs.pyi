@@ -5,7 +5,7 @@ from typing import Optional
 import numpy as np
 import numpy.typing as npt
 
-from ._lmdb import Txn
+from ._lmdb import Env, Txn
 
 _U64 = npt.NDArray[np.uint64]
 RUN_DTYPE: np.dtype
@@ -18,3 +18,4 @@ def read_run(txn: Txn, db: str, run_id: int, count: int, check: bool = ...,
              low_words: int = ...) -> tuple[_U64, ...]: ...
 def delete_run(txn: Txn, db: str, run_id: int) -> int: ...
 def load_state(txn: Txn, ntables: int) -> tuple[int, npt.NDArray, int]: ...
+def read_applied(envs: list[Env], ntables: int) -> list[int]: ...

@@ -30,14 +30,12 @@ SHARD_DBS = (DB_STATE, DB_SLABS)
 _KNOWN = {MANIFEST, RECORDS_DIR, LOCK_FILE, LOG_DIR}
 
 
-def open_records(index_path: str, *, readonly: bool, sync: bool, existing: bool = True,
-                 sums: Optional[bool] = None, lock: bool = True) -> Env:
+def open_records(index_path: str, *, readonly: bool, sync: bool, sums: bool,
+                 existing: bool = True, lock: bool = True) -> Env:
     """records/ of the index at `index_path`: the log of truth, synced on every commit.
-    `existing`: the index was made, so its data file must be there (a missing or empty
-    one is lost records, refused: never taken for an empty index). `sums`: whether its
-    records carry checksums (None: as the index's manifest says)."""
-    if sums is None:
-        sums = manifest.record_sums(manifest.read(index_path))
+    `sums`: whether its records carry checksums (the manifest's record_sums). `existing`:
+    the index was made, so its data file must be there (a missing or empty one is lost
+    records, refused: never taken for an empty index)."""
     try:
         env = _open(index_path, RECORDS_DIR, RECORDS_DBS, readonly=readonly, sync=sync,
                     existing=existing, lock=lock)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any, Optional
 
 from ._layout import (
     FORMAT_CLASSIC, FORMAT_FLIPS, FORMAT_VERSION as FORMAT, LAYOUT_V1, LAYOUT_V2 as LAYOUT,
@@ -12,6 +15,7 @@ from .._version import __version__ as _version
 from .codec import pack, unpack
 from ..scheme_names import NAMES, known as known_scheme
 from ..errors import CorruptError, FormatError, NotAnIndexError, ParameterError, StorageError
+from .plan import Plan
 
 WIDTHS = (64, 128, 256)
 
@@ -37,17 +41,6 @@ def make(plan, scheme=None, calibration=None) -> dict:
     return m
 
 
-def record_sums(m) -> bool:
-    """Whether the records of the index of manifest `m` carry checksums (format 3)."""
-    return m["format"] >= FORMAT
-
-
-def plan_args(m) -> dict:
-    """The Plan arguments a manifest records."""
-    return {"k": m["k"], "blocks": m["blocks"], "shards": m["shards"],
-            "prefix_blocks": m.get("prefix_blocks"), "width": m.get("width", WIDTH)}
-
-
 def write(dirpath, manifest):
     """Write atomically: a temporary file, fsync, rename, fsync of the directory."""
     path = os.path.join(dirpath, NAME)
@@ -69,23 +62,96 @@ def write(dirpath, manifest):
         raise StorageError(e.errno, f"cannot write {path}: {e.strerror}") from None
 
 
-def read(dirpath):
+@dataclass(frozen=True)
+class Manifest:
+    """The manifest of one index, read and checked once per open and passed down from
+    there: its fields as attributes, and what callers make of them (the Plan, whether
+    records carry checksums, the check of reopen parameters). It pickles (the Ray servers
+    get it from the driver); its Plan is built again where it is first asked for."""
+
+    path: str                        # the index directory it was read from
+    format: int
+    width: int
+    k: int
+    blocks: int
+    prefix_blocks: Optional[int]     # None in format 1: blocks - k
+    shards: int
+    tables: int
+    layout: str
+    scheme: Optional[str]            # the scheme's name, also where the file holds an alias
+    created_by: Optional[str]
+    _file: dict = field(repr=False, compare=False)   # the fields as the file holds them
+
+    @property
+    def calibration(self) -> Optional[dict]:
+        """The stored calibration (a copy), or None; where the file names the index's
+        scheme by an alias, the calibration names it by its name too."""
+        cal = self._file.get("calibration")
+        if cal is None:
+            return None
+        if self._file.get("scheme") != self.scheme:
+            return dict(cal, scheme=self.scheme)
+        return dict(cal)
+
+    @property
+    def raw(self) -> dict:
+        """The fields as the file holds them (a copy: an alias stays an alias), for
+        writing it back."""
+        return dict(self._file)
+
+    @property
+    def record_sums(self) -> bool:
+        """Whether the index's records carry checksums (format 3)."""
+        return self.format >= FORMAT
+
+    @cached_property
+    def plan(self) -> Plan:
+        """The Plan of the stored parameters, built once; CorruptError when no plan has
+        them or their table count is not the stored one."""
+        try:
+            plan = Plan(k=self.k, blocks=self.blocks, shards=self.shards,
+                        prefix_blocks=self.prefix_blocks, width=self.width)
+        except ParameterError as e:
+            raise CorruptError(f"{self.path}: the manifest holds impossible parameters: "
+                               f"{e}") from None
+        if plan.ntables != self.tables:
+            raise CorruptError(f"{self.path}: the manifest's table count does not match k "
+                               f"and blocks")
+        return plan
+
+    def check_same(self, **given: Any) -> None:
+        """Raise when a parameter passed on reopen differs from the stored one, naming
+        both (None: not given)."""
+        for name, value in given.items():
+            stored = getattr(self, name)
+            if name == "prefix_blocks" and stored is None:
+                stored = self.blocks - self.k                         # format 1
+            if value is not None and stored != value:
+                raise ParameterError(
+                    f"{name}={value!r} was given, but the index was built with "
+                    f"{name}={stored!r}; reopen without it or with the stored value")
+
+    def __getstate__(self) -> dict:
+        """The fields without the built Plan: its compiled tables do not pickle."""
+        state = dict(self.__dict__)
+        state.pop("plan", None)
+        return state
+
+
+def read(dirpath) -> Manifest:
     """The manifest of the index at `dirpath`, each field checked; raises with the reason.
     Its scheme (and its calibration's) is the scheme's name, also where the file records an
     alias: the file keeps what it records."""
-    return _named(_load(dirpath))
+    return _manifest(dirpath, _load(dirpath))
 
 
-def _named(m):
-    """`m` with the name of the scheme its `scheme` field names (itself or an alias)."""
-    scheme = m.get("scheme")
-    name = known_scheme(scheme)
-    if scheme is None or name == scheme:
-        return m
-    m = dict(m, scheme=name)
-    if isinstance(m.get("calibration"), dict):
-        m["calibration"] = dict(m["calibration"], scheme=name)
-    return m
+def _manifest(dirpath, m: dict) -> Manifest:
+    """The Manifest of the checked fields `m` of the file in `dirpath`."""
+    return Manifest(path=dirpath, format=m["format"], width=m["width"], k=m["k"],
+                    blocks=m["blocks"], prefix_blocks=m.get("prefix_blocks"),
+                    shards=m["shards"], tables=m["tables"], layout=m["layout"],
+                    scheme=known_scheme(m.get("scheme")), created_by=m.get("created_by"),
+                    _file=m)
 
 
 def _load(dirpath):
@@ -171,27 +237,13 @@ def check_calibration(calibration, scheme, plan) -> None:
             f"Calibration.stored())")
 
 
-def check_same(manifest, **given):
-    """Raise when a parameter passed on reopen differs from the stored one, naming both."""
-    for name, value in given.items():
-        stored = manifest.get(name)
-        if name == "prefix_blocks" and stored is None:
-            stored = manifest.get("blocks", 0) - manifest.get("k", 0)     # format 1
-        if value is not None and stored != value:
-            raise ParameterError(
-                f"{name}={value!r} was given, but the index was built with "
-                f"{name}={stored!r}; reopen without it or with the stored value")
-
-
-def upgrade(dirpath, m):
+def upgrade(m: Manifest) -> Manifest:
     """Name the current slab layout in an older index's manifest before writing to it
     (every other field as the file holds it)."""
-    if m.get("layout") == LAYOUT:
+    if m.layout == LAYOUT:
         return m
-    m = _load(dirpath)
-    if m["layout"] != LAYOUT:
-        field, _ = _LAYOUTS[m["layout"]]
-        del m[field]
-        m.update(layout=LAYOUT, block_bytes=_LAYOUTS[LAYOUT][1])
-        write(dirpath, m)
-    return _named(m)
+    raw = m.raw
+    del raw[_LAYOUTS[m.layout][0]]
+    raw.update(layout=LAYOUT, block_bytes=_LAYOUTS[LAYOUT][1])
+    write(m.path, raw)
+    return replace(m, layout=LAYOUT, _file=raw)

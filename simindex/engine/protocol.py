@@ -10,6 +10,9 @@
 4. A bulk load may compute its first pass while its records commit (`commit_prepared`);
    the shards apply it only if the records got the seqs it was made for, still after
    step 1.
+5. Compaction (`compact`) rewrites each shard's runs of a table as one in a shard write
+   transaction of its own, dropping only entries of records removed before its records
+   snapshot; records/ then forgets the removals it counted.
 
 The single-process store and the Ray servers both write through these functions and
 through the runners of simindex/engine/transactions.py, so the rules cannot drift apart.
@@ -29,7 +32,7 @@ from ._slabs import sort_entries
 from ._lmdb import Env, Txn
 from ._permute import Permuter
 from .plan import Plan
-from .shard import ShardWriter, sorted_entries
+from .shard import ShardWriter, applied_seqs, sorted_entries
 from .transactions import TxnRunner
 
 # records per records/ transaction of a large add. LMDB gives a transaction's pages in the
@@ -107,7 +110,7 @@ def commit_prepared(txns: TxnRunner, records_env: Env, plan: Plan, idkeys: list,
         commit(txns, records_env, idkeys, fps, metas, replace)
         return None
     first = txns.read_txn(records_env, records.next_seq)
-    if any(a != first - 1 for a in txns.read(lambda ctx: ctx.applied(plan.ntables))):
+    if any(a != first - 1 for a in applied_seqs(txns, plan.ntables)):
         commit(txns, records_env, idkeys, fps, metas, replace)     # records wait already
         return None
     seqs = np.arange(first, first + n, dtype=np.uint64)
@@ -310,7 +313,7 @@ def catch_up(txns: TxnRunner, plan: Plan, lag: int = 0, jobs: int = 1,
     rec, shards = txns.envs[0], txns.envs[1:]
     chunk = max(1, APPLY_CHUNK // plan.words)
     while True:
-        applied = txns.read(lambda ctx: ctx.applied(plan.ntables))
+        applied = applied_seqs(txns, plan.ntables)
         start = min(applied) + 1
         if prepared is not None:
             ready, prepared = prepared, None
@@ -387,6 +390,42 @@ def _advance(txns, plan, shards, applied, last):
                 if w.applied < last:
                     w.save(applied=last)
             txns.write(shards[s], bump, then=SHARD_WRITE_FAILED)
+
+
+def compact(txns: TxnRunner, plan: Plan) -> None:
+    """Bring every shard level, then merge each table's runs in each shard into one against
+    one records snapshot, dropping the entries of records removed before it. Each shard is
+    one write transaction: a failed one leaves that shard as it was (SHARD_WRITE_FAILED),
+    and the removals stay counted until a compact completes."""
+    catch_up(txns, plan)
+    rec, shards = txns.envs[0], txns.envs[1:]
+    live, stale = txns.read_txn(rec, lambda txn: removals(txn, plan.words))
+    # seqs above the snapshot's newest may belong to records added meanwhile
+    newest = int(live[-1]) if len(live) else 0
+    for env in shards:
+        txns.write(env, lambda txn: _merge_all(txn, plan, live, newest, stale),
+                   then=SHARD_WRITE_FAILED)
+    # removals made meanwhile stay counted
+    txns.write(rec, lambda txn: records.add_stale(txn, -stale))
+
+
+def removals(txn: Txn, words: int) -> tuple:
+    """(live seqs ascending, removals counted) of the records snapshot `txn`: what a
+    compaction keeps, and whether it has anything to drop."""
+    return records.tail(txn, 0, 0, words)[0], records.stale(txn)
+
+
+def _merge_all(txn, plan, live, newest, stale):
+    """Merge every table's runs of the shard `txn` writes into one, keeping the entries of
+    `live` seqs and of seqs above `newest`."""
+    w = ShardWriter(txn, plan.ntables, plan.words - 1)
+    for t in range(plan.ntables):
+        runs = [r for r, _ in w.table_runs(t)]
+        # one run and no removed records: rewriting it would only free its old pages,
+        # which LMDB keeps in the file
+        if len(runs) > 1 or (runs and stale):
+            w.merge(t, runs, live=live, newest=newest)
+    w.save()
 
 
 def raise_seq_floor(txns: TxnRunner, records_env: Env, top: int) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import threading
 
-from . import manifest
 from ..errors import ParameterError, ParameterTypeError
 from ..scheme_names import known as known_scheme
 from .store import Store
@@ -54,9 +53,9 @@ def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None,
             _registry.clear()          # inherited from a parent process: never reuse
             store = None
         if store is not None:
-            manifest.check_same(store.manifest, k=k, blocks=blocks, shards=shards,
-                                scheme=scheme, prefix_blocks=prefix_blocks, width=width,
-                                calibration=calibration)
+            store.manifest.check_same(k=k, blocks=blocks, shards=shards, scheme=scheme,
+                                      prefix_blocks=prefix_blocks, width=width,
+                                      calibration=calibration)
             if store.readonly and not readonly:
                 raise ParameterError(
                     f"{path} is already open read-only in this process; close it before "

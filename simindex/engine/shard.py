@@ -12,15 +12,18 @@ from typing import Optional
 
 import numpy as np
 
-from ._slabs import RUN_DTYPE, delete_run, load_state, read_run, sort_entries, write_run
+from ._slabs import (
+    RUN_DTYPE, delete_run, load_state, read_applied, read_run, sort_entries, write_run,
+)
 from ._query import scan_shard
 from ._layout import (
     DB_SLABS, DB_STATE, SLAB_ENTRIES, STATE_APPLIED, STATE_NEXT_RUN, STATE_RUNS,
 )
 from ._lmdb import Txn
+from .transactions import TxnRunner
 
-__all__ = ["ShardWriter", "entry_order", "load_state", "runs_of", "scan", "sorted_entries",
-           "RUN_DTYPE"]
+__all__ = ["ShardWriter", "applied_seqs", "entry_order", "load_state", "runs_of", "scan",
+           "sorted_entries", "RUN_DTYPE"]
 
 
 def entry_order(keys: np.ndarray, seqs: np.ndarray) -> np.ndarray:
@@ -56,6 +59,13 @@ def scan(txn: Txn, plan, shard: int, queries: np.ndarray, k: int) -> tuple:
     """(qidx, seqs, distances, applied seq) of the candidates within k of each query in
     the shard `txn` reads (the distributed query's scan; its ledger resolves them)."""
     return scan_shard(txn, plan.permuter, shard, queries, k)
+
+
+def applied_seqs(txns: TxnRunner, ntables: int) -> list:
+    """The applied seq of every shard of a store (`txns`: its TxnRunner, envs records then
+    the shards), each from its own read transaction: what the write protocol reads of the
+    shard state, without the query engine's read contexts."""
+    return txns.gated(read_applied, txns.envs[1:], ntables)
 
 
 def runs_of(runs: np.ndarray, table: int) -> list:

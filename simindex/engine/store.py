@@ -22,11 +22,10 @@ from ._permute import Permuter
 from ._query import SingleQuery
 from ..values import words_array
 from ..errors import (
-    CorruptError, Error, MissingIndexError, NotAnIndexError, ParameterError, ReadOnlyError,
-    StorageError,
+    CorruptError, Error, MissingIndexError, NotAnIndexError, ReadOnlyError, StorageError,
 )
 from .plan import DEFAULT_K, DEFAULT_SHARDS, Plan
-from .shard import ShardWriter
+from .shard import applied_seqs
 from .transactions import TxnRunner, space_error
 
 
@@ -65,20 +64,14 @@ class Store:
                 environments.create(path, plan, scheme, calibration)
             except StorageError as e:
                 raise space_error(e, path) from None
-        self.manifest = manifest.read(path)
-        manifest.check_same(self.manifest, k=k, blocks=blocks, shards=shards, scheme=scheme,
-                            prefix_blocks=prefix_blocks, width=width, calibration=calibration)
-        m = self.manifest
-        try:
-            self.plan = Plan(**manifest.plan_args(m))
-        except ParameterError as e:
-            raise CorruptError(f"{path}: the manifest holds impossible parameters: {e}") from None
-        if self.plan.ntables != m["tables"]:
-            raise CorruptError(f"{path}: the manifest's table count does not match k and blocks")
+        m = self.manifest = manifest.read(path)
+        m.check_same(k=k, blocks=blocks, shards=shards, scheme=scheme,
+                     prefix_blocks=prefix_blocks, width=width, calibration=calibration)
+        self.plan = m.plan
         envs: list = []
         try:
             envs.append(environments.open_records(path, readonly=readonly, sync=sync,
-                                                  sums=manifest.record_sums(m), lock=lock))
+                                                  sums=m.record_sums, lock=lock))
             envs += [environments.open_shard(path, s, readonly=readonly, sync=sync, lock=lock)
                      for s in range(self.plan.shards)]
         except BaseException as e:
@@ -97,8 +90,8 @@ class Store:
         try:
             self._check_records_kept()
             if not readonly:
-                self.manifest = manifest.upgrade(path, self.manifest)
-                top = max(self.txns.read(lambda ctx: ctx.applied(self.plan.ntables)))
+                self.manifest = manifest.upgrade(self.manifest)
+                top = max(applied_seqs(self.txns, self.plan.ntables))
                 protocol.raise_seq_floor(self.txns, self.records, top)
                 self.replayed = writebuffer.replay_logs(path, self.txns, self.records,
                                                         self.plan.width)
@@ -106,7 +99,6 @@ class Store:
                 if not sync:
                     self.buffer = writebuffer.WriteBuffer(
                         path, self.txns, self.records, self.write_lock,
-                        after_fold=lambda: self.catch_up(lag=protocol.GROUP_LIMIT),
                         width=self.plan.width)
         except BaseException as e:
             self.txns.close(sync=not readonly)    # what was replayed reaches the disk
@@ -118,7 +110,7 @@ class Store:
         """Refuse records/ that never held a record while a shard applied some: its records
         were lost (the file emptied or replaced), and an index open on it would answer as
         an empty one."""
-        applied = self.txns.read(lambda ctx: ctx.applied(self.plan.ntables))
+        applied = applied_seqs(self.txns, self.plan.ntables)
         if max(applied) and self.read_records(
                 lambda txn: txn.get(DB_INFO, INFO_NEXT_SEQ)) is None:
             shard = int(np.argmax(applied))
@@ -196,9 +188,25 @@ class Store:
             self.buffer.forget_log()
 
     def fold(self) -> None:
-        """Commit this process's write buffer, if any (see writebuffer.WriteBuffer.fold)."""
-        if self.buffer is not None:
-            self.buffer.fold()
+        """Commit this process's write buffer, if any (writebuffer.WriteBuffer.fold), then
+        apply what it committed to the shards as add_many would (group commit)."""
+        buf = self.buffer
+        if buf is not None and buf.fold():
+            self.catch_up(lag=protocol.GROUP_LIMIT)
+
+    def fold_if_old(self) -> None:
+        """fold() when the oldest buffered record is older than FOLD_AGE (a query's check)."""
+        buf = self.buffer
+        if buf is not None and buf.old() and self.txns.failed is None:
+            self.fold()
+
+    def append(self, idkey: bytes, fp: int, meta: bytes) -> None:
+        """Add one record to the write buffer (sync=False), folding it first when due."""
+        buf = self.buffer
+        assert buf is not None
+        if buf.due():
+            self.fold()
+        buf.append(idkey, fp, meta)
 
     def buffered(self) -> int:
         return self.buffer.n if self.buffer is not None else 0
@@ -277,29 +285,11 @@ class Store:
             protocol.catch_up(self.txns, self.plan, lag=lag, jobs=jobs, prepared=prepared)
 
     def compact(self) -> None:
-        """Merge each table's runs in each shard into one, dropping removed entries."""
+        """Merge each table's runs in each shard into one, dropping removed entries
+        (protocol.compact)."""
         self.check_writable()
         with self.write_lock:
-            self.catch_up()
-
-            def live_state(txn):
-                return records.tail(txn, 0, 0, self.plan.words)[0], records.stale(txn)
-            live, stale = self.read_records(live_state)
-            # seqs above the snapshot's newest may belong to records added meanwhile
-            newest = int(live[-1]) if len(live) else 0
-            for env in self.shard_envs:
-                def merge_all(txn):
-                    w = ShardWriter(txn, self.plan.ntables, self.plan.words - 1)
-                    for t in range(self.plan.ntables):
-                        runs = [r for r, _ in w.table_runs(t)]
-                        # one run and no removed records: rewriting it would only free
-                        # its old pages, which LMDB keeps in the file
-                        if len(runs) > 1 or (runs and stale):
-                            w.merge(t, runs, live=live, newest=newest)
-                    w.save()
-                self.txns.write(env, merge_all, then=protocol.SHARD_WRITE_FAILED)
-            # removals made meanwhile stay counted
-            self.txns.write(self.records, lambda txn: records.add_stale(txn, -stale))
+            protocol.compact(self.txns, self.plan)
 
     def flush(self) -> None:
         """Bring every shard level and force every environment to disk."""

@@ -139,6 +139,17 @@ class TxnRunner:
             except MapResizedError:
                 self._resized(env)
 
+    def gated(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) for a compiled read that begins its own read transactions on these
+        environments, inside the resize gate, adopting a map another process grew."""
+        while True:
+            try:
+                with self.gate.shared():
+                    self._inside_open()
+                    return fn(*args)
+            except MapResizedError:
+                self._resized()
+
     def read(self, fn: Callable[..., T], *args: Any) -> T:
         """fn(ctx, *args) with a pooled ReadContext over every environment (one per thread
         at a time), adopting a map another process grew. (`args` spare the hot single

@@ -84,7 +84,7 @@ def files(path: str) -> list:
     from . import manifest
     from ._layout import RECORDS_DIR
     try:
-        shards = manifest.read(path)["shards"]
+        shards = manifest.read(path).shards
     except CorruptError as e:
         return [str(e)]
     found = []

@@ -313,13 +313,13 @@ class WriteBuffer:
     """The records this process added since its last fold, its log, and its lock.
 
     `write_lock` is the store's (a fold is a write of the index: lock order is that lock,
-    then this buffer's own); `after_fold()` brings the shards up after a fold. `gen` counts
-    folds: a query that read the buffer and then the records retries when a fold happened
-    in between.
+    then this buffer's own). The buffer only commits to records/: its owner folds it when
+    due() and brings the shards up after a fold. `gen` counts folds: a query that read the
+    buffer and then the records retries when a fold happened in between.
     """
 
     def __init__(self, index_path: str, txns: TxnRunner, records_env: Env,
-                 write_lock, after_fold: Callable[[], None], width: int = 64) -> None:
+                 write_lock, width: int = 64) -> None:
         self.path = index_path
         self.width = width
         self._shape: tuple = (FOLD,) if width == 64 else (FOLD, width // 64)
@@ -327,7 +327,6 @@ class WriteBuffer:
         self._txns = txns
         self._records = records_env
         self._write_lock = write_lock
-        self._after_fold = after_fold
         self._lock = _HeldLock()
         self._log: Optional[Log] = None
         self._shut = False           # closing: adds raise ClosedError
@@ -366,17 +365,20 @@ class WriteBuffer:
             self.first[idkey] = n
         self.n = n + 1
 
-    def _old(self) -> bool:
+    def old(self) -> bool:
+        """Whether the oldest buffered record is older than FOLD_AGE (a query folds then)."""
         return bool(self.n) and time.monotonic() - self.since > FOLD_AGE
+
+    def due(self) -> bool:
+        """Whether the buffer is to be folded before the next add: full, or old."""
+        n = self.n
+        return bool(n) and (n >= FOLD or time.monotonic() - self.since > FOLD_AGE)
 
     # ------------------------------------------------------------ adds
     def append(self, idkey: bytes, fp: int, meta: bytes) -> None:
         """Add one record: one write to this process's log, then memory. The record survives
-        this process's death from the moment the call returns; a full or old buffer is
-        folded first."""
-        n = self.n
-        if n and (n >= FOLD or time.monotonic() - self.since > FOLD_AGE):
-            self.fold()
+        this process's death from the moment the call returns (the caller folds a buffer
+        that is due() first)."""
         data = entry(idkey, fp, meta, self.width)
         with self._lock:
             if self._shut or self._txns.closed:
@@ -408,27 +410,23 @@ class WriteBuffer:
         return StorageError(e.errno, f"{what}: {e.strerror}; the record was not added")
 
     # ------------------------------------------------------------ folds
-    def fold_if_old(self) -> None:
-        """Fold when the oldest buffered record is older than FOLD_AGE (a query's check)."""
-        if self._old() and self._txns.failed is None:
-            self.fold()
-
-    def fold(self) -> None:
+    def fold(self) -> int:
         """Commit the buffered records to records/ (one add, in order) with the marker of
-        how far into the log they reach, switch to a new log, then apply them to the shards.
+        how far into the log they reach, and switch to a new log; returns how many records
+        it committed (0: none were buffered). Applying them to the shards is the caller's.
 
         A handle whose writes failed cannot fold: its buffered records stay in its log for
         the next writable open.
         """
         if not self.n:
-            return
+            return 0
         if self.reentered():
             raise RuntimeError(f"{self.path}: a fold was attempted from inside a call on the "
                                f"index in the same thread (a garbage-collected handle)")
         with self._write_lock:
             with self._lock:
                 if not self.n:
-                    return
+                    return 0
                 self._txns.check_failed()
                 self.gen += 1           # queries that read the buffer before this retry
                 log, n = self._log, self.n
@@ -444,7 +442,7 @@ class WriteBuffer:
                 self.gen += 1
                 self._log = None
                 log.discard()
-            self._after_fold()
+        return n
 
     def reentered(self) -> bool:
         """Whether this thread is inside a call on the index: only the garbage collector

@@ -43,7 +43,8 @@ def one(data):
         f.write(raw)
     try:
         m = manifest.read(DIR)
-        manifest.check_same(m, k=3, blocks=None, shards=16, scheme=None)
+        m.check_same(k=3, blocks=None, shards=16, scheme=None)
+        assert m.plan.ntables == m.tables
     except simindex.Error:
         pass
 

@@ -469,20 +469,6 @@ cdef class ReadContext(Handle):
         free(hits.h)
         free_tail(tail)
 
-    def applied(self, int ntables):
-        """The applied seq of every shard in this context's snapshot."""
-        cdef int s, rc
-        out = []
-        try:
-            for s in range(self.nshards):
-                rc = self._activate(s, ntables)
-                if rc:
-                    raise error(rc, f"{(<Env>self.envs[s]).path}: cannot read the shard state")
-                out.append(self.views[s].runs.applied)
-        finally:
-            self._release()
-        return out
-
     def resolve(self, queries, const uint64_t[::1] qidx,
                 const uint64_t[::1] seqs, const uint8_t[::1] dists,
                 const uint64_t[::1] applied, int k, Txn txn=None):

@@ -17,13 +17,13 @@ from libc.string cimport memcpy, memset, strlen
 from simindex.engine.clmdb cimport (
     si_guard_install,
     MDB_txn, MDB_cursor, MDB_dbi, MDB_val, MDB_APPEND, MDB_RESERVE, MDB_SET_RANGE, MDB_NEXT,
-    MDB_NOTFOUND, MDB_KEYEXIST, mdb_put, mdb_get, mdb_cursor_open, mdb_cursor_close,
-    mdb_cursor_get, mdb_cursor_del,
+    MDB_NOTFOUND, MDB_KEYEXIST, MDB_RDONLY, mdb_put, mdb_get, mdb_cursor_open,
+    mdb_cursor_close, mdb_cursor_get, mdb_cursor_del, mdb_txn_begin, mdb_txn_abort,
 )
 cimport simindex.bits as bits
 cimport simindex.engine.layout as layout
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from simindex.engine._lmdb cimport Txn, error, val_in_pages, CORRUPT_STATE, NO_MEMORY
+from simindex.engine._lmdb cimport Env, Txn, error, val_in_pages, CORRUPT_STATE, NO_MEMORY
 from simindex.errors import CorruptError
 
 if si_guard_install():           # LMDB calls return an error on a damaged page (guard.h)
@@ -606,3 +606,41 @@ def load_state(Txn txn, int ntables):
         raise CorruptError(f"{txn.env.path}: a shard's state record is damaged")
     next_run = int.from_bytes(nr, "little") if nr is not None else 1
     return applied, runs, next_run
+
+
+def read_applied(list envs, int ntables):
+    """The applied seq of each shard environment in `envs`, each read in a read transaction
+    of its own with load_state's checks: the write protocol's read of the shard state, apart
+    from the read contexts queries keep (one call for all shards: it runs on every add)."""
+    cdef Env env
+    cdef MDB_txn *txn
+    cdef MDB_dbi dbi
+    cdef RunList rl
+    cdef size_t psize
+    cdef int rc
+    cdef bint inside
+    cdef str name = layout.DB_STATE.decode()
+    out = []
+    memset(&rl, 0, sizeof(RunList))
+    try:
+        for e in envs:
+            env = <Env?>e
+            env.check()
+            dbi = env.dbi(name)
+            psize = env.psize
+            inside = True
+            with nogil:
+                rc = mdb_txn_begin(env.env, NULL, MDB_RDONLY, &txn)
+                if rc == 0:
+                    rc = read_state(txn, dbi, ntables, &rl)
+                    inside = rc != 0 or val_in_pages(&rl.raw, psize)
+                    mdb_txn_abort(txn)
+            if rc:
+                raise error(rc, f"{env.path}: cannot read the shard state")
+            if not inside:
+                raise CorruptError(f"{env.path}: a shard's state record is damaged (its size "
+                                   f"runs past its page)")
+            out.append(rl.applied)
+    finally:
+        free_state(&rl)
+    return out
