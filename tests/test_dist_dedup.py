@@ -435,6 +435,11 @@ def test_an_output_in_a_missing_directory_fails_as_on_one_machine(local_ray, tmp
     src = write_shards(tmp_path / "in", corpus(13, count=20), 2, "jsonl")
     r = cli(src, "-o", tmp_path / "no" / "such" / "one.jsonl", "--k", "3")
     assert r.returncode == 1 and "No such file or directory" in r.stderr
+    (tmp_path / "kept.jsonl").write_text("mine\n")
+    with pytest.raises(simindex.errors.ParameterError, match="is a file"):
+        dist_dedup.dedup(src, str(tmp_path / "ray"), removed=str(tmp_path / "kept.jsonl"), k=3)
+    assert (tmp_path / "kept.jsonl").read_text() == "mine\n"
+    assert sorted(os.listdir(tmp_path)) == ["in", "kept.jsonl"]
     with pytest.raises(OSError):
         dist_dedup.dedup(src, str(tmp_path / "none" / "such" / "ray"), k=3)
     assert not (tmp_path / "none").exists()
@@ -459,3 +464,15 @@ def test_ties_across_the_one_machine_batches_resolve_alike(local_ray, tmp_path, 
                   index=str(tmp_path / "ray-idx"))
     assert_same(one, got)
     assert stored_records(tmp_path / "ray-idx") == stored_records(tmp_path / "one-idx")
+
+
+def test_a_task_error_reads_as_the_one_machine_error(local_ray, tmp_path):
+    a, b = paragraphs(2)
+    src = write_files(tmp_path / "in", {"a.jsonl": [{"id": "a", "text": a},
+                                                    {"id": "b", "text": b, "x": 1}]})
+    want = "simindex: error: dict contains fields not in fieldnames: 'x' ("
+    r = cli(*src, "-o", tmp_path / "one.csv", "--k", "0")
+    assert r.returncode == 1 and want in r.stderr
+    r = cli(*src, "-o", tmp_path / "ray", "--output-format", "csv", "--k", "0", "--ray",
+            local_ray)
+    assert r.returncode == 1 and want in r.stderr and "ray::" not in r.stderr
