@@ -77,6 +77,10 @@ def rows_of(path):
         return [r for n in sorted(os.listdir(path)) for r in rows_of(os.path.join(path, n))]
     if path.endswith(".parquet"):
         return pq.read_table(path).to_pylist()
+    if path.endswith(".csv"):
+        import csv
+        with open(path, newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f]
 
@@ -270,3 +274,205 @@ def test_a_run_killed_and_run_again_writes_what_an_uninterrupted_run_writes(loca
     assert rows_of(str(tmp_path / "o.removed")) == rows_of(str(tmp_path / "want.removed"))
     assert stored_records(tmp_path / "idx") == stored_records(tmp_path / "want-idx")
     assert not [n for n in os.listdir(tmp_path) if "simindex-partial" in n]
+
+
+def write_files(directory, files):
+    """Input files from {name: rows}; a row given as a str is written as the line itself."""
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for name, rows in files.items():
+        path = os.path.join(directory, name)
+        paths.append(path)
+        if name.endswith(".parquet"):
+            import pyarrow as pa
+            pq.write_table(pa.Table.from_pylist(rows), path)
+        elif name.endswith(".csv"):
+            import csv
+            with open(path, "w", newline="", encoding="utf-8") as fh:
+                w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
+        else:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.writelines((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)
+    return paths
+
+
+def one_machine_result(tmp, inputs, fmt, *options):
+    """(return code, stderr, kept rows, removed rows) of the one-machine command."""
+    out = os.path.join(tmp, f"one.{fmt}")
+    r = cli(*inputs, "-o", out, "--removed", out + ".removed", *options)
+    if r.returncode:
+        return r.returncode, r.stderr, None, None
+    return 0, r.stderr, rows_of(out), rows_of(out + ".removed")
+
+
+def test_an_id_repeated_by_kept_rows_fails_as_on_one_machine(local_ray, tmp_path):
+    a, b = paragraphs(2)
+    src = write_files(tmp_path / "in", {"a.jsonl": [{"id": "x", "text": a}],
+                                        "b.jsonl": [{"id": "x", "text": b}]})
+    rc, err, _, _ = one_machine_result(tmp_path, src, "jsonl", "--id-field", "id", "--k", "3")
+    assert rc == 1 and "'x' is given twice" in err
+    with pytest.raises(simindex.errors.ParameterError, match="'x' is given twice"):
+        ray_run(tmp_path, src, "ray", id_field="id", k=3)
+    assert not (tmp_path / "ray").exists()
+
+
+def test_rows_without_the_keep_column_are_skipped_and_move_no_fingerprint(local_ray,
+                                                                            tmp_path):
+    rows = corpus(11, count=60)
+    for n, r in enumerate(rows):
+        if n % 3 == 0:
+            del r["score"]
+    src = write_shards(tmp_path / "in", rows, 2, "jsonl")
+    args = ["--id-field", "id", "--k", "8", "--keep", "score", "--on-error", "skip"]
+    one = one_machine(tmp_path, src, "one", "jsonl", *args)
+    got = ray_run(tmp_path, src, "ray", id_field="id", k=8, keep="score", on_error="skip")
+    assert_same(one, got)
+    # the answer of the same files without the rows skipped
+    write_files(tmp_path / "scored", {
+        f"shard-{f}.jsonl": [r for r in rows[f::2] if "score" in r] for f in range(2)})
+    want = one_machine(tmp_path, tmp_path / "scored", "want", "jsonl", *args)
+    assert rows_of(got) == rows_of(want)
+    assert [(r["id"], r["match"], r["distance"]) for r in rows_of(got + ".removed")] == \
+        [(r["id"], r["match"], r["distance"]) for r in rows_of(want + ".removed")]
+
+
+def test_bad_rows_are_skipped_or_stopped_on_in_input_order(local_ray, tmp_path):
+    a, b = paragraphs(2)
+    src = write_files(tmp_path / "in", {
+        "a.jsonl": [{"id": "a1", "text": " .. "}, {"id": "a2", "text": a}, {"id": "a3"}],
+        "b.jsonl": [{"id": "b1"}, {"id": "b2", "text": b}]})
+    order = [f"{src[0]}:1", f"{src[0]}:3", f"{src[1]}:1"]
+    rc, err, _, _ = one_machine_result(tmp_path, src, "jsonl", "--id-field", "id", "--k", "3",
+                                       "--on-error", "skip")
+    assert rc == 0
+    assert [line.split()[2].rstrip(":") for line in err.splitlines()
+            if line.startswith("simindex: skipped")] == order
+    skipped = []
+    ray_run(tmp_path, src, "ray", id_field="id", k=3, on_error=skipped.append)
+    assert [e.where for e in skipped] == order
+    rc, err, _, _ = one_machine_result(tmp_path, src, "jsonl", "--id-field", "id", "--k", "3")
+    assert rc == 1 and f"error: {order[0]}: " in err
+    with pytest.raises(simindex.errors.BadLine) as e:
+        ray_run(tmp_path, src, "stopped", id_field="id", k=3)
+    assert e.value.where == order[0]
+
+
+def test_a_parquet_output_holds_the_columns_and_types_of_the_one_machine_file(local_ray,
+                                                                               tmp_path):
+    a, b, c = paragraphs(3)
+    src = write_files(tmp_path / "in", {
+        "a.jsonl": [{"id": "a1", "text": a, "n": 1}],
+        "b.jsonl": [{"id": "b1", "text": b, "n": 2.5, "extra": "x"}, {"id": "b2", "text": c}]})
+    args = ["--id-field", "id", "--k", "3", "--output-format", "parquet"]
+    rc, err, kept, _ = one_machine_result(tmp_path, src, "parquet", *args)
+    assert rc == 0, err
+    got = ray_run(tmp_path, src, "ray", id_field="id", k=3, output_format="parquet")
+    assert rows_of(got) == kept
+    assert pq.read_table(got).schema == pq.read_table(tmp_path / "one.parquet").schema
+
+
+def test_csv_files_with_other_headers_give_the_one_machine_rows(local_ray, tmp_path):
+    a, b = paragraphs(2)
+    src = write_files(tmp_path / "in", {"a.csv": [{"id": "a1", "text": a, "lang": "en"}],
+                                        "b.csv": [{"text": b, "id": "b1"}]})
+    rc, err, kept, _ = one_machine_result(tmp_path, src, "csv", "--id-field", "id", "--k", "3")
+    assert rc == 0, err
+    got = ray_run(tmp_path, src, "ray", id_field="id", k=3)
+    assert rows_of(got) == kept
+    with open(tmp_path / "one.csv", encoding="utf-8") as f:
+        header = f.readline()
+    assert [open(os.path.join(got, n), encoding="utf-8").readline()
+            for n in sorted(os.listdir(got))] == [header, header]
+
+
+def test_annotate_on_rows_that_hold_its_columns_adds_no_record(local_ray, tmp_path):
+    a, b, c = paragraphs(3)
+    src = write_files(tmp_path / "in", {
+        "a.jsonl": [{"id": "a1", "text": a}, {"id": "a2", "text": b}],
+        "b.jsonl": [{"id": "b1", "text": c, "simindex_cluster": 1}]})
+    rc, err, _, _ = one_machine_result(tmp_path, src, "jsonl", "--id-field", "id", "--k", "3",
+                                       "--mode", "components", "--annotate", "--index",
+                                       tmp_path / "one-idx")
+    assert rc == 1 and "b.jsonl:1: the row already has the column 'simindex_cluster'" in err
+    with pytest.raises(simindex.errors.InputError, match="b.jsonl:1: the row already has"):
+        ray_run(tmp_path, src, "ray", id_field="id", k=3, mode="components", annotate=True,
+                index=str(tmp_path / "ray-idx"))
+    assert not (tmp_path / "ray").exists()
+    assert stored_records(tmp_path / "ray-idx") == stored_records(tmp_path / "one-idx") == []
+
+
+def test_annotate_writes_parquet_values_as_one_machine(local_ray, tmp_path):
+    import datetime
+    a, b = paragraphs(2)
+    when = datetime.datetime(2024, 1, 2, 3, 4, 5)
+    src = write_files(tmp_path / "in", {"a.parquet": [{"id": "a1", "text": a, "at": when}],
+                                        "b.parquet": [{"id": "b1", "text": b, "at": when}]})
+    rc, err, kept, _ = one_machine_result(tmp_path, src, "parquet", "--id-field", "id",
+                                          "--k", "3", "--annotate")
+    assert rc == 0, err
+    assert rows_of(ray_run(tmp_path, src, "ray", id_field="id", k=3, annotate=True)) == kept
+
+
+def test_a_failed_run_leaves_no_part_for_the_next_run(local_ray, tmp_path):
+    rows = corpus(12, count=300)
+    rows = [dict(r, id=f"{r['id']}.{n}", text=f"{r['text']} copy {n}") for n in range(6)
+            for r in rows]
+    src = write_shards(tmp_path / "in", rows, 8, "jsonl")
+    files = sorted(os.path.join(src, n) for n in os.listdir(src))
+    with simindex.Index(tmp_path / "idx", k=8) as idx:
+        first = json.loads(open(files[0], encoding="utf-8").readline())["id"]
+        idx.add(first, 1)                    # the first file's first kept row: refused
+    out = str(tmp_path / "out")
+    with pytest.raises(simindex.errors.ParameterError, match="already stored"):
+        dist_dedup.dedup(files, out, id_field="id", k=8, index=str(tmp_path / "idx"))
+    dist_dedup.dedup(files[:2], out, id_field="id", k=8)
+    assert sorted(os.listdir(out)) == ["part-00000.jsonl", "part-00001.jsonl"]
+
+
+def test_an_output_in_a_missing_directory_fails_as_on_one_machine(local_ray, tmp_path):
+    src = write_shards(tmp_path / "in", corpus(13, count=20), 2, "jsonl")
+    r = cli(src, "-o", tmp_path / "no" / "such" / "one.jsonl", "--k", "3")
+    assert r.returncode == 1 and "No such file or directory" in r.stderr
+    (tmp_path / "kept.jsonl").write_text("mine\n")
+    with pytest.raises(simindex.errors.ParameterError, match="is a file"):
+        dist_dedup.dedup(src, str(tmp_path / "ray"), removed=str(tmp_path / "kept.jsonl"), k=3)
+    assert (tmp_path / "kept.jsonl").read_text() == "mine\n"
+    assert sorted(os.listdir(tmp_path)) == ["in", "kept.jsonl"]
+    with pytest.raises(OSError):
+        dist_dedup.dedup(src, str(tmp_path / "none" / "such" / "ray"), k=3)
+    assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize("mode", ["greedy", "components"])
+def test_ties_across_the_one_machine_batches_resolve_alike(local_ray, tmp_path, mode):
+    """More rows than one-machine batch (4096), planted at equal distances from each other
+    and from records of an earlier run: the earlier record, then the earlier row wins."""
+    rng = random.Random(14)
+    centres = [rng.getrandbits(64) for _ in range(2000)]
+    rows = [{"id": n if n % 3 else str(n), "score": rng.randrange(4),
+             "fp": f"{rng.choice(centres) ^ (1 << rng.randrange(64)) ^ (1 << rng.randrange(64)):016x}"}
+            for n in range(9000)]
+    src = write_shards(tmp_path / "in", rows, 3, "jsonl")
+    for name in ("one-idx", "ray-idx"):
+        with simindex.Index(tmp_path / name, k=3) as idx:
+            idx.add_many([(f"old{n}", c ^ (1 << 7)) for n, c in enumerate(centres[::5])])
+    args = ["--id-field", "id", "--fingerprint-field", "fp", "--k", "3", "--mode", mode]
+    one = one_machine(tmp_path, src, "one", "jsonl", *args, "--index", tmp_path / "one-idx")
+    got = ray_run(tmp_path, src, "ray", id_field="id", fingerprint_field="fp", k=3, mode=mode,
+                  index=str(tmp_path / "ray-idx"))
+    assert_same(one, got)
+    assert stored_records(tmp_path / "ray-idx") == stored_records(tmp_path / "one-idx")
+
+
+def test_a_task_error_reads_as_the_one_machine_error(local_ray, tmp_path):
+    a, b = paragraphs(2)
+    src = write_files(tmp_path / "in", {"a.jsonl": [{"id": "a", "text": a},
+                                                    {"id": "b", "text": b, "x": 1}]})
+    want = "simindex: error: dict contains fields not in fieldnames: 'x' ("
+    r = cli(*src, "-o", tmp_path / "one.csv", "--k", "0")
+    assert r.returncode == 1 and want in r.stderr
+    r = cli(*src, "-o", tmp_path / "ray", "--output-format", "csv", "--k", "0", "--ray",
+            local_ray)
+    assert r.returncode == 1 and want in r.stderr and "ray::" not in r.stderr

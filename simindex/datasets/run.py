@@ -395,8 +395,9 @@ class BatchReader:
                     if not isinstance(text, str):
                         raise BadLine(row.where, f'text field "{self.text_field}" is missing '
                                                  f'or not text (got {type(text).__name__})')
-                    texts.append(text)
                 good.append(_Good(p, row, id_, fp, self.rank(row, text)))
+                if text is not None:                 # a text for each good row, in step
+                    texts.append(text)
             except BadLine as e:
                 self.rejected(e)
         if texts:

@@ -487,7 +487,7 @@ def _prepare_dir(path: str, what: str) -> str:
                                  f"of an earlier run: give a new directory")
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.simindex-partial")
     shutil.rmtree(tmp, ignore_errors=True)     # what a killed run left
-    os.makedirs(tmp)
+    os.mkdir(tmp)                              # in an existing directory, as one machine
     return tmp
 
 
