@@ -686,18 +686,23 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
 def _ray_dedup(files, output, address, quiet, **options):
     """dedup --ray: simindex.distributed.dedup, its errors turned into exit 1."""
     try:
+        from .distributed.cluster import connect, release
         from .distributed.datasets import dedup as ray_dedup
     except ImportError as e:
         _fail(str(e))
     from .datasets.run import Summary
     summary = Summary()
+    address = None if address == "local" else address
     try:
-        ray_dedup(files, output, address=None if address == "local" else address,
-                  summary=summary, **options)
-    except (ConnectionError, RuntimeError) as e:          # ray.init's failures
-        _fail(f"cannot start or join the Ray cluster at {address}: {e}")
+        started = connect(address)
+    except (ConnectionError, RuntimeError, ValueError) as e:          # ray.init's failures
+        _fail(f"cannot start or join the Ray cluster at {address or 'a new local one'}: {e}")
+    try:
+        ray_dedup(files, output, address=address, summary=summary, **options)
     except (Error, OSError, ValueError) as e:
         _fail(f"{e} ({summary}; no output was written)")
+    finally:
+        release(started)
     if not quiet:
         click.echo(f"simindex dedup: {summary}", err=True)
 

@@ -17,7 +17,7 @@ import time
 import pytest
 
 import simindex
-from simindex.engine import environments, records
+from simindex.engine import environments, manifest, records
 from simindex.engine.transactions import TxnRunner
 from trials import ENV
 
@@ -151,7 +151,8 @@ def test_every_mode_keeps_what_one_machine_keeps(local_ray, tmp_path, fmt, name,
 
 def stored_records(path):
     """(id, fingerprint, meta) of an index's live records, in insertion order."""
-    env = environments.open_records(path, readonly=True, sync=True)
+    env = environments.open_records(path, readonly=True, sync=True,
+                                    sums=manifest.read(path).record_sums)
     runner = TxnRunner(path, [env], what=path)
     try:
         with simindex.Index(path, readonly=True) as idx:

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-STAGES = ("read", "join", "check", "components", "decide", "assemble", "index", "write")
+STAGES = ("read", "join", "check", "components", "decide", "assemble", "write", "index")
 
 
 def deal(corpus: str, out: str, megabytes: float, shards: int) -> tuple:

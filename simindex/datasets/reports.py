@@ -3,7 +3,7 @@ rows' report and the clusters report, all committed together when the run comple
 
 from __future__ import annotations
 
-import json
+import pickle
 import os
 import tempfile
 from typing import Any, Optional
@@ -44,7 +44,7 @@ class DedupOutputs:
             fd, self.scratch_path = tempfile.mkstemp(
                 prefix=f".{os.path.basename(output)}.", suffix=".annotate",
                 dir=os.path.dirname(os.path.abspath(output)))
-            self.scratch = os.fdopen(fd, "w+", encoding="utf-8")
+            self.scratch = os.fdopen(fd, "w+b")   # pickled: rows keep their values' types
 
     def _writer(self, path: str, fmt: str) -> RowWriter:
         w = RowWriter(path, fmt)
@@ -72,8 +72,8 @@ class DedupOutputs:
             if clash:
                 raise InputError(f"{d.where}: the row already has the column {clash[0]!r} "
                                  f"that --annotate adds")
-            self.scratch.write(json.dumps([d.row, d.match, d.distance, d.cluster, d.kept],
-                                          ensure_ascii=False) + "\n")
+            pickle.dump((dict(d.row), d.match, d.distance, d.cluster, d.kept), self.scratch,
+                        protocol=pickle.HIGHEST_PROTOCOL)
         elif d.kept:
             self.out.write(d.row)
 
@@ -85,8 +85,11 @@ class DedupOutputs:
         """Write what needs every decision (group sizes), then commit every file."""
         if self.scratch is not None:
             self.scratch.seek(0)
-            for line in self.scratch:
-                row, match, distance, cluster, _kept = json.loads(line)
+            while True:
+                try:
+                    row, match, distance, cluster, _kept = pickle.load(self.scratch)
+                except EOFError:
+                    break
                 row.update(zip(ANNOTATIONS, (match, distance, cluster, self._size(cluster))))
                 self.out.write(row)
         if self.clusters is not None:

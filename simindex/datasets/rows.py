@@ -165,12 +165,16 @@ def _parquet_rows(path, name):
 
 class RowWriter:
     """Rows written to `path` in a format, through a temporary file in the same directory
-    that commit() renames into place (fsynced first); abort() removes it."""
+    that commit() renames into place (fsynced first); abort() removes it. `columns`: the
+    CSV header (default: the first row's keys); `schema`: a Parquet file's Arrow schema
+    (default: what Arrow infers from the first rows)."""
 
-    def __init__(self, path: str, fmt: str, columns: Optional[list] = None) -> None:
+    def __init__(self, path: str, fmt: str, columns: Optional[list] = None,
+                 schema: Any = None) -> None:
         self.path = path
         self.fmt = format_of(path, fmt)
         self.columns = columns
+        self.schema = schema
         self.count = 0
         d = os.path.dirname(os.path.abspath(path))
         fd, self.tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
@@ -210,7 +214,7 @@ class RowWriter:
     def _flush_parquet(self):
         import pyarrow as pa
         pq = _pyarrow()
-        table = pa.Table.from_pylist(self._rows)
+        table = pa.Table.from_pylist(self._rows, schema=self.schema)
         if self._pq_writer is None:
             self._pq_writer = pq.ParquetWriter(self._raw, table.schema)
         self._pq_writer.write_table(table)
@@ -239,7 +243,7 @@ class RowWriter:
     def _empty_parquet(self):
         import pyarrow as pa
         pq = _pyarrow()
-        schema = pa.schema([(c, pa.string()) for c in (self.columns or [])])
+        schema = self.schema or pa.schema([(c, pa.string()) for c in (self.columns or [])])
         self._pq_writer = pq.ParquetWriter(self._raw, schema)
 
     def abort(self) -> None:

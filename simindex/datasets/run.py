@@ -378,11 +378,15 @@ class BatchReader:
             yield self.prepare(rows)
 
     def prepare(self, rows: list) -> list:
-        """The good rows of a batch of (file number, Row), fingerprinted."""
+        """The good rows of a batch of (file number, Row), fingerprinted. Bad rows go to
+        on_error in input order (under "stop", the first of them is raised), also those
+        whose text turns out to have no token."""
         width = self.width
         good: list = []
         texts: list = []
-        for p, row in rows:
+        where: list = []            # each good row's place in the batch
+        bad: list = []              # (place in the batch, BadLine)
+        for i, (p, row) in enumerate(rows):
             self.counted()
             try:
                 id_ = _row_id(row, self.id_field)
@@ -396,21 +400,26 @@ class BatchReader:
                         raise BadLine(row.where, f'text field "{self.text_field}" is missing '
                                                  f'or not text (got {type(text).__name__})')
                 good.append(_Good(p, row, id_, fp, self.rank(row, text)))
+                where.append(i)
                 if text is not None:                 # a text for each good row, in step
                     texts.append(text)
             except BadLine as e:
-                self.rejected(e)
+                bad.append((i, e))
+                if self.on_error == "stop":
+                    break                            # an earlier row may still be bad
         if texts:
             fps = self.signatures(good, texts)
             out = []
-            for g, fp in zip(good, fps):
+            for i, g, fp in zip(where, good, fps):
                 if isinstance(fp, str):
-                    self.rejected(BadLine(g.row.where, fp))
+                    bad.append((i, BadLine(g.row.where, fp)))
                 elif self.shingled:
                     out.append(g._replace(fp=fp[0] if g.fp is None else g.fp, sh=fp[1]))
                 else:
                     out.append(g._replace(fp=fp))
             good = out
+        for _, e in sorted(bad, key=lambda x: x[0]):
+            self.rejected(e)
         return good
 
     def signatures(self, good: list, texts: list) -> list:

@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 import zlib
 from types import SimpleNamespace
 from typing import Any, Iterable, Optional, Union
@@ -51,6 +52,7 @@ from .components import components
 from .route import fetch
 
 _U64 = np.uint64
+_PARQUET_GROUP = 65536            # rows the one-machine Parquet writer infers its schema from
 _EVIDENCE = (None, "exact", "sketch")
 
 
@@ -126,7 +128,6 @@ class _Outside:
     def __init__(self, job: _Job) -> None:
         self.job = job
         self.check = None if job.check is None else Check(*job.check, None)
-        self.idx = self.ref = None
         self.idx = Index(job.index, readonly=True) if job.index is not None else None
         self.ref = Index(job.against, readonly=True) if job.against is not None else None
 
@@ -166,7 +167,8 @@ def _set_of(sets: tuple, i: int) -> np.ndarray:
 def _verify(job: _Job, pairs: tuple, offsets: np.ndarray, sets: list) -> tuple:
     """Stage 3, one join task's pairs: the links that pass the check, as (a, b, distance,
     similarity, evidence code) with a < b, cut by the file of a; and (a, b) for the
-    components. `sets`: per file, a ref of its columns (fetched when a pair needs them)."""
+    components. `sets`: per file, a ref of its shingle sets (fetched when a pair needs
+    them)."""
     a, b, d = pairs
     lo, hi = np.minimum(a, b), np.maximum(a, b)
     sim = np.full(len(lo), np.nan)
@@ -259,6 +261,8 @@ def _resolve(job: _Job, offsets: np.ndarray, *parts: tuple) -> Any:
                                 e[4].tolist()):
         links.setdefault(b, []).append((a, d, None if sim != sim else sim, _EVIDENCE[ev]))
     pos_of = dict(zip(g.tolist(), range(len(g))))
+    ints = _IntFps(fps)
+    check = None if job.check is None else Check(*job.check, None)
     for s0, s1 in zip(starts.tolist(), ends.tolist()):
         group = order[s0:s1].tolist()       # local indexes, in input order
         if job.mode == "greedy":
@@ -278,8 +282,6 @@ def _resolve(job: _Job, offsets: np.ndarray, *parts: tuple) -> Any:
         else:
             verdict: dict = {}
             earlier = {i: best[i] for i in group if best[i] is not None}
-            ints = _IntFps(fps)
-            check = None if job.check is None else Check(*job.check, None)
             verdict_of_group(group, earlier, ids, ints, ranks, job.keep, job.drop_all, check,
                              lambda i: Shingles.of_set(sets[i]), verdict)
             for i in group:
@@ -309,6 +311,17 @@ def _decision(v: Any, id_: Any) -> tuple:
     return (False,) + tuple(v)
 
 
+def _fetch(refs: Any) -> Any:
+    """fetch(), with an error a task raised from bad input or a failed write (ValueError
+    too, as the one-machine run raises it) re-raised as itself."""
+    try:
+        return fetch(refs)
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, ValueError):
+            raise e.cause from None
+        raise
+
+
 def _hash_key(key: tuple, parts: int) -> int:
     """The reduce partition of a cluster key (the same in every process)."""
     return zlib.crc32(repr(key).encode("utf-8", "backslashreplace")) % parts
@@ -318,7 +331,8 @@ def _hash_key(key: tuple, parts: int) -> int:
 def _assemble(job: _Job, p: int, offset: int, fps: np.ndarray, rest: dict,
               sets: Optional[tuple], *resolved: tuple) -> tuple:
     """Stage 6, one file: every good row's decision, the records its kept rows add to the
-    index, and its share of the group sizes (per reduce partition)."""
+    index, its kept rows' ids and its share of the group sizes (each per reduce
+    partition)."""
     n = len(rest["ids"])
     decided: list = [None] * n
     for gs, ds in resolved:
@@ -345,6 +359,11 @@ def _assemble(job: _Job, p: int, offset: int, fps: np.ndarray, rest: dict,
                     sh = Shingles.of_set(_set_of(sets, i))
                     meta = Packed(pack_meta(meta, None, (sh.sketch, len(sh.set))))
                 adds.append((ids[i], _fp_int(fps, i), meta))
+    kept_ids: list = [[] for _ in range(job.reduces)]
+    for i, d in enumerate(decided):
+        if d[0]:
+            key = _key(ids[i])
+            kept_ids[_hash_key(key, job.reduces)].append((key, offset + i, ids[i]))
     pieces: list = [({}, []) for _ in range(job.reduces if job.sizes else 0)]
     if job.sizes:
         for i, d in enumerate(decided):
@@ -356,7 +375,21 @@ def _assemble(job: _Job, p: int, offset: int, fps: np.ndarray, rest: dict,
                 c[1] |= _key(ids[i]) == key
             if job.annotate or not d[0]:
                 needed.append(key)
-    return (decided, {"adds": adds, "kept": kept, "removed": n - kept}, *pieces)
+    return (decided, {"adds": adds, "kept": kept, "removed": n - kept}, *kept_ids, *pieces)
+
+
+@ray.remote
+def _repeats(*pieces: list) -> Optional[tuple]:
+    """(position, id) of the first kept row, in input order, whose id an earlier kept row
+    holds too (in one reduce partition of ids), or None."""
+    seen: set = set()
+    first = None
+    for key, g, id_ in sorted((x for p in pieces for x in p), key=lambda x: x[1]):
+        if key in seen and (first is None or g < first[0]):
+            first = (g, id_)
+            break
+        seen.add(key)
+    return first
 
 
 @ray.remote
@@ -378,9 +411,48 @@ def _sizes(files: int, *pieces: tuple) -> Any:
     return tuple(out) if files > 1 else out[0]
 
 
+def _written(row: Any, decision: tuple, job: _Job) -> Optional[list]:
+    """The columns of a row as its output writes it, or None when it writes nothing."""
+    if job.annotate:
+        return list(row.data) + [c for c in ANNOTATIONS if c not in row.data]
+    return list(row.data) if decision[0] else None
+
+
+@ray.remote
+def _first_written(job: _Job, path: str, shown: str, decided: list, rest: dict,
+                   columns: Optional[list], most: int) -> tuple:
+    """(the columns of the first row the file writes to the output unless `columns` are
+    known, or None; with a Parquet output, the schema Arrow gives the first `most` rows it
+    writes, and their count)."""
+    numbers = rest["numbers"]
+    rows: list = []
+    i = 0
+    for row in read_rows(path, job.fmt, lambda e: None, shown):
+        if i >= len(numbers) or len(rows) >= most:
+            break
+        if row.number != numbers[i]:
+            continue
+        got = _written(row, decided[i], job)
+        if got is not None:
+            columns = columns or got
+            if job.out_fmt != "parquet":
+                break
+            data = row.data
+            if job.annotate:              # the added columns' values (a size's type: int)
+                d = decided[i]
+                data = dict(data, **dict(zip(ANNOTATIONS, (d[1], d[2], d[4], 1))))
+            rows.append({c: data.get(c) for c in columns})
+        i += 1
+    schema = None
+    if rows:
+        import pyarrow as pa
+        schema = pa.Table.from_pylist(rows).schema
+    return columns, schema, len(rows)
+
+
 @ray.remote
 def _write(job: _Job, p: int, path: str, shown: str, offset: int, decided: list, rest: dict,
-           *answers: dict) -> None:
+           columns: Optional[list], schema: Any, *answers: dict) -> None:
     """Stage 6, one file: its part of each output, written into the run's temporary
     directories (each part renamed into place there when complete)."""
     sizes: dict = {}
@@ -388,7 +460,8 @@ def _write(job: _Job, p: int, path: str, shown: str, offset: int, decided: list,
         sizes.update(a)
     numbers = rest["numbers"]
     name = f"part-{p:05d}"
-    out = RowWriter(os.path.join(job.tmp["output"], f"{name}.{job.out_fmt}"), job.out_fmt)
+    out = RowWriter(os.path.join(job.tmp["output"], f"{name}.{job.out_fmt}"), job.out_fmt,
+                    columns, schema)
     gone = RowWriter(os.path.join(job.tmp["removed"], f"{name}.jsonl"), "jsonl") \
         if "removed" in job.tmp else None
     heads: list = []
@@ -485,8 +558,13 @@ def _prepare_dir(path: str, what: str) -> str:
         if other:
             raise ParameterError(f"{what} {path} holds {other[0]!r}, not only part files "
                                  f"of an earlier run: give a new directory")
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.simindex-partial")
-    shutil.rmtree(tmp, ignore_errors=True)     # what a killed run left
+    parent, name = os.path.split(path)
+    if os.path.isdir(parent):
+        for old in os.listdir(parent):             # what killed runs left
+            if old.startswith(f".{name}.simindex-partial-"):
+                shutil.rmtree(os.path.join(parent, old), ignore_errors=True)
+    # a name of this run's own: a task of a failed run never writes into a later one's
+    tmp = os.path.join(parent, f".{name}.simindex-partial-{uuid.uuid4().hex[:12]}")
     os.mkdir(tmp)                              # in an existing directory, as one machine
     return tmp
 
@@ -656,19 +734,36 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summ
         job, offsets, *[routes[f][r] for f in range(files)]), files) for r in range(parts)]
     stages.done("decide", resolved)
     # stage 6: every row's decision, the group sizes, the parts of the outputs
-    n_out = 2 + (parts if job.sizes else 0)
+    n_out = 2 + parts + (parts if job.sizes else 0)
     assembled = [_refs(_assemble.options(num_returns=n_out).remote(
         job, f, int(offsets[f]), fps[f], rest[f],
         sets[f] if job.check is not None and job.adding else None,
         *[resolved[r][f] for r in range(parts)]),
         n_out) for f in range(files)]
+    repeats = [_repeats.remote(*[assembled[f][2 + q] for f in range(files)])
+               for q in range(parts)]
     sizes = [_refs(_sizes.options(num_returns=files).remote(
-        files, *[assembled[f][2 + q] for f in range(files)]), files)
+        files, *[assembled[f][2 + parts + q] for f in range(files)]), files)
         for q in range(parts)] if job.sizes else []
-    stages.done("assemble", assembled + sizes)
+    stages.done("assemble", assembled + sizes + repeats)
+    twice = [r for r in fetch(repeats) if r is not None]
+    if twice:
+        id_ = min(twice, key=lambda r: r[0])[1]
+        raise ParameterError(f"a kept row's id {id_!r} is given twice (replace=False): ids "
+                             f"must be unique, across runs too")
+    columns, schema = _first_rows(job, paths, assembled, rest)
     writes = [_write.remote(job, f, os.path.abspath(paths[f]), paths[f], int(offsets[f]),
-                            assembled[f][0], rest[f], *[sizes[q][f] for q in range(len(sizes))])
+                            assembled[f][0], rest[f], columns, schema,
+                            *[sizes[q][f] for q in range(len(sizes))])
               for f in range(files)]
+    try:
+        _fetch(writes)                 # every part written before a record is added
+    except BaseException:
+        for w in writes:
+            ray.cancel(w, force=True)
+        ray.wait(writes, num_returns=len(writes), timeout=60)
+        raise
+    stages.done("write", writes)
     for f in range(files):
         got = fetch(assembled[f][1])
         summary.kept += got["kept"]
@@ -676,8 +771,28 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summ
         if idx is not None and got["adds"]:
             _add(idx, got["adds"])
     stages.done("index", [])
-    fetch(writes)
-    stages.done("write", writes)
+
+
+def _first_rows(job: _Job, paths: list, assembled: list, rest: list) -> tuple:
+    """(columns, Parquet schema) of the one-machine output file: the first row's columns,
+    and the types Arrow infers from the first rows it writes (a row group's worth)."""
+    columns = None
+    schemas: list = []
+    n = 0
+    for f, path in enumerate(paths):
+        got, schema, m = _fetch(_first_written.remote(
+            job, os.path.abspath(path), path, assembled[f][0], rest[f], columns,
+            _PARQUET_GROUP - n))
+        columns = columns or got
+        if schema is not None:
+            schemas.append(schema)
+        n += m
+        if columns is not None and (job.out_fmt != "parquet" or n >= _PARQUET_GROUP):
+            break
+    if not schemas:
+        return columns, None
+    import pyarrow as pa
+    return columns, pa.unify_schemas(schemas, promote_options="permissive")
 
 
 def _add(idx: Index, adds: list) -> None:
