@@ -158,6 +158,12 @@ class Check:
         if self.spill is not None:
             self.spill.close()
 
+    def keep(self, pos: list, exact: np.ndarray) -> None:
+        """Keep the shingle set of a row judged at `pos` for later exact checks (a run
+        with a spill)."""
+        assert self.spill is not None
+        self.spill.put(pos, exact)
+
     def recall(self, meta: Any, sketch: Optional[tuple]) -> Any:
         """A stored record's shingles: its exact set when this run judged its row, else the
         (sketch, set size or None) stored with it, else None (a record without them cannot

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 from ..engine.codec import unpack_sketched
 from ..engine.results import Match
 from ..index import Index
-from .check import Check, Shingles, is_mine
+from .check import Check, is_mine
 
 
 def matches(index: Index, fps: list, k: int, check: Optional[Check]) -> list:
@@ -27,7 +27,7 @@ def matches(index: Index, fps: list, k: int, check: Optional[Check]) -> list:
     return out
 
 
-def greedy_outside(stored: list, refs: Any, sh: Optional[Shingles], pos: list, token: bytes,
+def greedy_outside(stored: list, refs: Any, sh: Any, pos: list, token: bytes,
                    check: Optional[Check], own: bool = True) -> tuple:
     """(best, mine) of one row under the greedy rule, from its (Match, sketch) lists in the
     index and the reference: best is (distance, order, id, reference, similarity, evidence)
@@ -61,7 +61,7 @@ def greedy_outside(stored: list, refs: Any, sh: Optional[Shingles], pos: list, t
     return best, mine
 
 
-def components_outside(stored: list, refs: list, sh: Optional[Shingles], pos: list,
+def components_outside(stored: list, refs: list, sh: Any, pos: list,
                        token: bytes, check: Optional[Check]) -> tuple:
     """(best, mine) of one row for the components mode: best is its nearest record of the
     index or the reference that passes the check, as (distance, id, fingerprint, reference,

@@ -155,7 +155,7 @@ class _Judge:
                 if not mine:
                     adds.append((id_, fp, self.meta(pos, sh[i])))
                 if check is not None and sh[i] is not None:
-                    check.spill.put(pos, sh[i].set)
+                    check.keep(pos, sh[i].set)
                 out.append(Decision(row, id_, "", fp, True, cluster=id_))
             else:
                 out.append(Decision(row, id_, "", fp, False, best[2], best[0], best[3],
@@ -264,7 +264,7 @@ class BatchReader:
 
     def __init__(self, paths: list, fmt: Optional[str], text_field: str,
                  id_field: Optional[str], fingerprint_field: Optional[str], keep: str,
-                 pool: Any, on_error: Any, summary: Summary, idx: Index,
+                 pool: Any, on_error: Any, summary: Summary, idx: Any,
                  shingled: bool = False, made: Optional[dict] = None) -> None:
         self.paths, self.fmt = paths, fmt
         self.text_field, self.id_field, self.fingerprint_field = \
@@ -418,8 +418,8 @@ class BatchReader:
                 else:
                     out.append(g._replace(fp=fp))
             good = out
-        for _, e in sorted(bad, key=lambda x: x[0]):
-            self.rejected(e)
+        for _, line in sorted(bad, key=lambda x: x[0]):
+            self.rejected(line)
         return good
 
     def signatures(self, good: list, texts: list) -> list:
@@ -499,7 +499,7 @@ def _first_pass(good: list, ids: list, fps: list, pos: list, ranks: list, earlie
         pos.append([g.p, g.row.number])
         ranks.append(g.rank)
         if check is not None:
-            check.spill.put(pos[-1], g.sh.set)
+            check.keep(pos[-1], g.sh.set)
         best, mine = components_outside(stored[i], refs[i], g.sh, pos[-1], token, check)
         if mine:
             present.add(base + i)

@@ -10,6 +10,8 @@ is run again by Ray from its inputs; no process holds every edge.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import ray
 
@@ -81,10 +83,9 @@ def components(chunks: list, parts: int) -> list:
     while True:
         changed = False
         for kind in ("large", "small"):
-            maps = [_scatter.options(num_returns=parts).remote(c, parts) for c in state]
-            if parts == 1:
-                maps = [[m] for m in maps]
-            outs = [_star.remote(kind, *[m[q] for m in maps]) for q in range(parts)]
+            got: Any = [_scatter.options(num_returns=parts).remote(c, parts) for c in state]
+            maps: list = [[m] for m in got] if parts == 1 else got
+            outs: Any = [_star.remote(kind, *[m[q] for m in maps]) for q in range(parts)]
             state = [o[0] for o in outs]
             changed |= any(fetch([o[1] for o in outs]))
         if not changed:

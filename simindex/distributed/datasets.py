@@ -60,6 +60,14 @@ class _Job(SimpleNamespace):
     """What every task of one run needs to know (sent with each task)."""
 
 
+def _check_of(job: _Job) -> Optional[Check]:
+    """The run's similarity check in a task (its sets at hand: no spill), or None."""
+    if job.check is None:
+        return None
+    t, measure, token = job.check
+    return Check(t, measure, token, None)
+
+
 def _fps_array(fps: list, width: int) -> np.ndarray:
     if width == 64:
         return np.array(fps, dtype=_U64)
@@ -127,7 +135,7 @@ class _Outside:
 
     def __init__(self, job: _Job) -> None:
         self.job = job
-        self.check = None if job.check is None else Check(*job.check, None)
+        self.check = _check_of(job)
         self.idx = Index(job.index, readonly=True) if job.index is not None else None
         self.ref = Index(job.against, readonly=True) if job.against is not None else None
 
@@ -173,8 +181,8 @@ def _verify(job: _Job, pairs: tuple, offsets: np.ndarray, sets: list) -> tuple:
     lo, hi = np.minimum(a, b), np.maximum(a, b)
     sim = np.full(len(lo), np.nan)
     ev = np.zeros(len(lo), dtype=np.int8)
-    if job.check is not None and len(lo):
-        check = Check(*job.check, None)
+    check = _check_of(job)
+    if check is not None and len(lo):
         fa, fb = _block_of(offsets, lo), _block_of(offsets, hi)
         got: dict = {}
         ok = np.zeros(len(lo), dtype=bool)
@@ -209,7 +217,7 @@ def _labels(star: tuple, offsets: np.ndarray) -> Any:
 
 @ray.remote
 def _route(job: _Job, offset: int, parts: int, nlabels: int, fps: np.ndarray, rest: dict,
-           sets: Optional[tuple], *pieces: tuple) -> Any:
+           sets: Optional[tuple], *pieces: Any) -> Any:
     """One file's members of components and its links (by their earlier row), cut by the
     partition of their component's label. `pieces`: `nlabels` (node, label) pieces of
     stage 4, then the file's links from each task of stage 3."""
@@ -219,37 +227,37 @@ def _route(job: _Job, offset: int, parts: int, nlabels: int, fps: np.ndarray, re
     for nodes, lbls in labels:
         label[(nodes - _U64(offset)).astype(np.int64)] = lbls.astype(np.int64)
     lo = np.concatenate([e[0] for e in edges]) if edges else np.empty(0, _U64)
-    cols = [np.concatenate([e[c] for e in edges]) for c in range(1, 5)] if edges else \
+    cols: list = [np.concatenate([e[c] for e in edges]) for c in range(1, 5)] if edges else \
         [np.empty(0, _U64), np.empty(0, np.uint8), np.empty(0), np.empty(0, np.int8)]
     elabel = label[(lo - _U64(offset)).astype(np.int64)]
-    out = []
+    out: list = []
     for r in range(parts):
-        mine = np.flatnonzero((label >= 0) & (label % parts == r))
-        members = {"g": mine + offset, "label": label[mine],
-                   "ids": [rest["ids"][i] for i in mine],
-                   "fps": fps[mine], "ranks": [rest["ranks"][i] for i in mine],
-                   "best": [rest["best"][i] for i in mine],
-                   "sets": None if sets is None else [_set_of(sets, i) for i in mine]}
+        mine = np.flatnonzero((label >= 0) & (label % parts == r)).tolist()
+        members: dict = {"g": np.array(mine, dtype=np.int64) + offset, "label": label[mine],
+                         "ids": [rest["ids"][i] for i in mine],
+                         "fps": fps[mine], "ranks": [rest["ranks"][i] for i in mine],
+                         "best": [rest["best"][i] for i in mine],
+                         "sets": None if sets is None else [_set_of(sets, i) for i in mine]}
         e = elabel % parts == r
-        out.append((members, (lo[e],) + tuple(c[e] for c in cols)))
+        out.append((members, (lo[e], *[c[e] for c in cols])))
     return tuple(out) if parts > 1 else out[0]
 
 
 @ray.remote
-def _resolve(job: _Job, offsets: np.ndarray, *parts: tuple) -> Any:
+def _resolve(job: _Job, offsets: np.ndarray, *parts: Any) -> Any:
     """Stage 5, one partition of components (its members and links from every file): each
     member's decision, cut by file."""
     g = np.concatenate([m["g"] for m, _ in parts]) if parts else np.empty(0, np.int64)
     nfiles = len(offsets) - 1
     if not len(g):
-        out = tuple(([], []) for _ in range(nfiles))
-        return out if nfiles > 1 else out[0]
+        empty: tuple = tuple(([], []) for _ in range(nfiles))
+        return empty if nfiles > 1 else empty[0]
     label = np.concatenate([m["label"] for m, _ in parts])
     ids = [x for m, _ in parts for x in m["ids"]]
     fps = np.concatenate([m["fps"] for m, _ in parts])
     ranks = [x for m, _ in parts for x in m["ranks"]]
     best = [x for m, _ in parts for x in m["best"]]
-    sets = [x for m, _ in parts for x in m["sets"]] if job.check is not None and \
+    sets: Any = [x for m, _ in parts for x in m["sets"]] if job.check is not None and \
         job.mode == "components" else None
     order = np.lexsort((g, label))          # components apart, each in input order
     e = [np.concatenate([x[1][c] for x in parts]) for c in range(5)]
@@ -262,7 +270,7 @@ def _resolve(job: _Job, offsets: np.ndarray, *parts: tuple) -> Any:
         links.setdefault(b, []).append((a, d, None if sim != sim else sim, _EVIDENCE[ev]))
     pos_of = dict(zip(g.tolist(), range(len(g))))
     ints = _IntFps(fps)
-    check = None if job.check is None else Check(*job.check, None)
+    check = None if job.check is None else _check_of(job)
     for s0, s1 in zip(starts.tolist(), ends.tolist()):
         group = order[s0:s1].tolist()       # local indexes, in input order
         if job.mode == "greedy":
@@ -329,7 +337,7 @@ def _hash_key(key: tuple, parts: int) -> int:
 
 @ray.remote
 def _assemble(job: _Job, p: int, offset: int, fps: np.ndarray, rest: dict,
-              sets: Optional[tuple], *resolved: tuple) -> tuple:
+              sets: Any, *resolved: tuple) -> tuple:
     """Stage 6, one file: every good row's decision, the records its kept rows add to the
     index, its kept rows' ids and its share of the group sizes (each per reduce
     partition)."""
@@ -680,7 +688,8 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summ
     None)."""
     files = len(paths)
     # tasks run in other working directories: absolute paths, rows named as given
-    reads = [_read.remote(job, p, os.path.abspath(path), path) for p, path in enumerate(paths)]
+    reads: Any = [_read.remote(job, p, os.path.abspath(path), path)
+                  for p, path in enumerate(paths)]
     fps, rest, sets = [r[0] for r in reads], [r[2] for r in reads], [r[3] for r in reads]
     grouped = job.check is not None and job.mode == "components"   # decide needs the sets
     stages.done("read", reads)
