@@ -4,6 +4,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -67,6 +68,15 @@ def fp_of(i, width=64):
     word per 64 bits, each shifted by its own constant)."""
     return sum(((i * 0x9E3779B97F4A7C15 + 12345 + w * 0x5851F42D4C957F2D) % 2**64)
                << (width - 64 * (w + 1)) for w in range(width // 64))
+
+
+def scratch_dir(prefix):
+    """A new directory for a test that checks answers, not what reaches the disk (a state
+    machine opening hundreds of indexes): in memory (/dev/shm) where the machine has it,
+    so the fsync LMDB makes at every commit of every shard returns at once. The same
+    calls are made; the caller removes the directory."""
+    shm = "/dev/shm"
+    return tempfile.mkdtemp(prefix=prefix, dir=shm if os.access(shm, os.W_OK) else None)
 
 
 def buffer_logs(path):
