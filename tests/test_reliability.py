@@ -98,9 +98,10 @@ def sweep(tmp_path, stride):
 
 @needs_strace
 def test_injected_write_and_sync_errors_raise_and_lose_nothing_acknowledged(tmp_path):
-    # every 6th fdatasync / pwrite64 / writev / fsync of create + 3 add_many calls fails
-    injected, failures = sweep(tmp_path, stride=6)
-    assert injected >= 15
+    # every 12th fdatasync / pwrite64 / writev / fsync of create + 3 add_many calls fails,
+    # from the first (test_injected_io_errors_full_sweep makes each of them fail in turn)
+    injected, failures = sweep(tmp_path, stride=12)
+    assert injected >= 10
     assert failures == []
 
 
