@@ -2,9 +2,11 @@
 
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -72,11 +74,21 @@ def fp_of(i, width=64):
 
 def scratch_dir(prefix):
     """A new directory for a test that checks answers, not what reaches the disk (a state
-    machine opening hundreds of indexes): in memory (/dev/shm) where the machine has it,
-    so the fsync LMDB makes at every commit of every shard returns at once. The same
-    calls are made; the caller removes the directory."""
+    machine or a property test opening hundreds of indexes): in memory (/dev/shm) where
+    the machine has it, so the fsync LMDB makes at every commit of every shard returns at
+    once. The same calls are made; the caller removes the directory."""
     shm = "/dev/shm"
     return tempfile.mkdtemp(prefix=prefix, dir=shm if os.access(shm, os.W_OK) else None)
+
+
+@contextmanager
+def scratch(prefix):
+    """scratch_dir() for the length of a block (a property test's example), then removed."""
+    d = scratch_dir(prefix)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def buffer_logs(path):

@@ -8,7 +8,7 @@ import pytest
 import simindex
 from simindex import _testing
 from conftest import (
-    SETTINGS, brute, brute_pairs, one_table_family, planted_family, shard_boundary_fps,
+    SETTINGS, brute, brute_pairs, one_table_family, planted_family, scratch, shard_boundary_fps,
 )
 
 PARAMS = [
@@ -224,10 +224,10 @@ def test_find_all_property(fps, k, extra):
 
 @given(fps=clustered, q=clustered, k=st.integers(0, 4), extra=st.integers(1, 3),
        shards=st.sampled_from([1, 2, 16, 256]))
-def test_query_property(tmp_path_factory, fps, q, k, extra, shards):
-    path = tmp_path_factory.mktemp("p") / "i"
+def test_query_property(fps, q, k, extra, shards):
     stored = {f"id{i}": fp for i, fp in enumerate(fps)}
-    with simindex.Index(path, k=k, blocks=k + extra, shards=shards) as idx:
+    with scratch("simindex-p-") as d, \
+            simindex.Index(f"{d}/i", k=k, blocks=k + extra, shards=shards) as idx:
         idx.add_many(list(stored.items()))
         got = idx.query_many(q)
         assert [{m.id: m.distance for m in ms} for ms in got] == [brute(stored, x, k) for x in q]
