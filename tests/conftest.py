@@ -97,13 +97,24 @@ def buffer_logs(path):
     return sorted(n for n in os.listdir(d) if n.endswith(".log")) if os.path.isdir(d) else []
 
 
-def popcount(x):
-    return bin(x).count("1")
+if hasattr(int, "bit_count"):                    # Python 3.10 on: several times faster
+    def popcount(x):
+        """The number of bits set in x (a Python or numpy integer, at any width)."""
+        return int(x).bit_count()
+else:
+    def popcount(x):
+        """The number of bits set in x (a Python or numpy integer, at any width)."""
+        return bin(x).count("1")
 
 
 def brute(stored, q, k):
     """{id: distance} of every stored (id -> fp) within k bits of q: the oracle."""
-    return {i: popcount(fp ^ q) for i, fp in stored.items() if popcount(fp ^ q) <= k}
+    return {i: d for i, fp in stored.items() if (d := popcount(fp ^ q)) <= k}
+
+
+def within(found, k):
+    """The part of an oracle's {id: distance} within k bits (brute at a smaller k)."""
+    return {i: d for i, d in found.items() if d <= k}
 
 
 def brute_pairs(stored, k):
