@@ -27,8 +27,7 @@ from trials import ENV, spawn, start_buffered
 def oracle(model, q, k):
     """[(id, fp, distance, meta)] of every record within k of q, sorted by distance, then
     insertion order (model: id -> (fp, meta) in the order of each id's latest add)."""
-    out = [(i, fp, popcount(fp ^ q), meta) for i, (fp, meta) in model.items()
-           if popcount(fp ^ q) <= k]
+    out = [(i, fp, d, meta) for i, (fp, meta) in model.items() if (d := popcount(fp ^ q)) <= k]
     order = {i: n for n, i in enumerate(model)}
     return sorted(out, key=lambda m: (m[2], order[m[0]]))
 

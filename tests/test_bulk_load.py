@@ -12,7 +12,7 @@ from simindex import _testing
 from simindex.engine import protocol, records
 from simindex.engine.codec import encode_id, pack_meta
 from simindex.engine.plan import Plan
-from conftest import brute
+from conftest import brute, popcount
 from test_exact import build_data
 
 
@@ -70,10 +70,6 @@ def test_a_bulk_load_into_a_filled_index_goes_group_by_group_exactly(tmp_path, g
     with simindex.Index(tmp_path / "i") as idx:                 # and after a reopen
         assert len(idx) == len(stored)
         assert idx.query_many(queries) == got
-
-
-def popcount(x):
-    return bin(x).count("1")
 
 
 @pytest.mark.parametrize("early", [False, True])

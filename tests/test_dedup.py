@@ -17,11 +17,8 @@ from hypothesis import given, settings, strategies as st
 
 import simindex
 from simindex.datasets import run as dedup_module
+from conftest import popcount
 from trials import ENV
-
-
-def popcount(x):
-    return bin(x).count("1")
 
 
 def greedy(fps, k, stored=()):

@@ -354,8 +354,8 @@ def wide_dataset(width, k, blocks, seed, n_random=400):
 def wide_brute_pairs(stored, k):
     """{(id_a, id_b): d} of every pair within k bits, a stored first (any width)."""
     ids, fps = list(stored), list(stored.values())
-    return {(ids[i], ids[j]): popcount(fps[i] ^ fps[j]) for i in range(len(ids))
-            for j in range(i + 1, len(ids)) if popcount(fps[i] ^ fps[j]) <= k}
+    return {(ids[i], ids[j]): d for i in range(len(ids))
+            for j in range(i + 1, len(ids)) if (d := popcount(fps[i] ^ fps[j])) <= k}
 
 
 def as_words(fps, width):

@@ -16,7 +16,8 @@ import pytest
 import simindex
 from simindex import _testing as hook
 from trials import (
-    ENV, build_pristine, corrupt_trial, damage_byte, disk_full_trial, io_counts, io_trial, spawn,
+    ENV, PAGE_KINDS, build_pristine, corrupt_trial, damage_byte, disk_full_trial, io_counts,
+    io_trial, spawn,
 )
 
 HOLD = r"""
@@ -98,9 +99,10 @@ def sweep(tmp_path, stride):
 
 @needs_strace
 def test_injected_write_and_sync_errors_raise_and_lose_nothing_acknowledged(tmp_path):
-    # every 6th fdatasync / pwrite64 / writev / fsync of create + 3 add_many calls fails
-    injected, failures = sweep(tmp_path, stride=6)
-    assert injected >= 15
+    # every 12th fdatasync / pwrite64 / writev / fsync of create + 3 add_many calls fails,
+    # from the first (test_injected_io_errors_full_sweep makes each of them fail in turn)
+    injected, failures = sweep(tmp_path, stride=12)
+    assert injected >= 10
     assert failures == []
 
 
@@ -198,27 +200,32 @@ def test_corrupt_files_deep(pristine, tmp_path):
 
 
 def byte_sweep(pristine, tmp_path, seeds):
+    """(the places damaged as (data file, page kind), the rule violations)."""
     path, probes, answers = pristine
-    failures = []
+    places, failures = set(), []
     for seed in seeds:
         for first in ("verify", "query"):
             what, _, wrong = corrupt_trial(path, probes, answers, str(tmp_path / "w"), seed,
                                            first=first, how=damage_byte)
+            places.add(tuple(what.split()[:2]))
             failures += [f"seed {seed} ({first} first), {what}: {w}" for w in wrong]
-    return failures
+    return places, failures
 
 
 def test_single_bytes_changed_in_any_page_are_errors_or_findings_never_crashes(pristine,
                                                                                 tmp_path):
     # one byte of a meta, branch, leaf or overflow page of records/ or a shard, then the
     # copy verified first and, apart, queried first (every query and get() compared)
-    assert byte_sweep(pristine, tmp_path, range(12)) == []
+    places, failures = byte_sweep(pristine, tmp_path, range(7))
+    assert failures == []
+    assert {kind for _, kind in places} == set(PAGE_KINDS)          # every kind of page
+    assert {f.startswith("records/") for f, _ in places} == {True, False}   # and both files
 
 
 @pytest.mark.deep
 @pytest.mark.timeout(3600)
 def test_single_bytes_deep(pristine, tmp_path):
-    assert byte_sweep(pristine, tmp_path, range(1000, 1300)) == []
+    assert byte_sweep(pristine, tmp_path, range(1000, 1300))[1] == []
 
 
 def _root_of(f, db):

@@ -1,7 +1,6 @@
 """A hypothesis state machine: every step of add/remove/query/reopen against a plain model."""
 
 import shutil
-import tempfile
 
 import pytest
 
@@ -11,7 +10,7 @@ from hypothesis.stateful import (
 )
 
 import simindex
-from conftest import brute, brute_pairs
+from conftest import brute, brute_pairs, scratch_dir
 
 # Few distinct bases and few flipped bits, so near-duplicates are common.
 BASES = [0, (1 << 64) - 1, 0x0123456789ABCDEF, 0xFF00000000000000, 0x00000000000000FF]
@@ -27,7 +26,7 @@ class IndexMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.dir = tempfile.mkdtemp(prefix="simindex-sm-")
+        self.dir = scratch_dir("simindex-sm-")
         self.model = {}           # id -> fp, in insertion order of each id's latest add
         self.idx = None
 
