@@ -244,8 +244,11 @@ class Index:
         st = self._writable_store()
         fp = self._fp(fingerprint, st)
         mb = pack_meta(meta, id)
-        if st.buffer is not None:
-            st.append(idk, fp, mb)
+        buf = st.buffer
+        if buf is not None:            # every single add's path: Store.append, inline
+            if buf.n and buf.due():
+                st.fold()
+            buf.append(idk, fp, mb)
         elif st.plan.width == 64:
             st.add([idk], np.array([fp], dtype=np.uint64), [mb])
         else:

@@ -8,8 +8,8 @@ project reports). Its first MEGABYTES of rows are dealt into SHARDS JSON lines f
 each worker count (Ray CPUs), a local Ray runs in a loopback-only network namespace (root;
 see simindex.distributed.sandbox), and rounds that take turns run:
 - `simindex dedup` on one machine (`--jobs` = workers), as a fresh process;
-- `simindex dedup --ray ADDRESS` joining that Ray, as a fresh process (its peak RSS is the
-  driver's memory);
+- `simindex dedup --ray ADDRESS` joining that Ray, as a fresh process (its peak RSS, read by GNU time,
+  is the driver's memory);
 - simindex.distributed.dedup in this process with `timings`, each stage waited for in turn:
   its wall time, its rows/s and MB/s per worker, and the bytes of the objects it made per
   row (what a cluster would send between nodes at most).
@@ -51,15 +51,16 @@ def deal(corpus: str, out: str, megabytes: float, shards: int) -> tuple:
 
 
 def timed_process(args: list) -> tuple:
-    """(seconds, peak RSS in MB, stderr) of a command run as a fresh process."""
+    """(seconds, peak RSS in MB, stderr) of a command run as a fresh process. GNU time
+    reads the peak in a small wrapper process: a child of this (large) process would count
+    this process's memory at the time it was forked."""
     t = time.perf_counter()
-    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    err = p.stderr.read() if p.stderr else ""
-    _, status, usage = os.wait4(p.pid, 0)
+    p = subprocess.run(["/usr/bin/time", "-f", "%M", *args], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True)
     secs = time.perf_counter() - t
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"dist_dedup_bench: {' '.join(args[:6])} ... failed:\n{err[-2000:]}")
-    return secs, usage.ru_maxrss / 1024, err
+    if p.returncode != 0:
+        sys.exit(f"dist_dedup_bench: {' '.join(args[:6])} ... failed:\n{p.stderr[-2000:]}")
+    return secs, int(p.stderr.strip().splitlines()[-1]) / 1024, p.stderr
 
 
 def rows_of(path: str) -> list:

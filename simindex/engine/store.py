@@ -200,14 +200,6 @@ class Store:
         if buf is not None and buf.old() and self.txns.failed is None:
             self.fold()
 
-    def append(self, idkey: bytes, fp: int, meta: bytes) -> None:
-        """Add one record to the write buffer (sync=False), folding it first when due."""
-        buf = self.buffer
-        assert buf is not None
-        if buf.due():
-            self.fold()
-        buf.append(idkey, fp, meta)
-
     def buffered(self) -> int:
         return self.buffer.n if self.buffer is not None else 0
 
