@@ -102,7 +102,6 @@ def test_each_kind_of_phrase_is_found(line):
 @pytest.mark.parametrize("line", [
     "xxh3-128 with seed 0, then with seed 1",
     "rng = np.random.default_rng(seed=42)  # seed 1163 of the deep sweep",
-    "its first hash (round 0 of the bins); in round r = 0, 1, 2, ...",
     "python3 tools/serve_bench.py --rounds 5",
     "subprocess.Popen(cmd, start_new_session=True)   # in its own session",
     "sessionStorage.getItem('simindex-token')",

@@ -98,8 +98,7 @@ def verdict_of_group(group: list, earlier: dict, ids: Any, fps: Any, ranks: Any,
         first = min(outside, key=lambda e: e[0])
         for i in group:
             if i in earlier:
-                d, mid, mfp, isref, sim, how, _ = earlier[i]
-                verdict[i] = (mid, d, isref, mid, sim, how)
+                verdict[i] = outside_verdict(earlier[i])
                 continue
             d, mid, mfp, isref, _, _, theirs = first
             ok, sim, how = (True, None, None) if check is None else \
@@ -129,6 +128,20 @@ def verdict_of_group(group: list, earlier: dict, ids: Any, fps: Any, ranks: Any,
                          sim, how)
     else:
         verdict[best] = ids[best]          # kept, the head of its group
+
+
+def greedy_verdict(best: tuple) -> tuple:
+    """(match, distance, reference, cluster, similarity, evidence) of a row the greedy rule
+    removes for `best` (distance, order, id, reference, similarity, evidence)."""
+    d, _, mid, isref, sim, how = best
+    return mid, d, isref, mid, sim, how
+
+
+def outside_verdict(best: tuple) -> tuple:
+    """The same of a row the components rule removes for its own nearest outside record
+    (components_outside's best)."""
+    d, mid, _, isref, sim, how, _ = best
+    return mid, d, isref, mid, sim, how
 
 
 def distance(a: int, b: int) -> int:

@@ -46,7 +46,9 @@ from ..inputs import parse_fp
 from ..engine.pairs import find_all
 from .check import Check, Shingles, batch_signatures
 from .rows import Row, read_rows
-from .rules import components_outside, distance, greedy_outside, matches, verdict_of_group
+from .rules import (
+    components_outside, distance, greedy_outside, greedy_verdict, matches, verdict_of_group,
+)
 from .settings import (
     check_options, choose_radius, input_files, judging, open_indexes, run_token,
 )
@@ -158,8 +160,7 @@ class _Judge:
                     check.keep(pos, sh[i].set)
                 out.append(Decision(row, id_, "", fp, True, cluster=id_))
             else:
-                out.append(Decision(row, id_, "", fp, False, best[2], best[0], best[3],
-                                    best[2], best[4], best[5]))
+                out.append(Decision(row, id_, "", fp, False, *greedy_verdict(best)))
         if adds:
             self.add(adds)
         return out

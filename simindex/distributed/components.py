@@ -1,10 +1,10 @@
 """Connected components of a graph too large for one process, by alternating large-star and
-small-star rounds over Ray tasks (Kiveris et al., "Connected Components in MapReduce and
-Beyond", SoCC 2014): each round hash-partitions the edges by node, rewires every node's
-neighbours to the smallest node it sees, and stops when a round changes nothing. Every
+small-star steps over Ray tasks (Kiveris et al., "Connected Components in MapReduce and
+Beyond", SoCC 2014): each step hash-partitions the edges by node, rewires every node's
+neighbours to the smallest node it sees, and stops when a pair of steps changes nothing. Every
 node then links straight to the smallest node of its component, its label.
 
-A round is a pure function of the previous round's edges, so a task lost with its worker
+A step is a pure function of the previous step's edges, so a task lost with its worker
 is run again by Ray from its inputs; no process holds every edge.
 """
 

@@ -33,7 +33,10 @@ import ray
 from ..datasets.check import Check, Shingles
 from ..datasets.reports import ANNOTATIONS, _key
 from ..datasets.rows import RowWriter, format_of, read_rows
-from ..datasets.rules import components_outside, greedy_outside, matches, verdict_of_group
+from ..datasets.rules import (
+    components_outside, greedy_outside, greedy_verdict, matches, outside_verdict,
+    verdict_of_group,
+)
 from ..datasets.run import BATCH, BatchReader, Summary
 from ..datasets.settings import (
     check_options, choose_radius, input_files, judging, open_indexes, run_token,
@@ -216,7 +219,7 @@ def _labels(star: tuple, offsets: np.ndarray) -> Any:
 
 
 @ray.remote
-def _route(job: _Job, offset: int, parts: int, nlabels: int, fps: np.ndarray, rest: dict,
+def _route(offset: int, parts: int, nlabels: int, fps: np.ndarray, rest: dict,
            sets: Optional[tuple], *pieces: Any) -> Any:
     """One file's members of components and its links (by their earlier row), cut by the
     partition of their component's label. `pieces`: `nlabels` (node, label) pieces of
@@ -270,7 +273,7 @@ def _resolve(job: _Job, offsets: np.ndarray, *parts: Any) -> Any:
         links.setdefault(b, []).append((a, d, None if sim != sim else sim, _EVIDENCE[ev]))
     pos_of = dict(zip(g.tolist(), range(len(g))))
     ints = _IntFps(fps)
-    check = None if job.check is None else _check_of(job)
+    check = _check_of(job)
     for s0, s1 in zip(starts.tolist(), ends.tolist()):
         group = order[s0:s1].tolist()       # local indexes, in input order
         if job.mode == "greedy":
@@ -286,7 +289,7 @@ def _resolve(job: _Job, offsets: np.ndarray, *parts: Any) -> Any:
                     kept.add(i)
                     decided[i] = (True, None, None, False, ids[i], None, None)
                 else:
-                    decided[i] = (False, top[2], top[0], top[3], top[2], top[4], top[5])
+                    decided[i] = (False, *greedy_verdict(top))
         else:
             verdict: dict = {}
             earlier = {i: best[i] for i in group if best[i] is not None}
@@ -354,10 +357,9 @@ def _assemble(job: _Job, p: int, offset: int, fps: np.ndarray, rest: dict,
             b = best[i]
             if b is None:
                 decided[i] = (True, None, None, False, ids[i], None, None)
-            elif job.mode == "greedy":
-                decided[i] = (False, b[2], b[0], b[3], b[2], b[4], b[5])
             else:
-                decided[i] = (False, b[1], b[0], b[3], b[1], b[4], b[5])
+                decided[i] = (False, *(greedy_verdict(b) if job.mode == "greedy" else
+                                       outside_verdict(b)))
         if decided[i][0]:
             kept += 1
             if job.adding and not rest["mine"][i]:
@@ -736,7 +738,7 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summ
     stages.done("components", labels)
     # stage 5: members and links routed to their component's partition, then decided
     routes = [_refs(_route.options(num_returns=parts).remote(
-        job, int(offsets[f]), parts, len(labels), fps[f], rest[f],
+        int(offsets[f]), parts, len(labels), fps[f], rest[f],
         sets[f] if grouped else None, *[lb[f] for lb in labels],
         *[v[1 + f] for v in verified]), parts) for f in range(files)]
     resolved = [_refs(_resolve.options(num_returns=files).remote(

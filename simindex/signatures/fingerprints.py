@@ -88,13 +88,13 @@ schemes = _Schemes(
         joiner="single space",
         hash="xxh3-64 (seed 0) of the UTF-8 shingle, as an unsigned integer x",
         weighting="none: the set of distinct shingles (a repeat changes nothing)",
-        bit_rule="one-bit MinHash with one bin per bit, at width w: in round r = 0, 1, "
+        bit_rule="one-bit MinHash with one bin per bit, at width w: in attempt r = 0, 1, "
                  "2, ... each shingle's g = splitmix64 output of x + r * 0x9E3779B97F4A7C15 "
                  "(the state plus that constant, then the xor-shift-multiply finalizer) "
                  "offers the pair (r, low 64 - log2(w) bits of g) to bin g >> (64 - "
                  "log2(w)); bit b (value 2**b) is the lowest bit of bin b's smallest pair. "
-                 "Every round-r pair is below every later one, so rounds end once every "
-                 "bin holds one (at most 64 * w rounds; a bin still empty, with probability "
+                 "Every attempt-r pair is below every later one, so attempts end once every "
+                 "bin holds one (at most 64 * w attempts; a bin still empty, with probability "
                  "below w * e**-64, gives 0). Two texts' bits differ with probability "
                  "(1 - J) / 2, J the Jaccard similarity of their shingle sets",
         short_text="fewer than 3 tokens: one shingle of all of them; no token: InputError",

@@ -82,7 +82,7 @@ typedef struct {
     /* the MinHash code */
     int mh_shift;                /* 64 - log2(bins) */
     int mh_filled;
-    int32_t mh_round[SI_MAX_WORDS * 64];
+    int32_t mh_attempt[SI_MAX_WORDS * 64];
     uint64_t mh_val[SI_MAX_WORDS * 64];
     uint64_t *xs;                /* the shingle hashes, while bins are still empty */
     size_t nxs, capxs;
@@ -107,7 +107,8 @@ static const uint64_t si_spread[256] = {
 #undef SI_S
 };
 
-/* splitmix64's output function at state x + golden: the round hash of the MinHash code */
+/* splitmix64's output function at state x + golden: the hash of one attempt of the MinHash
+ * code */
 static inline uint64_t si_mh_mix(uint64_t x) {
     x += SI_GOLDEN;
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
@@ -146,7 +147,7 @@ static int si_pass_init(si_pass *s, int width, int vote_kind, int vote_words, in
         int bins = 64 * mh_words, lg = 0;
         while ((1 << lg) < bins) lg++;
         s->mh_shift = 64 - lg;
-        for (int b = 0; b < bins; b++) s->mh_round[b] = -1;
+        for (int b = 0; b < bins; b++) s->mh_attempt[b] = -1;
     }
     return 0;
 }
@@ -189,21 +190,21 @@ static inline void si_vote_add(si_pass *s, const uint64_t *h) {
     if (++s->pending == 255) si_vote_flush(s);
 }
 
-static inline void si_mh_offer(si_pass *s, uint64_t g, int32_t round) {
+static inline void si_mh_offer(si_pass *s, uint64_t g, int32_t attempt) {
     int b = (int)(g >> s->mh_shift);
     uint64_t v = g & ((~0ULL) >> (64 - s->mh_shift));
-    int32_t r = s->mh_round[b];
+    int32_t r = s->mh_attempt[b];
     if (r < 0) {
-        s->mh_round[b] = round;
+        s->mh_attempt[b] = attempt;
         s->mh_val[b] = v;
         s->mh_filled++;
-    } else if (r == round && v < s->mh_val[b]) {
+    } else if (r == attempt && v < s->mh_val[b]) {
         s->mh_val[b] = v;
     }
 }
 
-/* One shingle hash into the MinHash code: its first hash (round 0 of the bins) at once; the
- * later hash rounds that fill empty bins need the shingle only while a bin is empty. */
+/* One shingle hash into the MinHash code: its first hash (attempt 0 of the bins) at once;
+ * the later attempts that fill empty bins need the shingle only while a bin is empty. */
 static inline void si_mh_add(si_pass *s, uint64_t x) {
     si_mh_offer(s, si_mh_mix(x), 0);
     if (s->mh_filled < 64 * s->mh_words && si_push64(&s->xs, &s->nxs, &s->capxs, x))
@@ -420,7 +421,7 @@ static void si_feed(si_pass *s, const si_tables_t *t, int kind, const void *data
 }
 
 /* The text ended: close its last token; a text with fewer tokens than the width makes one
- * shingle of them all. Then finish the MinHash code's rounds and the vote. */
+ * shingle of them all. Then finish the MinHash code's attempts and the vote. */
 static void si_finish(si_pass *s) {
     if (s->in_tok) si_token_end(s);
     if (s->ntok > 0 && s->ntok < s->width) {
@@ -430,21 +431,21 @@ static void si_finish(si_pass *s) {
     if (s->vote_kind >= 0) si_vote_flush(s);
     if (s->mh_words && s->windows && s->mh_filled < 64 * s->mh_words) {
         int bins = 64 * s->mh_words;
-        /* the rounds read every distinct shingle once (a text of few distinct shingles
-         * repeated would otherwise have every repeat read in every round) */
+        /* the attempts read every distinct shingle once (a text of few distinct shingles
+         * repeated would otherwise have every repeat read in every attempt) */
         uint64_t *tmp = (uint64_t *)malloc((s->nxs ? s->nxs : 1) * sizeof(uint64_t));
         if (!tmp) { s->oom = 1; return; }
         s->nxs = si_unique64(s->xs, tmp, s->nxs);
         free(tmp);
-        /* Round r offers every shingle again, hashed at x + r * golden, to the bins still
-         * empty when the round began: any round-r entry is smaller than every later one,
-         * so stopping once every bin holds one changes nothing. 64 * bins rounds leave a
+        /* Attempt r offers every shingle again, hashed at x + r * golden, to the bins still
+         * empty when the attempt began: any attempt-r entry is smaller than every later one,
+         * so stopping once every bin holds one changes nothing. 64 * bins attempts leave a
          * bin empty with probability below bins * e**-64. */
         for (int32_t r = 1; s->mh_filled < bins && r < 64 * bins; r++) {
             for (size_t i = 0; i < s->nxs; i++) {
                 uint64_t g = si_mh_mix(s->xs[i] + (uint64_t)r * SI_GOLDEN);
                 int b = (int)(g >> s->mh_shift);
-                int32_t br = s->mh_round[b];
+                int32_t br = s->mh_attempt[b];
                 if (br < 0 || br == r) si_mh_offer(s, g, r);
             }
         }
@@ -468,7 +469,7 @@ static void si_mh_bits(const si_pass *s, uint64_t *out) {
     int words = s->mh_words;
     for (int q = 0; q < words; q++) out[q] = 0;
     for (int b = 0; b < 64 * words; b++)
-        if (s->mh_round[b] >= 0 && (s->mh_val[b] & 1))
+        if (s->mh_attempt[b] >= 0 && (s->mh_val[b] & 1))
             out[words - 1 - b / 64] |= 1ULL << (b % 64);
 }
 
