@@ -17,6 +17,7 @@ import msgpack
 from . import (
     FORMAT_VERSION, BadLine, CorruptError, Error, Index, ParameterError, __version__, schemes,
 )
+from .engine import manifest
 from .engine._lmdb import lmdb_version
 from .inputs import FORMATS, FP_FORMATS, MAX_LINE, open_input, read_items
 from .engine.results import json_id
@@ -69,8 +70,12 @@ ray_option = click.option(
          "ADDRESS start a local one (needs: pip install 'simindex[ray]').")
 
 
-def _cluster(index, address, **check):
-    """A simindex.distributed.Cluster on INDEX after the checks of _open (exit 1 on errors)."""
+def _cluster(index, address, ledgers=None, **check):
+    """A simindex.distributed.Cluster on INDEX after the checks of _open (exit 1 on errors;
+    an index of several ledgers is checked read-only, as it opens on one machine)."""
+    readonly = check.get("readonly", False)
+    if os.path.exists(os.path.join(index, manifest.NAME)) and _ledgers(index) > 1:
+        check = dict(check, readonly=True)
     _open(index, **check).close()
     try:
         from .distributed import Cluster
@@ -78,11 +83,20 @@ def _cluster(index, address, **check):
         _fail(str(e))
     try:
         return Cluster(index, address=None if address == "local" else address,
-                       readonly=check.get("readonly", False))
+                       readonly=readonly, ledgers=ledgers)
+    except ParameterError as e:
+        raise click.UsageError(str(e)) from None
     except Error as e:
         _fail(str(e))
     except (ConnectionError, RuntimeError, ValueError) as e:   # ray.init's failures
         _fail(f"cannot start or join the Ray cluster at {address}: {e}")
+
+
+def _ledgers(index):
+    try:
+        return manifest.read(index).ledgers
+    except Error as e:
+        _fail(str(e))
 
 
 def _hex(fp, width=64):
@@ -188,20 +202,26 @@ def cli():
               f"(new index; default simindex-v1; aliases: {ALIASES}).")
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Shards written at once (threads; with --ray every shard has its actor).")
+@click.option("--ledgers", type=click.IntRange(1, 1024), help="With --ray, split a new "
+              "index's records over this many ledger actors, so that adds commit in all "
+              "of them at once (the index then opens read-only on one machine).")
 @ray_option
 @input_options
 def build(index, inputs, k, blocks, width, prefix_blocks, shards, expected, scheme, jobs,
-          ray_address, fmt, fp_format, max_line, on_error, quiet):
+          ledgers, ray_address, fmt, fp_format, max_line, on_error, quiet):
     """Create INDEX if missing, then add every record of INPUT files ('-': stdin).
 
     Incremental: run it again with more input to add to the same index.
     """
     if ray_address is None:
+        if ledgers is not None:
+            raise click.UsageError("--ledgers splits the records over Ray actors: give --ray")
         idx = _open(index, k=k, blocks=blocks, shards=shards, scheme=scheme, expected=expected,
                     prefix_blocks=prefix_blocks, width=None if width is None else int(width))
         write = lambda batch: idx.add_many(batch, jobs=jobs)
     else:
-        idx = _cluster(index, ray_address, k=k, blocks=blocks, shards=shards, scheme=scheme,
+        idx = _cluster(index, ray_address, ledgers, k=k, blocks=blocks, shards=shards,
+                       scheme=scheme,
                        expected=expected, prefix_blocks=prefix_blocks,
                        width=None if width is None else int(width))
         write = idx.add_many

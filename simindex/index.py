@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
-from .engine import registry, verify as _verify
+from .engine import ledgers, registry, verify as _verify
 from .engine._join import hamming as _hamming
 from .engine._layout import DB_IDS, MANIFEST
 from .engine._query import ReadContext
@@ -332,7 +332,7 @@ class Index:
             st.fold_if_old()
             if buf.n:
                 return kept_where(self._query_buffered(st, fp, k), where)
-        if plan.width != 64:
+        if plan.width != 64 or st.nledgers > 1:
             return kept_where(st.query_one(fp, k), where)
         out = st.read(_query_one, plan.permuter, fp, k)
         return out if where is None else kept_where(out, where)
@@ -501,11 +501,19 @@ class Index:
         buffered = st.buffered()
         st.fold()
         plan = st.plan
-        with st.snapshot() as (rtxn, *stxns):
-            count = rtxn.entries(DB_IDS)
-            removed = stale(rtxn)
-            last = last_seq(rtxn)
+        nl = st.nledgers
+        with st.snapshot() as txns:
+            ltxns, stxns = txns[:nl], txns[nl:]
+            count = sum(t.entries(DB_IDS) for t in ltxns)
+            removed = sum(stale(t) for t in ltxns)
+            lasts = [last_seq(t) for t in ltxns]
             states = [load_state(t, plan.ntables) for t in stxns]
+            if nl > 1:
+                low = np.min([ledgers.load_applied(t, nl) for t in stxns], axis=0)
+                unapplied = int(sum(max(0, a - int(b)) for a, b in zip(lasts, low)))
+            else:
+                unapplied = int(max(0, lasts[0] - min(s[0] for s in states)))
+        last = max(ledgers.global_seq(a, n, nl) for n, a in enumerate(lasts))
         size = 0
         for root, _dirs, files in os.walk(st.path):
             for f in files:
@@ -513,7 +521,6 @@ class Index:
                     size += os.path.getsize(os.path.join(root, f))
                 except OSError:
                     pass
-        unapplied = int(max(0, last - min(s[0] for s in states)))
         return {
             "count": count, "width": plan.width, "k": plan.k, "blocks": plan.blocks,
             "prefix_blocks": plan.prefix_blocks, "flips": plan.flips,
@@ -523,7 +530,7 @@ class Index:
             "stale": removed, "last_seq": last,
             "unapplied": unapplied,
             "prefix_bits": plan.prefix_bits, "bytes": size,
-            "scheme": st.manifest.scheme, "format": st.manifest.format,
+            "scheme": st.manifest.scheme, "format": st.manifest.format, "ledgers": nl,
             "buffered": buffered, "replayed": st.replayed.records,
             "torn_bytes": st.replayed.torn_bytes,
         }

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import numpy as np
 import ray
 
-from ..engine import environments, manifest, records
+from ..engine import environments, ledgers, manifest, records
 from ..engine.codec import decode_id
 from ..errors import ParameterError
 from ..signatures.fingerprints import DEFAULT_SCHEME
@@ -26,13 +26,17 @@ CHUNK = 1 << 20        # records per map partition of a stored index
 
 
 @ray.remote
-def _index_records(path, words, sums):
+def _index_records(path, words, sums, nledgers=1):
     """(positions, fps, ids) of the live records of a stored index, in insertion order
-    (`sums`: its manifest's record_sums)."""
-    env = environments.open_records(path, readonly=True, sync=True, sums=sums)
-    txns = TxnRunner(path, [env], what=f"index {path}")
+    (`sums`: its manifest's record_sums), global seqs over its ledgers."""
+    envs = [environments.open_records(path, readonly=True, sync=True, sums=sums, ledger=j)
+            for j in range(nledgers)]
+    txns = TxnRunner(path, envs, what=f"index {path}")
     try:
-        return txns.read_txn(env, lambda txn: records.live(txn, words))
+        if nledgers == 1:
+            return txns.read_txn(envs[0], lambda txn: records.live(txn, words))
+        with txns.snapshot() as ltxns:
+            return ledgers.live(ltxns, words)
     finally:
         txns.close(sync=False)
 
@@ -72,7 +76,8 @@ def _sources(source, k, blocks, fmt, fp_format, width):
         if blocks is not None and blocks != m.blocks:
             raise ParameterError(f"blocks={blocks} was given, but the index at {path} has "
                                  f"blocks={m.blocks}")
-        seqs, fps, ids = fetch(_index_records.remote(path, m.width // 64, m.record_sums))
+        seqs, fps, ids = fetch(_index_records.remote(path, m.width // 64, m.record_sums,
+                                                     m.ledgers))
         names = dict(zip(seqs.tolist(), ids))
         parts = [(ray.put(seqs[i:i + CHUNK]), ray.put(fps[i:i + CHUNK]))
                  for i in range(0, len(seqs), CHUNK)]

@@ -6,6 +6,7 @@ import os
 import time
 from typing import Any, Optional, Union
 
+from ..engine import manifest
 from ..index import Index
 from .cluster import Cluster, connect, release
 from .parts import collect, partitions
@@ -15,7 +16,7 @@ def build(index_path: Union[str, os.PathLike], inputs: Any, *, shards: Optional[
           k: Optional[int] = None, blocks: Optional[int] = None, scheme: Optional[str] = None,
           address: Optional[str] = None, fmt: Optional[str] = None,
           fp_format: str = "hex", prefix_blocks: Optional[int] = None,
-          width: Optional[int] = None) -> dict:
+          width: Optional[int] = None, ledgers: Optional[int] = None) -> dict:
     """Create (or extend) the index at `index_path` from `inputs` on Ray.
 
     `inputs` is a list of TSV/JSONL files (plain or gzip; one parse task each) or any
@@ -25,18 +26,23 @@ def build(index_path: Union[str, os.PathLike], inputs: Any, *, shards: Optional[
     its own (parameters given must match). Records commit in input order, so the result is what
     `simindex.Index(...).add_many` would build, and it opens with simindex.Index. A bad
     line or record raises its error after every record before it (in input order) is
-    committed, as `simindex build` does. Returns {"records", "seconds"}.
+    committed, as `simindex build` does. `ledgers` splits a new index's records over that
+    many ledgers (see Cluster). Returns {"records", "seconds"}.
     """
     start = time.perf_counter()
-    with Index(os.fspath(index_path), k=k, blocks=blocks, shards=shards, scheme=scheme,
-               prefix_blocks=prefix_blocks, width=width) as idx:
+    path = os.fspath(index_path)
+    # an index of several ledgers opens read-only on one machine: enough to check it
+    split = os.path.exists(os.path.join(path, manifest.NAME)) and \
+        manifest.read(path).ledgers > 1
+    with Index(path, k=k, blocks=blocks, shards=shards, scheme=scheme,
+               prefix_blocks=prefix_blocks, width=width, readonly=split) as idx:
         scheme, width = idx.scheme, idx.width  # create it, or check the parameters agree
         plan = {"k": idx.k, "blocks": idx.blocks, "shards": idx.shards,
                 "prefix_blocks": idx.prefix_blocks, "width": width}
     started = connect(address)
     added = 0
     try:
-        with Cluster(index_path) as cluster:
+        with Cluster(index_path, ledgers=ledgers) as cluster:
             # map tasks parse and route (which shards each record goes to) in parallel;
             # the driver commits their chunks in input order
             for ref in partitions(inputs, scheme, fmt, fp_format, plan=plan, width=width):

@@ -12,7 +12,8 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..engine import manifest
+from ..engine import environments, ledgers, manifest
+from ..engine._layout import ledger_dir
 from ..engine.codec import (
     Packed, check_fp, check_wide_fp, encode_id, encode_records, fp_array, pack_meta,
     words_array,
@@ -81,10 +82,17 @@ class Cluster:
     or "records", to a Ray node id; unplaced actors go where Ray puts them, which is only
     right on a single node or with the index replicated to every node's local disk).
     `readonly=True` opens every environment read-only and refuses writes.
+
+    `ledgers` > 1 splits the records of an index that has never held any over that many
+    ledgers (records/, records-1/, ...; each a Ray actor, placed by `nodes` under its
+    directory name): a record's ledger follows from its id, so adds commit in every ledger
+    at once and each resolves its own part of a query batch (simindex/engine/ledgers.py).
+    Such an index opens read-only with simindex.Index.
     """
 
     def __init__(self, index_path: Union[str, os.PathLike], *, address: Optional[str] = None,
-                 nodes: Optional[dict] = None, readonly: bool = False) -> None:
+                 nodes: Optional[dict] = None, readonly: bool = False,
+                 ledgers: Optional[int] = None) -> None:
         # actors resolve paths in their own working directory: send an absolute one
         self.path = os.path.abspath(os.fspath(index_path))
         if not os.path.exists(os.path.join(self.path, manifest.NAME)):
@@ -92,6 +100,16 @@ class Cluster:
                                     f"simindex.Index or simindex.distributed.build)")
         # read once here: the servers get it from the driver and never read the file
         self._manifest = manifest.read(self.path)
+        if ledgers is not None and (isinstance(ledgers, bool) or not isinstance(ledgers, int)
+                                    or not 1 <= ledgers <= manifest.MAX_LEDGERS):
+            raise ParameterError(f"ledgers must be an int from 1 to {manifest.MAX_LEDGERS}, "
+                                 f"got {ledgers!r}")
+        if ledgers is not None and ledgers != self._manifest.ledgers:
+            if readonly:
+                raise ParameterError(f"ledgers={ledgers} was given, but the index at "
+                                     f"{self.path} has {self._manifest.ledgers} and "
+                                     f"readonly=True cannot split it")
+            self._manifest = environments.split_ledgers(self._manifest, ledgers)
         self.plan = self._manifest.plan
         self.readonly = bool(readonly)
         self._client = uuid.uuid4().bytes
@@ -109,20 +127,23 @@ class Cluster:
             return dict(ACTOR_OPTIONS, scheduling_strategy=NodeAffinitySchedulingStrategy(
                 node_id=node, soft=False))
         # actor handles (Ray types them loosely: their methods exist only at run time)
-        self.ledger: Any = None
+        self.ledgers: list[Any] = []
         self.shards: list[Any] = []
+        n = self._manifest.ledgers
         try:
-            self.ledger = ray.remote(LedgerServer).options(**placed("records")).remote(
-                self._manifest, self.readonly)
+            self.ledgers = [ray.remote(LedgerServer).options(**placed(ledger_dir(j))).remote(
+                self._manifest, self.readonly, j) for j in range(n)]
             self.shards = [ray.remote(ShardServer).options(**placed(s)).remote(
                 self._manifest, s, self.readonly) for s in range(self.plan.shards)]
-            self._applied = fetch([s.applied.remote() for s in self.shards])
-            self._clean = [(0, -1)] * self.plan.shards   # (lo, hi): nothing for the shard
+            self._read_applied()
+            # per ledger and shard, (lo, hi): that ledger's seqs with nothing for the shard
+            self._clean = [[(0, -1)] * self.plan.shards for _ in range(n)]
             if not self.readonly:
-                fetch(self.ledger.not_before.remote(max(self._applied)))
+                fetch([ledger.not_before.remote(int(top)) for ledger, top in
+                       zip(self.ledgers, self._applied.max(axis=1))])
                 self.catch_up()
             else:
-                fetch(self.ledger.count.remote())
+                fetch([ledger.count.remote() for ledger in self.ledgers])
         except BaseException:
             self.close()
             raise
@@ -133,7 +154,7 @@ class Cluster:
         if self._closed:
             return
         self._closed = True
-        actors = [a for a in [self.ledger, *self.shards] if a is not None]
+        actors = [*self.ledgers, *self.shards]
         for ref in [a.close.remote() for a in actors]:
             try:
                 ray.get(ref)
@@ -150,7 +171,23 @@ class Cluster:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<simindex.distributed.Cluster {self.path!r} shards={self.plan.shards}>"
+        return (f"<simindex.distributed.Cluster {self.path!r} shards={self.plan.shards} "
+                f"ledgers={len(self.ledgers)}>")
+
+    @property
+    def ledger(self) -> Any:
+        """The server of ledger 0 (records/): in an index of one ledger, its only one."""
+        return self.ledgers[0]
+
+    def _ledger_of(self, idk: bytes) -> Any:
+        return self.ledgers[int(ledgers.ledger_of([idk], len(self.ledgers))[0])]
+
+    def _read_applied(self) -> np.ndarray:
+        """(ledgers, shards): each shard's applied local seq of each ledger, from the
+        shards themselves."""
+        self._applied = np.array(fetch([s.applied.remote() for s in self.shards]),
+                                 dtype=np.int64).T.copy()
+        return self._applied
 
     def _check(self, write=False):
         if self._closed:
@@ -224,54 +261,78 @@ class Cluster:
         """Bring every shard up to the records committed when the call began (the replay
         after an actor restart); flush() for the whole index."""
         self._check(write=True)
-        target = fetch(self.ledger.last.remote())
-        while True:
-            self._applied = fetch([s.applied.remote() for s in self.shards])
-            low = min(self._applied)
-            if low >= target:
-                return
-            seqs, fps = fetch(self.ledger.tail.remote(low + 1, REPLAY_CHUNK))
-            # no live record above: the shards may claim everything up to the target
-            last = int(seqs[-1]) if len(seqs) else target
-            self._applied = self._written([s.apply.remote(seqs, fps, a, last) if a < last
-                                           else s.applied.remote()
-                                           for s, a in zip(self.shards, self._applied)])
-            self._clean = [(0, -1)] * self.plan.shards
+        n = len(self.ledgers)
+        targets = fetch([ledger.last.remote() for ledger in self.ledgers])
+        for j, (ledger, target) in enumerate(zip(self.ledgers, targets)):
+            while True:
+                applied = self._read_applied()[j]
+                low = int(applied.min())
+                if low >= target:
+                    break
+                seqs, fps = fetch(ledger.tail.remote(low + 1, REPLAY_CHUNK))
+                # no live record above: the shards may claim everything up to the target
+                last = int(ledgers.to_local(seqs[-1:], n)[1][0]) if len(seqs) else target
+                got = self._written([
+                    s.apply.remote([(j, seqs, fps, int(a), last)]) if a < last
+                    else s.applied.remote() for s, a in zip(self.shards, applied)])
+                self._applied = np.array(got, dtype=np.int64).T.copy()
+                self._clean[j] = [(0, -1)] * self.plan.shards
 
     flush = catch_up
 
-    def _apply(self, batches):
-        """Send committed batches [(prev, seqs, fps, owners or None)] to the shards that hold
-        their entries.
+    def compact(self) -> None:
+        """As Index.compact: bring every shard level, then merge each table's runs in each
+        shard into one, dropping the entries of records removed before the ledgers'
+        snapshots. Each shard is one write transaction (a failed one leaves it as it was);
+        removals stay counted until a compaction completes."""
+        self.catch_up()
+        got = fetch([ledger.removals.remote() for ledger in self.ledgers])
+        live = ray.put(np.sort(np.concatenate([g[0] for g in got])))
+        newest = [g[1] for g in got]
+        self._written([s.compact.remote(live, newest, sum(g[2] for g in got))
+                       for s in self.shards])
+        self._written([ledger.forget_removals.remote(self._request(), g[2])
+                       for ledger, g in zip(self.ledgers, got)])
 
-        A shard with no entry in a batch is skipped while it lags by less than LAG_LIMIT
-        records (queries check those in the ledger), saving its commit. The driver then
-        vouches that the skipped range holds nothing for it, but only for ranges it
+    def _apply(self, rounds):
+        """Send committed batches to the shards that hold their entries: `rounds` is a list
+        of [(ledger, prev, seqs, fps, owners or None)], batches of different ledgers whose
+        parts each shard applies in one transaction.
+
+        A shard with no entry in a batch is skipped while it lags that ledger by less than
+        LAG_LIMIT records (queries check those in the ledger), saving its commit. The driver
+        then vouches that the skipped range holds nothing for it, but only for ranges it
         committed back to back itself (another client's records in between may belong).
         """
         gap = False
-        for prev, seqs, fps, own in batches:
-            if own is None:
-                own = route.owners(self.plan, fps)
-            last = int(seqs[-1])
-            calls = {}
-            for s, server in enumerate(self.shards):
-                lo, hi = self._clean[s]
-                since = lo if hi == prev else prev
-                if not own[s].any() and last - self._applied[s] < LAG_LIMIT:
-                    self._clean[s] = (lo if hi == prev else self._applied[s], last) \
-                        if self._applied[s] >= since else (0, -1)
-                    continue
-                calls[s] = server.apply.remote(seqs[own[s]], fps[own[s]], since, last)
+        n = len(self.ledgers)
+        for batches in rounds:
+            parts: dict = {}
+            for j, prev, seqs, fps, own in batches:
+                if own is None:
+                    own = route.owners(self.plan, fps)
+                last = int(ledgers.to_local(seqs[-1:], n)[1][0])
+                applied, clean = self._applied[j], self._clean[j]
+                for s in range(self.plan.shards):
+                    lo, hi = clean[s]
+                    since = lo if hi == prev else prev
+                    if not own[s].any() and last - applied[s] < LAG_LIMIT:
+                        clean[s] = (lo if hi == prev else int(applied[s]), last) \
+                            if applied[s] >= since else (0, -1)
+                        continue
+                    parts.setdefault(s, []).append((j, seqs[own[s]], fps[own[s]], since,
+                                                    last))
+            calls = {s: self.shards[s].apply.remote(p) for s, p in parts.items()}
             for s, applied in zip(calls, self._written(list(calls.values()))):
-                self._applied[s] = applied
-                self._clean[s] = (0, -1)
-                gap |= applied < last
+                self._applied[:, s] = applied
+                for j, _seqs, _fps, _since, last in parts[s]:
+                    self._clean[j][s] = (0, -1)
+                    gap |= applied[j] < last
         if gap:
             self.catch_up()
 
     def add_many(self, items: Iterable[Any], fingerprints: Any = None) -> None:
-        """As Index.add_many: everything is checked first; records commit in the ledger in
+        """As Index.add_many: everything is checked first; records commit in the ledgers in
         atomic chunks (durable), then the shards apply their parts."""
         self._check(write=True)
         idks, fps, metas = encode_records(items, fingerprints, self.plan.width)
@@ -281,21 +342,34 @@ class Cluster:
                     owners: Optional[np.ndarray] = None) -> None:
         """add_many of records already encoded (simindex.engine.codec.encode_records), with, when
         known, `owners`: the (shards, n) bools of route.owners (distributed.build has its
-        map tasks compute them)."""
+        map tasks compute them). With several ledgers, each chunk's records commit in their
+        ledgers at once (each ledger's part atomic)."""
         self._check(write=True)
         shape = (len(idks),) if self.plan.width == 64 else (len(idks), self.plan.words)
         if not isinstance(fps, np.ndarray) or fps.dtype != np.uint64 or fps.shape != shape:
             raise InputError(f"add_columns takes the fingerprints as a uint64 array of shape "
                              f"{shape} (width {self.plan.width}), got "
                              f"{getattr(fps, 'shape', type(fps).__name__)}")
-        batches = []
+        n = len(self.ledgers)
+        rounds = []
         for i in range(0, len(idks), PART_RECORDS):
-            j = i + PART_RECORDS
-            prev, seqs = self._written(self.ledger.commit.remote(
-                self._request(), idks[i:j], fps[i:j], metas[i:j]))
-            batches.append((prev, seqs, fps[i:j], None if owners is None else owners[:, i:j]))
-        if batches:
-            self._apply(batches)
+            ik, fp, mt = idks[i:i + PART_RECORDS], fps[i:i + PART_RECORDS], \
+                metas[i:i + PART_RECORDS]
+            own = None if owners is None else owners[:, i:i + PART_RECORDS]
+            # each ledger's records of the chunk, committed in every ledger at once
+            if n == 1:
+                split = [(0, np.arange(len(ik)))]
+            else:
+                home = ledgers.ledger_of(ik, n)
+                split = [(j, np.flatnonzero(home == j)) for j in range(n)]
+                split = [(j, at) for j, at in split if len(at)]
+            commits = [self.ledgers[j].commit.remote(
+                self._request(), ik if n == 1 else [ik[x] for x in at.tolist()], fp[at],
+                mt if n == 1 else [mt[x] for x in at.tolist()]) for j, at in split]
+            rounds.append([(j, prev, seqs, fp[at], None if own is None else own[:, at])
+                           for (j, at), (prev, seqs) in zip(split, self._written(commits))])
+        if rounds:
+            self._apply(rounds)
 
     def add(self, id: Id, fingerprint: int, meta: Any = None) -> None:
         self.add_many([(id, fingerprint, meta)])
@@ -311,17 +385,21 @@ class Cluster:
     def _add_unique(self, idk: bytes, fp: int, mb: bytes, k: int,
                     check: Optional[TextCheck] = None,
                     sketch: Optional[tuple] = None) -> list[Match]:
+        n = len(self.ledgers)
+        home = int(ledgers.ledger_of([idk], n)[0])
+        across = dict(servers=self.ledgers, home=home) if n > 1 else {}
         added, hits = self._written(self.ledger.add_unique.remote(
-            self._request(), idk, fp, mb, k, self.shards, check, sketch))
+            self._request(), idk, fp, mb, k, self.shards, check, sketch, **across))
         if added is not None:
             prev, seqs = added
-            self._apply([(prev, seqs, self._fps([fp]), None)])
+            self._apply([[(home, prev, seqs, self._fps([fp]), None)]])
         return [match_of(h) for h in hits]
 
     def remove(self, id: Id) -> bool:
         """Remove the record of `id`; returns whether there was one."""
         self._check(write=True)
-        return self._written(self.ledger.remove.remote(self._request(), encode_id(id)))
+        idk = encode_id(id)
+        return self._written(self._ledger_of(idk).remove.remote(self._request(), idk))
 
     # ------------------------------------------------------------ text (as Index's)
     def text_check(self, min_similarity: Optional[float] = None,
@@ -373,13 +451,18 @@ class Cluster:
             check_where(where)
         if not len(q):
             return []
-        # every shard snapshot is taken before the ledger's records snapshot (see resolve)
-        qidx, seqs, dists, applied = route.scan(self.plan, self.shards, q, k)
-        hits = fetch(self.ledger.resolve.remote(q, qidx, seqs, dists, applied, k))
+        # every shard snapshot is taken before the ledgers' records snapshots (see resolve)
+        hits = self._hits(q, k)
         out = [[match_of(h) for h in hs] for hs in hits]
         if where is not None:
             out = kept_where_many(out, where)
         return out
+
+    def _hits(self, q: np.ndarray, k: int) -> list:
+        """The core's hits of each query: the shards scan, then every ledger resolves."""
+        qidx, seqs, dists, applied = route.scan(self.plan, self.shards, q, k,
+                                                len(self.ledgers))
+        return route.resolve(self.ledgers, q, qidx, seqs, dists, applied, k)
 
     def query(self, fingerprint: int, k: Optional[int] = None,
               where: Optional[Callable[[Match], bool]] = None) -> list[Match]:
@@ -396,14 +479,14 @@ class Cluster:
             return self.query(self.fingerprint(text), k, where)
         fp, (sketch, size) = text_sketch(text, self.scheme, self.plan.width)
         q = self._fps([fp])
-        qidx, seqs, dists, applied = route.scan(self.plan, self.shards, q, check.k)
-        hits = fetch(self.ledger.resolve.remote(q, qidx, seqs, dists, applied, check.k))[0]
+        hits = self._hits(q, check.k)[0]
         return kept_where([match_of(h) for h in check.passing(sketch, size, hits)], where)
 
     def get(self, id: Id) -> Optional[Record]:
         """The stored Record of `id`, or None."""
         self._check()
-        return record_of(fetch(self.ledger.get.remote(encode_id(id))), self.plan.words)
+        idk = encode_id(id)
+        return record_of(fetch(self._ledger_of(idk).get.remote(idk)), self.plan.words)
 
     def __contains__(self, id: object) -> bool:
         try:
@@ -411,11 +494,11 @@ class Cluster:
         except InputError:
             return False
         self._check()
-        return fetch(self.ledger.get.remote(idk)) is not None
+        return fetch(self._ledger_of(idk).get.remote(idk)) is not None
 
     def __len__(self) -> int:
         self._check()
-        return fetch(self.ledger.count.remote())
+        return sum(fetch([ledger.count.remote() for ledger in self.ledgers]))
 
     def pairs(self, k: Optional[int] = None, partitions: Optional[int] = None
               ) -> list[tuple[Id, Id, int]]:
@@ -432,8 +515,10 @@ class Cluster:
         return clusters(self.path, k=self._k(k), partitions=partitions)
 
     def pids(self) -> dict:
-        """{"records": pid, shard: pid, ...} of the actor processes (for operations and tests)."""
+        """{"records": pid, "records-1": pid, ..., shard: pid, ...} of the actor processes
+        (for operations and tests): the ledgers' under their directory names."""
         self._check()
-        out: dict = {"records": fetch(self.ledger.pid.remote())}
+        out: dict = {ledger_dir(j): pid for j, pid in
+                     enumerate(fetch([ledger.pid.remote() for ledger in self.ledgers]))}
         out.update(enumerate(fetch([s.pid.remote() for s in self.shards])))
         return out

@@ -6,6 +6,7 @@ import numpy as np
 import ray as _ray
 
 from ..errors import Error
+from ..engine import ledgers
 from ..engine.plan import Plan
 
 
@@ -30,19 +31,20 @@ def reach(plan: Plan, queries: np.ndarray) -> np.ndarray:
     return plan.permuter.shard_reach(queries)
 
 
-def scan(plan: Plan, shards: list, queries: np.ndarray, k: int) -> tuple:
+def scan(plan: Plan, shards: list, queries: np.ndarray, k: int, nledgers: int) -> tuple:
     """Candidates of every query from the shard servers it reaches, all scans finished:
-    (qidx, seqs, distances, per-query lowest applied seq of the scanned shards)."""
+    (qidx, seqs, distances, applied): applied (n, nledgers), per query the lowest local
+    seq of each ledger applied by the shards it reached."""
     r = reach(plan, queries)
     calls = []
     for s, server in enumerate(shards):
         idx = np.nonzero(r[s])[0]
         if len(idx):
             calls.append((idx, server.scan.remote(queries[idx], k)))
-    applied = np.full(len(queries), np.iinfo(np.uint64).max, dtype=np.uint64)
+    applied = np.full((len(queries), nledgers), np.iinfo(np.uint64).max, dtype=np.uint64)
     qs, ss, ds = [], [], []
     for (idx, _), (qi, sq, d, a) in zip(calls, fetch([ref for _, ref in calls])):
-        applied[idx] = np.minimum(applied[idx], np.uint64(a))
+        applied[idx] = np.minimum(applied[idx], np.asarray(a, dtype=np.uint64))
         qs.append(idx[qi.astype(np.int64)].astype(np.uint64))
         ss.append(sq)
         ds.append(d)
@@ -50,3 +52,25 @@ def scan(plan: Plan, shards: list, queries: np.ndarray, k: int) -> tuple:
         empty = np.empty(0, dtype=np.uint64)
         return empty, empty, np.empty(0, dtype=np.uint8), applied
     return np.concatenate(qs), np.concatenate(ss), np.concatenate(ds), applied
+
+
+def resolve(servers: list, queries: np.ndarray, qidx: np.ndarray, seqs: np.ndarray,
+            dists: np.ndarray, applied: np.ndarray, k: int, here=None) -> list:
+    """Each query's matches from route.scan's candidates, every ledger server resolving
+    its own (all at once), merged by (distance, seq). `here`: the calling ledger server
+    itself, whose part runs in-process (an actor cannot wait for its own calls)."""
+    n = len(servers)
+    parts = ledgers.split(qidx, seqs, dists, n)
+    calls = {}
+    for ledger, server in enumerate(servers):
+        if here is None or ledger != here.ledger:
+            calls[ledger] = server.resolve.remote(
+                queries, *parts[ledger], np.ascontiguousarray(applied[:, ledger]), k)
+    mine = None if here is None else here.resolve(
+        queries, *parts[here.ledger], np.ascontiguousarray(applied[:, here.ledger]), k)
+    got = dict(zip(calls, fetch(list(calls.values()))))
+    if mine is not None:
+        got[here.ledger] = mine
+    if n == 1:
+        return got[0]
+    return ledgers.merge([got[ledger] for ledger in range(n)])

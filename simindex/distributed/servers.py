@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..engine import environments, protocol, records
+from ..engine import environments, ledgers, protocol, records
 from ..engine.codec import pack, unpack
 from ..engine.manifest import Manifest
 from ..values import words_array
@@ -60,42 +60,71 @@ class ShardServer(_Server):
     def _open(self, m: Manifest, shard, readonly=False):
         path = m.path
         self.plan = m.plan
+        self.nledgers = m.ledgers
         self.shard = shard
         self.env = environments.open_shard(path, shard, readonly=readonly, sync=True)
         self.txns = TxnRunner(path, [self.env], what=f"shard {shard} of index {path}")
 
-    def applied(self):
-        return self.txns.read_txn(self.env,
-                                  lambda txn: load_state(txn, self.plan.ntables)[0])
+    def _applied(self, txn):
+        if self.nledgers == 1:
+            return [load_state(txn, self.plan.ntables)[0]]
+        return ledgers.load_applied(txn, self.nledgers).tolist()
 
-    def apply(self, seqs, fps, since, last):
-        """Store this shard's part of the records committed after seq `since` up to `last`
-        (`seqs` ascending: all of them, or at least those with an entry in this shard).
-        Returns the shard's applied seq after it: below `since` when the shard missed
-        earlier records (its actor restarted) and must be caught up from the ledger first."""
-        entries = protocol.Entries(self.plan, seqs, fps,
-                                   shards=(self.shard, self.shard + 1))
+    def applied(self):
+        """Per ledger, the local seq up to which this shard applied its records."""
+        return self.txns.read_txn(self.env, self._applied)
+
+    def apply(self, parts):
+        """Store this shard's part of committed records in one transaction: `parts` is
+        [(ledger, seqs, fps, since, last)], the records of `ledger` committed after its
+        local seq `since` up to `last` (`seqs` ascending: all of them, or at least those
+        with an entry in this shard). Returns the shard's applied seq per ledger after it:
+        below a part's `since` when the shard missed earlier records of that ledger (its
+        actor restarted) and must be caught up from it first."""
+        plan, shard = self.plan, self.shard
+        if self.nledgers == 1:
+            [(_, seqs, fps, since, last)] = parts
+            entries = protocol.Entries(plan, seqs, fps, shards=(shard, shard + 1))
+            return [self.txns.write(
+                self.env, lambda txn: protocol.apply(txn, plan, shard, entries, last,
+                                                     since=since),
+                then=protocol.SHARD_WRITE_FAILED)]
         return self.txns.write(
-            self.env, lambda txn: protocol.apply(txn, self.plan, self.shard, entries, last,
-                                                 since=since),
+            self.env, lambda txn: ledgers.apply(txn, plan, shard, self.nledgers,
+                                                parts).tolist(),
             then=protocol.SHARD_WRITE_FAILED)
 
+    def compact(self, live, newest, stale):
+        """Merge each table's runs into one, dropping the entries of records removed before
+        the ledgers' snapshots (`live`: their live global seqs, sorted; `newest`: each
+        one's newest live local seq; `stale`: the removals they counted)."""
+        keep = ledgers.compaction_keep(live, newest, self.nledgers)
+        self.txns.write(self.env,
+                        lambda txn: protocol.merge_tables(txn, self.plan, keep, stale),
+                        then=protocol.SHARD_WRITE_FAILED)
+
     def scan(self, queries, k):
-        """(qidx, seqs, distances, applied) of this shard's candidates for each query."""
-        return self.txns.read_txn(self.env,
-                                  lambda txn: scan_shard(txn, self.plan, self.shard, queries, k))
+        """(qidx, seqs, distances, applied per ledger) of this shard's candidates for each
+        query."""
+        def one(txn):
+            qidx, seqs, dists, applied = scan_shard(txn, self.plan, self.shard, queries, k)
+            return qidx, seqs, dists, [applied] if self.nledgers == 1 else self._applied(txn)
+        return self.txns.read_txn(self.env, one)
 
 
 class LedgerServer(_Server):
-    """records/: assigns seqs, commits records, and resolves candidates into matches."""
+    """A ledger (records/, or records-N/ of an index of several): assigns its seqs, commits
+    records, and resolves candidates into matches. It speaks global seqs of records
+    (ledgers.py) and its own local seqs of positions (`prev`, `last`, `since`)."""
 
-    def _open(self, m: Manifest, readonly=False):
+    def _open(self, m: Manifest, readonly=False, ledger=0):
         path = self.path = m.path
         self.plan = m.plan
+        self.ledger, self.nledgers = ledger, m.ledgers
         self.env = environments.open_records(path, readonly=readonly, sync=True,
-                                             sums=m.record_sums)
-        self.txns = TxnRunner(path, [self.env], what=f"the ledger of index {path}",
-                                 contexts=True)
+                                             sums=m.record_sums, ledger=ledger)
+        self.txns = TxnRunner(path, [self.env], what=f"ledger {ledger} of index {path}",
+                              contexts=True)
 
     def _once(self, request, fn):
         """fn(txn) in a write transaction, at most once per request id.
@@ -106,30 +135,32 @@ class LedgerServer(_Server):
         delete a record another client added meanwhile). A caller's calls are sequential, so
         only its latest request needs remembering.
         """
-        who, n = request
-
         def run(txn):
-            old = records.request(txn, who)
-            if old is not None:
-                seen = unpack(old, "request record")
-                if seen[0] == n:
-                    return _revive(seen[1])
+            done = _recalled(txn, request)
+            if done is not None:
+                return done[0]
             out = fn(txn)
-            records.remember_request(txn, who, pack([n, _flat(out)]))
+            records.remember_request(txn, request[0], pack([request[1], _flat(out)]))
             return out
         return self.txns.write(self.env, run)
+
+    def recall(self, request):
+        """[result] of a write this ledger made for `request`, or None."""
+        return self.txns.read_txn(self.env, lambda txn: _recalled(txn, request))
 
     def last(self):
         """The newest seq given out (0 for none)."""
         return self.txns.read_txn(self.env, records.last_seq)
 
     def commit(self, request, idkeys, fps, metas):
-        """Commit records atomically and durably; returns (prev, seqs): the newest seq before
-        them and the seqs they got."""
+        """Commit records atomically and durably; returns (prev, seqs): the newest local
+        seq before them and the global seqs they got."""
         def fn(txn):
             prev = records.last_seq(txn)
             seq0 = records.put(txn, idkeys, fps, metas)
-            return prev, np.arange(seq0, seq0 + len(idkeys), dtype=np.uint64)
+            return prev, ledgers.to_global(
+                np.arange(seq0, seq0 + len(idkeys), dtype=np.uint64), self.ledger,
+                self.nledgers)
         return self._once(request, fn)
 
     def not_before(self, top):
@@ -137,29 +168,58 @@ class LedgerServer(_Server):
         protocol.raise_seq_floor(self.txns, self.env, top)
 
     def tail(self, start, limit=0):
-        """(seqs, fps) of the live records with seq >= start, at most `limit` (0: all); fps
-        (n, words) at widths above 64."""
-        return self.txns.read_txn(self.env,
-                                  lambda txn: records.tail(txn, start, limit, self.plan.words))
+        """(global seqs, fps) of the live records with local seq >= start, at most `limit`
+        (0: all); fps (n, words) at widths above 64."""
+        def fn(txn):
+            seqs, fps = records.tail(txn, start, limit, self.plan.words)
+            return ledgers.to_global(seqs, self.ledger, self.nledgers), fps
+        return self.txns.read_txn(self.env, fn)
+
+    def removals(self):
+        """(live global seqs, newest live local seq, removals counted) of one snapshot: what
+        a compaction keeps, and whether it has anything to drop."""
+        def fn(txn):
+            live, stale = protocol.removals(txn, self.plan.words)
+            newest = int(live[-1]) if len(live) else 0
+            return ledgers.to_global(live, self.ledger, self.nledgers), newest, stale
+        return self.txns.read_txn(self.env, fn)
+
+    def forget_removals(self, request, counted):
+        """After a compaction: the removals it dropped are no longer counted (those made
+        meanwhile stay)."""
+        return self._once(request, lambda txn: records.add_stale(txn, -counted))
 
     def resolve(self, queries, qidx, seqs, dists, applied, k):
-        """Matches of each query from the shards' candidates (see ReadContext.resolve)."""
+        """Matches of each query from the shards' candidates of this ledger (local seqs;
+        `applied`: per query, the lowest local seq applied by the shards it reached; see
+        ReadContext.resolve), with global seqs."""
         order = np.argsort(qidx, kind="stable")
-        return self.txns.read(lambda ctx: ctx.resolve(queries, qidx[order], seqs[order],
+        hits = self.txns.read(lambda ctx: ctx.resolve(queries, qidx[order], seqs[order],
                                                       dists[order], applied, k))
+        return ledgers.globalize(hits, self.ledger, self.nledgers)
 
-    def add_unique(self, request, idk, fp, meta, k, shards, check=None, sketch=None):
+    def add_unique(self, request, idk, fp, meta, k, shards, check=None, sketch=None,
+                   servers=None, home=0):
         """Insert unless a record within k bits exists (returning those). The shard servers
         scan while this holds the records write lock, so it is atomic across clients.
         `fp`: an int of the index's width. `check` (a TextCheck) with the text's (sketch,
-        shingle count): only records that pass it count, judged under the same lock."""
+        shingle count): only records that pass it count, judged under the same lock.
+
+        In an index of several ledgers every add_unique goes to ledger 0 (this server, with
+        `servers`, every ledger's, and `home`, the record's ledger): calls to one actor run
+        one at a time, so of two near-identical records added at once exactly one goes in;
+        a record added by a plain add meanwhile is not waited for. Returns (added, hits),
+        added (prev, seqs) of the commit in `home`."""
         q = np.array([fp], dtype=np.uint64) if self.plan.width == 64 else \
             words_array([fp], self.plan.width)
+        if servers is not None:
+            return self._add_unique_across(request, idk, q, meta, k, shards, check, sketch,
+                                           servers, home)
 
         def fn(txn):
-            qidx, seqs, dists, applied = route.scan(self.plan, shards, q, k)
+            qidx, seqs, dists, applied = route.scan(self.plan, shards, q, k, self.nledgers)
             hits = self.txns.read(
-                lambda ctx: ctx.resolve(q, qidx, seqs, dists, applied, k, txn))[0]
+                lambda ctx: ctx.resolve(q, qidx, seqs, dists, applied[:, 0], k, txn))[0]
             if hits and check is not None:
                 hits = check.passing(sketch[0], sketch[1], hits)
             if hits:
@@ -169,6 +229,24 @@ class LedgerServer(_Server):
             return (prev, np.array([seq0], dtype=np.uint64)), []
         return self._once(request, fn)
 
+    def _add_unique_across(self, request, idk, q, meta, k, shards, check, sketch, servers,
+                           home):
+        here = home == self.ledger
+        # a retry of a call whose commit went through returns that commit
+        done = self.recall(request) if here else route.fetch(servers[home].recall.remote(
+            request))
+        if done is not None:
+            return done[0], []
+        qidx, seqs, dists, applied = route.scan(self.plan, shards, q, k, self.nledgers)
+        hits = route.resolve(servers, q, qidx, seqs, dists, applied, k, here=self)[0]
+        if hits and check is not None:
+            hits = check.passing(sketch[0], sketch[1], hits)
+        if hits:
+            return None, hits
+        add = (request, [idk], q, [meta])
+        return (self.commit(*add) if here else
+                route.fetch(servers[home].commit.remote(*add))), []
+
     def remove(self, request, idk):
         return self._once(request, lambda txn: records.remove(txn, idk))
 
@@ -177,6 +255,17 @@ class LedgerServer(_Server):
 
     def count(self):
         return self.txns.read_txn(self.env, records.count)
+
+
+def _recalled(txn, request):
+    """[result] stored for `request` (client key, number) in records/, or None."""
+    who, n = request
+    old = records.request(txn, who)
+    if old is not None:
+        seen = unpack(old, "request record")
+        if seen[0] == n:
+            return [_revive(seen[1])]
+    return None
 
 
 def _flat(out):

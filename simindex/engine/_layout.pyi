@@ -4,6 +4,7 @@ definition is ext/simindex/layout.pxd)."""
 FORMAT_VERSION: int
 FORMAT_CLASSIC: int
 FORMAT_FLIPS: int
+FORMAT_LEDGERS: int
 WIDTH: int
 MANIFEST: str
 MANIFEST_MAGIC: str
@@ -16,6 +17,7 @@ LOG_SUFFIX: str
 LOG_TOKEN_HEX: int
 SHARD_PREFIX: str
 
+def ledger_dir(ledger: int) -> str: ...
 def shard_dir(shard: int) -> str: ...
 
 DB_IDS: str
@@ -30,6 +32,7 @@ INFO_REQUEST: bytes
 STATE_APPLIED: bytes
 STATE_RUNS: bytes
 STATE_NEXT_RUN: bytes
+STATE_LEDGERS: bytes
 LOG_MAGIC: bytes
 LOG_ENTRY_HEADER: int
 RECORD_HEADER: int

@@ -15,11 +15,12 @@ from typing import Optional
 from . import lmdbfile, manifest
 from ._layout import (
     DB_IDS, DB_INFO, DB_SEQS, DB_SLABS, DB_STATE, INFO_NEXT_SEQ, LOCK_FILE, LOG_DIR,
-    MANIFEST, RECORDS_DIR, SHARD_PREFIX, shard_dir,
+    MANIFEST, RECORDS_DIR, SHARD_PREFIX, ledger_dir, shard_dir,
 )
 from ._lmdb import Env, Txn
 from ..errors import (
-    CorruptError, MissingIndexError, NotAnIndexError, ReadOnlyError, StorageError,
+    CorruptError, MissingIndexError, NotAnIndexError, ParameterError, ReadOnlyError,
+    StorageError,
 )
 from .plan import Plan
 
@@ -31,17 +32,19 @@ _KNOWN = {MANIFEST, RECORDS_DIR, LOCK_FILE, LOG_DIR}
 
 
 def open_records(index_path: str, *, readonly: bool, sync: bool, sums: bool,
-                 existing: bool = True, lock: bool = True) -> Env:
-    """records/ of the index at `index_path`: the log of truth, synced on every commit.
+                 existing: bool = True, lock: bool = True, ledger: int = 0) -> Env:
+    """records/ of the index at `index_path` (or, in an index of several ledgers, ledger
+    `ledger`'s records-N/): the log of truth, synced on every commit.
     `sums`: whether its records carry checksums (the manifest's record_sums). `existing`:
     the index was made, so its data file must be there (a missing or empty one is lost
     records, refused: never taken for an empty index)."""
+    sub = ledger_dir(ledger)
     try:
-        env = _open(index_path, RECORDS_DIR, RECORDS_DBS, readonly=readonly, sync=sync,
+        env = _open(index_path, sub, RECORDS_DBS, readonly=readonly, sync=sync,
                     existing=existing, lock=lock)
     except CorruptError as e:
         raise _said(e, f"the index's records are damaged or lost and cannot be rebuilt; "
-                       f"restore {RECORDS_DIR}/ from a backup (nothing was changed)") from None
+                       f"restore {sub}/ from a backup (nothing was changed)") from None
     env.sums = sums
     return env
 
@@ -163,14 +166,53 @@ def _check_unfinished(path, plan):
         return
     env = Env(rec, readonly=True, mapsize=INITIAL_MAP, maxdbs=MAX_DBS)
     try:
-        try:
-            env.open_db(DB_INFO)
-        except CorruptError:
-            return                            # databases never made: an early crash
-        with Txn(env) as txn:
-            used = txn.get(DB_INFO, INFO_NEXT_SEQ) is not None
-    finally:
+        env.open_db(DB_INFO)
+    except CorruptError:
         env.close()
-    if used:
+        return                                # databases never made: an early crash
+    if _ever_used(env):
         raise CorruptError(f"{path} holds records but its manifest is missing; restore "
                            f"{MANIFEST} (nothing was changed)")
+
+
+def _ever_used(env: Env) -> bool:
+    """Whether the records environment `env` ever gave out a seq; closes it."""
+    try:
+        with Txn(env) as txn:
+            return txn.get(DB_INFO, INFO_NEXT_SEQ) is not None
+    finally:
+        env.close()
+
+
+def split_ledgers(m: manifest.Manifest, ledgers: int) -> manifest.Manifest:
+    """Split the records of the index of `m` over `ledgers` ledgers (records-1/... made
+    next to records/, then the manifest names them): only while the index has never held
+    a record and no other process writes it, since every record's ledger follows from its
+    id. Made under the index's creation lock; a split that crashed before its manifest is
+    made again."""
+    path = m.path
+    fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        m = manifest.read(path)
+        if m.ledgers == ledgers:
+            return m
+        if m.ledgers != 1:
+            raise ParameterError(f"ledgers={ledgers} was given, but the index at {path} has "
+                                 f"{m.ledgers} ledgers; reopen without it or with the "
+                                 f"stored value")
+        if _ever_used(open_records(path, readonly=True, sync=True, sums=m.record_sums)):
+            raise ParameterError(f"ledgers={ledgers}: the index at {path} has held records "
+                                 f"in one ledger, and an index is split over ledgers only "
+                                 f"while empty (build a new one with ledgers={ledgers})")
+        for ledger in range(1, ledgers):
+            sub = os.path.join(path, ledger_dir(ledger))
+            if os.path.exists(sub):
+                lmdbfile.remove(sub)         # left by a split that crashed: never used
+            os.makedirs(sub, exist_ok=True)
+            open_records(path, readonly=False, sync=True, existing=False, sums=True,
+                         ledger=ledger).close()
+        manifest.write(path, m.with_ledgers(ledgers))
+        return manifest.read(path)
+    finally:
+        os.close(fd)

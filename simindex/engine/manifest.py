@@ -8,8 +8,8 @@ from functools import cached_property
 from typing import Any, Optional
 
 from ._layout import (
-    FORMAT_CLASSIC, FORMAT_FLIPS, FORMAT_VERSION as FORMAT, LAYOUT_V1, LAYOUT_V2 as LAYOUT,
-    MANIFEST as NAME, MANIFEST_MAGIC as MAGIC, SLAB_BYTES, V1_MAX_ENTRIES, WIDTH,
+    FORMAT_CLASSIC, FORMAT_FLIPS, FORMAT_LEDGERS, FORMAT_VERSION as FORMAT, LAYOUT_V1,
+    LAYOUT_V2 as LAYOUT, MANIFEST as NAME, MANIFEST_MAGIC as MAGIC, SLAB_BYTES, V1_MAX_ENTRIES, WIDTH,
 )
 from .._version import __version__ as _version
 from .codec import pack, unpack
@@ -18,6 +18,7 @@ from ..errors import CorruptError, FormatError, NotAnIndexError, ParameterError,
 from .plan import Plan
 
 WIDTHS = (64, 128, 256)
+MAX_LEDGERS = 1024
 
 # Slab layouts a table may hold, and the field that names each one's slab size: v1 (16
 # bytes per entry; still read) and v2 (offset-coded entries, ~10 bytes; what this version
@@ -80,6 +81,7 @@ class Manifest:
     layout: str
     scheme: Optional[str]            # the scheme's name, also where the file holds an alias
     created_by: Optional[str]
+    ledgers: int                     # environments the records are split over (by id)
     _file: dict = field(repr=False, compare=False)   # the fields as the file holds them
 
     @property
@@ -103,6 +105,15 @@ class Manifest:
     def record_sums(self) -> bool:
         """Whether the index's records carry checksums (format 3)."""
         return self.format >= FORMAT
+
+    def with_ledgers(self, ledgers: int) -> dict:
+        """The fields of this manifest for the same index split over `ledgers` ledgers
+        (format 4; one ledger keeps the file's own format)."""
+        raw = self.raw
+        raw.pop("ledgers", None)
+        if ledgers > 1:
+            raw.update(format=FORMAT_LEDGERS, ledgers=ledgers)
+        return raw
 
     @cached_property
     def plan(self) -> Plan:
@@ -151,7 +162,7 @@ def _manifest(dirpath, m: dict) -> Manifest:
                     blocks=m["blocks"], prefix_blocks=m.get("prefix_blocks"),
                     shards=m["shards"], tables=m["tables"], layout=m["layout"],
                     scheme=known_scheme(m.get("scheme")), created_by=m.get("created_by"),
-                    _file=m)
+                    ledgers=m.get("ledgers", 1), _file=m)
 
 
 def _load(dirpath):
@@ -172,9 +183,17 @@ def _load(dirpath):
     if not isinstance(m, dict) or m.get("magic") != MAGIC:
         raise CorruptError(f"{path} is not a simindex manifest (bad magic)")
     fmt = m.get("format")
-    if isinstance(fmt, bool) or fmt not in (FORMAT_CLASSIC, FORMAT_FLIPS, FORMAT):
+    if isinstance(fmt, bool) or fmt not in (FORMAT_CLASSIC, FORMAT_FLIPS, FORMAT,
+                                            FORMAT_LEDGERS):
         raise FormatError(f"{path} has on-disk format {fmt!r}; this simindex reads formats "
-                          f"{FORMAT_CLASSIC} to {FORMAT}")
+                          f"{FORMAT_CLASSIC} to {FORMAT_LEDGERS}")
+    ledgers = m.get("ledgers")
+    if (fmt == FORMAT_LEDGERS) != (ledgers is not None) or (ledgers is not None and (
+            isinstance(ledgers, bool) or not isinstance(ledgers, int) or
+            not 2 <= ledgers <= MAX_LEDGERS)):
+        raise CorruptError(f"{path}: format {fmt} with field 'ledgers' {ledgers!r} (format "
+                           f"{FORMAT_LEDGERS} holds a count of 2 to {MAX_LEDGERS} ledgers, "
+                           f"other formats none)")
     if (fmt != FORMAT_CLASSIC) != ("prefix_blocks" in m):
         raise CorruptError(f"{path}: format {fmt} "
                            f"{'has no' if fmt == FORMAT_CLASSIC else 'needs'} field "

@@ -102,6 +102,9 @@ def stored_pairs(store, k: int) -> list:
     Records above the lowest applied seq (not yet in every shard) join each table's entries
     directly, so the answer is exact for the snapshot.
     """
+    if store.nledgers > 1:
+        from .ledgers import stored_pairs as ledgers_pairs
+        return ledgers_pairs(store, k)
     plan = store.plan
     pa, pb, pd = [], [], []
     with store.snapshot() as (rtxn, *stxns):

@@ -418,13 +418,21 @@ def removals(txn: Txn, words: int) -> tuple:
 def _merge_all(txn, plan, live, newest, stale):
     """Merge every table's runs of the shard `txn` writes into one, keeping the entries of
     `live` seqs and of seqs above `newest`."""
+    merge_tables(txn, plan, lambda seqs: np.isin(seqs, live) | (seqs > np.uint64(newest)),
+                 stale)
+
+
+def merge_tables(txn: Txn, plan: Plan, keep, stale: int) -> None:
+    """Merge every table's runs of the shard `txn` writes into one, keeping the entries
+    `keep` (seqs -> bools) keeps; a table of one run is left as it is when nothing is
+    `stale`."""
     w = ShardWriter(txn, plan.ntables, plan.words - 1)
     for t in range(plan.ntables):
         runs = [r for r, _ in w.table_runs(t)]
         # one run and no removed records: rewriting it would only free its old pages,
         # which LMDB keeps in the file
         if len(runs) > 1 or (runs and stale):
-            w.merge(t, runs, live=live, newest=newest)
+            w.merge(t, runs, keep=keep)
     w.save()
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import threading
 
-from ..errors import ParameterError, ParameterTypeError
+from ..errors import ParameterError, ParameterTypeError, ReadOnlyError
 from ..scheme_names import known as known_scheme
+from . import manifest
+from .ledgers import LedgerReader
 from .store import Store
 
 _registry: dict = {}
@@ -70,11 +72,35 @@ def acquire(path, *, k, blocks, shards, create, readonly, sync, scheme=None,
                     f"open it with the same setting")
             store.refs += 1
             return store
+        if _ledgers(path) > 1:
+            store = _ledger_reader(path, readonly, lock, k=k, blocks=blocks, shards=shards,
+                                   scheme=scheme, prefix_blocks=prefix_blocks, width=width,
+                                   calibration=calibration)
+            _registry[_identity(path)] = store
+            return store
         store = Store(path, k=k, blocks=blocks, shards=shards, create=create,
                       readonly=readonly, sync=sync, scheme=scheme, prefix_blocks=prefix_blocks,
                       width=width, calibration=calibration, lock=lock)
         _registry[_identity(path)] = store
         return store
+
+
+def _ledgers(path) -> int:
+    """How many ledgers the index at `path` has (1 when it has no manifest yet)."""
+    if not os.path.exists(os.path.join(path, manifest.NAME)):
+        return 1
+    return manifest.read(path).ledgers
+
+
+def _ledger_reader(path, readonly, lock, **given):
+    """The store of an index of several ledgers: read-only on one machine."""
+    m = manifest.read(path)
+    m.check_same(**given)
+    if not readonly:
+        raise ReadOnlyError(f"index {path} has {m.ledgers} ledgers: open it with "
+                            f"readonly=True (it is written through "
+                            f"simindex.distributed.Cluster)")
+    return LedgerReader(path, m, lock=lock)
 
 
 def _identity(path):

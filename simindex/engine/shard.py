@@ -8,7 +8,7 @@ Runs are appended sorted and merged by size, like an LSM tree's tiers.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -115,13 +115,13 @@ class ShardWriter:
         if j < len(runs) - 1:
             self.merge(table, [r for r, _ in runs[j:]])
 
-    def merge(self, table: int, run_ids: list, live: Optional[np.ndarray] = None,
-              newest: int = 0) -> None:
+    def merge(self, table: int, run_ids: list,
+              keep: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> None:
         """Replace the given runs of `table` by one.
 
-        With `live` (the sorted seqs of a records snapshot whose newest seq is `newest`),
-        entries of records removed or replaced before that snapshot are dropped; entries
-        above `newest` belong to records added since and are kept.
+        With `keep` (seqs -> bools), only the entries it keeps stay: a compaction drops
+        those of records removed or replaced before its records snapshot (see
+        protocol.compact).
         """
         counts = {r: c for (t, r, c) in self.runs if t == table}
         parts = [read_run(self.txn, DB_SLABS, r, counts[r], low_words=self.low_words)
@@ -129,10 +129,10 @@ class ShardWriter:
         keys = np.concatenate([p[0] for p in parts])
         seqs = np.concatenate([p[1] for p in parts])
         lows = np.concatenate([p[2] for p in parts]) if self.low_words else None
-        if live is not None:
-            keep = np.isin(seqs, live) | (seqs > np.uint64(newest))
-            keys, seqs = keys[keep], seqs[keep]
-            lows = None if lows is None else lows[keep]
+        if keep is not None:
+            kept = keep(seqs)
+            keys, seqs = keys[kept], seqs[kept]
+            lows = None if lows is None else lows[kept]
         keys, seqs, lows = sorted_entries(keys, seqs, lows)
         for r in run_ids:
             delete_run(self.txn, DB_SLABS, r)

@@ -33,6 +33,7 @@ class Store:
     """The records and shard environments of one index in this process, and its writes."""
 
     txns: TxnRunner                  # the runners, made once the environments are open
+    nledgers = 1                     # its records are one environment (see ledgers.py)
     read: Callable[..., Any]                  # txns.read(fn, *args), bound once
 
     def __init__(self, path: str, *, k: Optional[int], blocks: Optional[int],

@@ -15,9 +15,9 @@ import os
 
 import numpy as np
 
-from . import lmdbfile
+from . import ledgers, lmdbfile
 from ._slabs import read_run
-from ._layout import DB_IDS, DB_SEQS, DB_SLABS, shard_dir
+from ._layout import DB_IDS, DB_SEQS, DB_SLABS, ledger_dir, shard_dir
 from ._records import records_problems
 from .records import tail
 from ..errors import CorruptError
@@ -27,6 +27,7 @@ from .shard import load_state, runs_of
 def problems(store) -> list:
     """What is wrong with the index of `store` (a list of str; [] when it is sound)."""
     plan = store.plan
+    nl = store.nledgers
     found = []
     with store.snapshot() as txns:
         # the pages of these snapshots stay unreused while they are open
@@ -37,22 +38,31 @@ def problems(store) -> list:
                 found += lmdbfile.walk(f, meta)
         if found:
             return found
-        rtxn, stxns = txns[0], txns[1:]
+        ltxns, stxns = txns[:nl], txns[nl:]
         words = plan.words
-        found += records_problems(rtxn, DB_IDS, DB_SEQS, words)
+        for rtxn in ltxns:
+            found += records_problems(rtxn, DB_IDS, DB_SEQS, words)
         if found:
             return found
-        seqs, fps = tail(rtxn, 0, 0, words)
-        n_ids = rtxn.entries(DB_IDS)
-        if n_ids != len(seqs):
-            found.append(f"records: {n_ids} ids but {len(seqs)} records")
+        parts = [tail(rtxn, 0, 0, words) for rtxn in ltxns]
+        for rtxn, (seqs, _) in zip(ltxns, parts):
+            n_ids = rtxn.entries(DB_IDS)
+            if n_ids != len(seqs):
+                found.append(f"{os.path.basename(rtxn.env.path)}: {n_ids} ids but "
+                             f"{len(seqs)} records")
+        seqs = np.concatenate([ledgers.to_global(p[0], n, nl) for n, p in enumerate(parts)])
+        fps = np.concatenate([p[1] for p in parts])
+        owner, local = ledgers.to_local(seqs, nl)
         for s, txn in enumerate(stxns):
             try:
                 applied, runs, _ = load_state(txn, plan.ntables)
+                if nl > 1:
+                    sel = local <= ledgers.load_applied(txn, nl)[owner]
+                else:
+                    sel = seqs <= np.uint64(applied)
             except CorruptError as e:
                 found.append(f"{shard_dir(s)}: {e}")
                 continue
-            sel = seqs <= np.uint64(applied)
             for t in range(plan.ntables):
                 keys = plan.permuter.keys(t, np.ascontiguousarray(fps[sel]))
                 mine = plan.shard_of_keys(keys) == np.uint64(s)
@@ -82,13 +92,13 @@ def files(path: str) -> list:
     """What is wrong with the data files of the index at `path` (a list of str), read with
     plain file reads, never through LMDB: for an index too damaged to open."""
     from . import manifest
-    from ._layout import RECORDS_DIR
     try:
-        shards = manifest.read(path).shards
+        m = manifest.read(path)
     except CorruptError as e:
         return [str(e)]
     found = []
-    for sub in [RECORDS_DIR] + [shard_dir(s) for s in range(shards)]:
+    for sub in [ledger_dir(n) for n in range(m.ledgers)] + \
+            [shard_dir(s) for s in range(m.shards)]:
         found += lmdbfile.problems(os.path.join(path, sub))
     return found
 

@@ -8,6 +8,7 @@ cimport simindex.engine.layout as layout
 FORMAT_VERSION = layout.FORMAT_VERSION
 FORMAT_CLASSIC = layout.FORMAT_CLASSIC
 FORMAT_FLIPS = layout.FORMAT_FLIPS
+FORMAT_LEDGERS = layout.FORMAT_LEDGERS
 WIDTH = layout.WIDTH
 
 MANIFEST = layout.MANIFEST.decode()
@@ -22,6 +23,14 @@ LOG_SUFFIX = layout.LOG_SUFFIX.decode()
 LOG_TOKEN_HEX = layout.LOG_TOKEN_HEX
 SHARD_PREFIX = layout.SHARD_PREFIX.decode()
 _SHARD_DIR = layout.SHARD_DIR.decode()
+
+
+_LEDGER_DIR = layout.LEDGER_DIR.decode()
+
+
+def ledger_dir(int ledger):
+    """The directory name of ledger number `ledger` ("records", "records-1", ...)."""
+    return RECORDS_DIR if ledger == 0 else _LEDGER_DIR % ledger
 
 
 def shard_dir(int shard):
@@ -43,6 +52,7 @@ INFO_REQUEST = <bytes>layout.INFO_REQUEST
 STATE_APPLIED = <bytes>layout.STATE_APPLIED
 STATE_RUNS = <bytes>layout.STATE_RUNS
 STATE_NEXT_RUN = <bytes>layout.STATE_NEXT_RUN
+STATE_LEDGERS = <bytes>layout.STATE_LEDGERS
 
 LOG_MAGIC = <bytes>layout.LOG_MAGIC[:layout.LOG_MAGIC_SIZE]
 LOG_ENTRY_HEADER = layout.LOG_ENTRY_HEADER

@@ -28,6 +28,7 @@ cdef extern from *:
     #define SI_LAYOUT_V1 "packed-blocks-v1"     /* on-disk names: "block" is a slab */
     #define SI_LAYOUT_V2 "packed-blocks-v2"
     #define SI_RECORDS_DIR "records"
+    #define SI_LEDGER_DIR SI_RECORDS_DIR "-%d"
     #define SI_SHARD_PREFIX "shard-"
     #define SI_SHARD_DIR SI_SHARD_PREFIX "%03d"
     #define SI_LOCK_FILE "lock"
@@ -45,6 +46,7 @@ cdef extern from *:
     #define SI_STATE_APPLIED "applied"
     #define SI_STATE_RUNS "runs"
     #define SI_STATE_NEXT_RUN "next_run"
+    #define SI_STATE_LEDGERS "ledgers"
     #define SI_LOG_MAGIC "SIMLOG\\0\\1"
     #define SI_LMDB_META_MAGIC 0xBEEFC0DEu
     """
@@ -55,7 +57,8 @@ cdef extern from *:
     const char *LAYOUT_V2 "SI_LAYOUT_V2"
 
     # ---- files and directories of an index
-    const char *RECORDS_DIR "SI_RECORDS_DIR"
+    const char *RECORDS_DIR "SI_RECORDS_DIR"           # the records (ledger 0)
+    const char *LEDGER_DIR "SI_LEDGER_DIR"            # printf format of ledger 1, 2...'s
     const char *SHARD_PREFIX "SI_SHARD_PREFIX"        # what every shard directory starts with
     const char *SHARD_DIR "SI_SHARD_DIR"              # printf format of a shard's directory
     const char *LOCK_FILE "SI_LOCK_FILE"
@@ -79,6 +82,9 @@ cdef extern from *:
     const char *STATE_APPLIED "SI_STATE_APPLIED"      # every record up to this seq is applied
     const char *STATE_RUNS "SI_STATE_RUNS"            # RUN_ENTRY bytes per run, see below
     const char *STATE_NEXT_RUN "SI_STATE_NEXT_RUN"    # the next run id to give out
+    const char *STATE_LEDGERS "SI_STATE_LEDGERS"      # index of several ledgers: per ledger,
+                                                      # every record up to this local seq is
+                                                      # applied (STATE_APPLIED stays 0)
 
     # ---- the write buffer's log: LOG_MAGIC, then per entry length u32 LE | crc32 u32 LE |
     # msgpack [id key, fingerprint, meta bytes]; the crc covers the length bytes and payload
@@ -92,6 +98,8 @@ cdef enum:
                               # record carries its checksum, RECORD_SUM below)
     FORMAT_CLASSIC = 1        # formats still read and written as they are: 1 (the paper's
     FORMAT_FLIPS = 2          # plans), 2 (adds prefix_blocks), records without checksums
+    FORMAT_LEDGERS = 4        # format 3 with several ledgers ("ledgers" > 1): what an index
+                              # whose records are split by id over ledgers writes
     WIDTH = 64                # bits of a fingerprint
     LOG_MAGIC_SIZE = 8
     LOG_ENTRY_HEADER = 8

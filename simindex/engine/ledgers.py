@@ -1,0 +1,336 @@
+"""Several ledgers: an index's records split by id over environments that commit apart.
+
+An index of one ledger keeps every record in records/, the one environment every write
+commits in. An index of L > 1 ledgers keeps the records of an id in ledger
+`crc32(id key) % L` (records/, records-1/, ...): each ledger is an ordinary records
+environment numbering its own seqs 1, 2, 3..., so an id's replacement and its removal stay
+inside one ledger's transaction and ledgers never wait for each other. The shards hold
+global seqs: local seq s of ledger l is (s - 1) * L + l + 1 (with one ledger the two are
+the same). A shard keeps, per ledger, the local seq up to which it applied that ledger's
+records (STATE_LEDGERS); queries check each ledger's records above the lowest of those
+directly, so answers stay exact while shards lag. Matches of one distance come in global
+seq order.
+
+The Ray servers (simindex/distributed/servers.py) write such an index; simindex.Index
+opens it read-only (LedgerReader).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from typing import Optional, Sequence
+
+import numpy as np
+
+from . import environments, records
+from ._layout import DB_STATE, STATE_LEDGERS, ledger_dir
+from ._lmdb import Env, Txn
+from ._query import scan_shard
+from .manifest import Manifest
+from .pairs import join_table
+from .protocol import Entries
+from .results import match_of
+from .shard import ShardWriter
+from .transactions import TxnRunner
+from .writebuffer import Replay
+from ..errors import CorruptError, ReadOnlyError
+from ..values import words_array
+
+__all__ = ["ledger_dir", "ledger_of", "to_global", "global_seq", "to_local", "load_applied",
+           "apply", "split", "globalize", "merge", "lowest_applied", "LedgerReader", "live",
+           "stored_pairs", "compaction_keep"]
+
+_U64 = np.uint64
+
+
+def ledger_of(idkeys: Sequence[bytes], ledgers: int) -> np.ndarray:
+    """The ledger of each id key (int64 array): crc32 of the key modulo `ledgers`, a rule
+    on disk (an id's records are looked up in that ledger only)."""
+    if ledgers == 1:
+        return np.zeros(len(idkeys), dtype=np.int64)
+    return np.fromiter((zlib.crc32(k) % ledgers for k in idkeys), dtype=np.int64,
+                       count=len(idkeys))
+
+
+def to_global(local: np.ndarray, ledger: int, ledgers: int) -> np.ndarray:
+    """Global seqs of a ledger's local seqs (uint64 arrays; local 0, "none", stays 0)."""
+    local = np.asarray(local, dtype=_U64)
+    if ledgers == 1:
+        return local
+    out = (local - _U64(1)) * _U64(ledgers) + _U64(ledger + 1)
+    return np.where(local == 0, _U64(0), out)
+
+
+def global_seq(local: int, ledger: int, ledgers: int) -> int:
+    """to_global() of one int."""
+    return 0 if local == 0 else (local - 1) * ledgers + ledger + 1
+
+
+def to_local(seqs: np.ndarray, ledgers: int) -> tuple:
+    """(ledger, local seq) of each global seq (int64 and uint64 arrays)."""
+    seqs = np.asarray(seqs, dtype=_U64)
+    if ledgers == 1:
+        return np.zeros(len(seqs), dtype=np.int64), seqs
+    g = seqs - _U64(1)
+    return (g % _U64(ledgers)).astype(np.int64), g // _U64(ledgers) + _U64(1)
+
+
+# ---------------------------------------------------------------- a shard's applied seqs
+def load_applied(txn: Txn, ledgers: int) -> np.ndarray:
+    """Per ledger, the local seq up to which the shard `txn` reads applied its records."""
+    v = txn.get(DB_STATE, STATE_LEDGERS)
+    if v is None:
+        return np.zeros(ledgers, dtype=_U64)
+    if len(v) != 8 * ledgers:
+        raise CorruptError(f"{txn.env.path}: a shard's state record is damaged (its applied "
+                           f"seqs hold {len(v)} bytes for {ledgers} ledgers)")
+    return np.frombuffer(v, dtype="<u8").astype(_U64)
+
+
+def _save_applied(txn: Txn, applied: np.ndarray) -> None:
+    txn.put(DB_STATE, STATE_LEDGERS, np.asarray(applied, dtype="<u8").tobytes())
+
+
+def apply(txn: Txn, plan, shard: int, ledgers: int, parts: list) -> np.ndarray:
+    """Apply committed records of several ledgers to `shard` in its write transaction, as
+    one run per table: `parts` is [(ledger, global seqs ascending, fps, since, last)], the
+    records of `ledger` with local seqs after `since` up to `last` (at least every one with
+    an entry in this shard). A part whose ledger the shard already applied up to `last` is
+    skipped, and so is one the shard missed records before (applied below `since`: the
+    caller catches it up first). Returns the shard's applied local seq per ledger."""
+    applied = load_applied(txn, ledgers)
+    keep_s, keep_f = [], []
+    for ledger, seqs, fps, since, last in parts:
+        a = int(applied[ledger])
+        if a >= last or (since is not None and a < since):
+            continue
+        floor = _U64(global_seq(a, ledger, ledgers))
+        mine = seqs > floor
+        keep_s.append(seqs[mine])
+        keep_f.append(fps[mine])
+        applied[ledger] = last
+    if not keep_s:
+        return applied
+    seqs = np.concatenate(keep_s)
+    fps = np.concatenate(keep_f)
+    w = ShardWriter(txn, plan.ntables, plan.words - 1)
+    if len(seqs):
+        entries = Entries(plan, seqs, fps, shards=(shard, shard + 1))
+        for t in range(plan.ntables):
+            k, q, tl = entries.of(t, shard)
+            w.add_run(t, np.ascontiguousarray(k), np.ascontiguousarray(q),
+                      None if tl is None else np.ascontiguousarray(tl))
+    w.save()
+    _save_applied(txn, applied)
+    return applied
+
+
+def compaction_keep(live: np.ndarray, newest: Sequence[int], ledgers: int):
+    """The `keep` of a compaction's merges (protocol.merge_tables) over the ledgers'
+    snapshots: entries of `live` global seqs, and of records each ledger added after its
+    snapshot (local seq above its `newest`)."""
+    top = np.asarray(newest, dtype=_U64)
+
+    def keep(seqs: np.ndarray) -> np.ndarray:
+        led, local = to_local(seqs, ledgers)
+        return np.isin(seqs, live) | (local > top[led])
+    return keep
+
+
+# ---------------------------------------------------------------- queries
+def split(qidx: np.ndarray, seqs: np.ndarray, dists: np.ndarray, ledgers: int) -> list:
+    """The shards' candidates (global seqs) as [(qidx, local seqs, dists)] per ledger."""
+    led, local = to_local(seqs, ledgers)
+    out = []
+    for ledger in range(ledgers):
+        m = led == ledger
+        out.append((qidx[m], local[m], dists[m]))
+    return out
+
+
+def globalize(hits: list, ledger: int, ledgers: int) -> list:
+    """A ledger's resolved hits (per query, (distance, fp, local seq, id, meta)) with
+    global seqs."""
+    if ledgers == 1:
+        return hits
+    return [[(d, fp, global_seq(s, ledger, ledgers), i, m) for d, fp, s, i, m in hs]
+            for hs in hits]
+
+
+def merge(per_ledger: list) -> list:
+    """Each query's hits of every ledger (global seqs), sorted by (distance, seq)."""
+    out = []
+    for hs in zip(*per_ledger):
+        joined = [h for part in hs for h in part]
+        joined.sort(key=lambda h: (h[0], h[2]))
+        out.append(joined)
+    return out
+
+
+def lowest_applied(applied_per_shard: list, reach: np.ndarray) -> np.ndarray:
+    """(n, ledgers): per query, the lowest applied local seq of each ledger over the shards
+    it reaches (`reach`: route.reach's (shards, n) bools)."""
+    a = np.asarray(applied_per_shard, dtype=_U64)             # (shards, ledgers)
+    n = reach.shape[1]
+    out = np.full((n, a.shape[1]), np.iinfo(np.uint64).max, dtype=_U64)
+    for s in range(a.shape[0]):
+        idx = np.nonzero(reach[s])[0]
+        if len(idx):
+            out[idx] = np.minimum(out[idx], a[s])
+    return out
+
+
+# ---------------------------------------------------------------- one machine
+class LedgerReader:
+    """An index of several ledgers opened read-only in this process (simindex.Index's store
+    for it): its ledgers' and shards' environments, queried as the Ray servers do (the
+    shards scanned, then each ledger resolving its candidates)."""
+
+    buffer = None
+    single = None
+    failed = False
+    def __init__(self, path: str, m: Manifest, *, lock: bool = True) -> None:
+        self.path = path
+        self.manifest = m
+        self.plan = m.plan
+        self.nledgers = m.ledgers
+        self.readonly = True
+        self.lock, self.sync = lock, True
+        self.replayed = Replay()
+        envs: list = []
+        try:
+            for ledger in range(self.nledgers):
+                envs.append(environments.open_records(path, readonly=True, sync=True,
+                                                      sums=m.record_sums, lock=lock,
+                                                      ledger=ledger))
+            envs += [environments.open_shard(path, s, readonly=True, sync=True, lock=lock)
+                     for s in range(self.plan.shards)]
+        except BaseException:
+            for env in envs:
+                env.close()
+            raise
+        self.ledger_envs: list[Env] = envs[:self.nledgers]
+        self.shard_envs: list[Env] = envs[self.nledgers:]
+        # snapshots and scans; and per ledger, the read contexts that resolve candidates
+        self.txns = TxnRunner(path, envs, what=f"index {path}")
+        self.runners = [TxnRunner(path, [env], what=f"ledger {ledger} of index {path}",
+                                  contexts=True)
+                        for ledger, env in enumerate(self.ledger_envs)]
+        self.pid = os.getpid()
+        self.refs = 1
+
+    # the store interface simindex.Index uses
+    @property
+    def closed(self) -> bool:
+        return self.txns.closed
+
+    def check_open(self) -> None:
+        self.txns.check_open()
+
+    def check_writable(self) -> None:
+        self.check_open()
+        raise ReadOnlyError(f"index {self.path} has {self.nledgers} ledgers: it opens "
+                            f"read-only on one machine (write it through "
+                            f"simindex.distributed.Cluster)")
+
+    def fold(self) -> None:
+        pass
+
+    def buffered(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        for r in self.runners:
+            r.close(sync=False)
+        self.txns.close(sync=False)
+
+    def _ledger(self, idkey: bytes) -> int:
+        return int(ledger_of([idkey], self.nledgers)[0])
+
+    def get(self, idkey: bytes) -> Optional[bytes]:
+        self.check_open()
+        ledger = self._ledger(idkey)
+        return self.runners[ledger].read_txn(
+            self.ledger_envs[ledger], lambda txn: records.get(txn, idkey, self.plan.words))
+
+    def count(self) -> int:
+        self.check_open()
+        return sum(r.read_txn(env, records.count)
+                   for r, env in zip(self.runners, self.ledger_envs))
+
+    def query(self, queries: np.ndarray, k: int, matches: bool = True) -> list:
+        """Hits of each query: (distance, fp, global seq, id, meta bytes), or Matches."""
+        self.check_open()
+        plan = self.plan
+        reach = plan.permuter.shard_reach(queries)
+        qs, ss, ds, applied = [], [], [], []
+        # every shard snapshot is taken before the ledgers' (see ReadContext.resolve)
+        for s, env in enumerate(self.shard_envs):
+            idx = np.nonzero(reach[s])[0]
+
+            def one(txn, idx=idx, s=s):
+                got = scan_shard(txn, plan.permuter, s, queries[idx], k) if len(idx) \
+                    else None
+                return got, load_applied(txn, self.nledgers)
+            got, a = self.txns.read_txn(env, one)
+            applied.append(a)
+            if got is not None:
+                qi, sq, d, _ = got
+                qs.append(idx[qi.astype(np.int64)].astype(_U64))
+                ss.append(sq)
+                ds.append(d)
+        low = lowest_applied(applied, reach)
+        empty = np.empty(0, dtype=_U64)
+        qidx = np.concatenate(qs) if qs else empty
+        seqs = np.concatenate(ss) if ss else empty
+        dists = np.concatenate(ds) if ds else np.empty(0, dtype=np.uint8)
+        per = []
+        for ledger, (qi, sq, d) in enumerate(split(qidx, seqs, dists, self.nledgers)):
+            order = np.argsort(qi, kind="stable")
+            hits = self.runners[ledger].read(
+                lambda ctx: ctx.resolve(queries, qi[order], sq[order], d[order],
+                                        np.ascontiguousarray(low[:, ledger]), k))
+            per.append(globalize(hits, ledger, self.nledgers))
+        out = merge(per)
+        return [[match_of(h) for h in hs] for hs in out] if matches else out
+
+    def query_one(self, fp: int, k: int) -> list:
+        q = np.array([fp], dtype=_U64) if self.plan.width == 64 else \
+            words_array([fp], self.plan.width)
+        return self.query(q, k)[0]
+
+    def snapshot(self):
+        """Read transactions [ledger 0, ledger 1, ..., shard 0, shard 1, ...], the shards'
+        begun first (TxnRunner.snapshot)."""
+        return self.txns.snapshot()
+
+
+def live(ltxns: list, words: int) -> tuple:
+    """(global seqs ascending, fps, ids) of every live record in the ledger snapshots."""
+    ss, fs, ids = [], [], []
+    for ledger, txn in enumerate(ltxns):
+        s, f, i = records.live(txn, words)
+        ss.append(to_global(s, ledger, len(ltxns)))
+        fs.append(f)
+        ids += i
+    seqs = np.concatenate(ss)
+    fps = np.concatenate(fs)
+    order = np.argsort(seqs, kind="stable")
+    return seqs[order], fps[order], [ids[i] for i in order.tolist()]
+
+
+def stored_pairs(reader: LedgerReader, k: int) -> list:
+    """pairs.stored_pairs of an index of several ledgers: its live records of one snapshot
+    joined table by table, [(seq_a, seq_b, distance, id_a, id_b)] in seq order."""
+    plan = reader.plan
+    with reader.snapshot() as txns:
+        seqs, fps, ids = live(txns[:reader.nledgers], plan.words)
+    parts = [join_table(plan, t, plan.permuter.keys(t, fps), None, k)
+             for t in range(plan.ntables)]
+    a = np.concatenate([p[0] for p in parts]).astype(np.int64)
+    b = np.concatenate([p[1] for p in parts]).astype(np.int64)
+    d = np.concatenate([p[2] for p in parts])
+    order = np.lexsort((b, a))
+    return [(int(seqs[x]), int(seqs[y]), int(z), ids[x], ids[y])
+            for x, y, z in zip(a[order].tolist(), b[order].tolist(), d[order].tolist())]

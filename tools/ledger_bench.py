@@ -1,0 +1,124 @@
+"""Writes and query batches of a simindex.distributed.Cluster whose records are split over
+1, 2 and 4 ledgers (ledger actors), on one machine's local Ray.
+
+    python3 tools/ledger_bench.py --n 400000 --rounds 3
+
+Per round and ledger count, in turns: a fresh index (k=3, SHARDS shards), N random
+fingerprints added in add_many batches of BATCH (each batch commits in every ledger at
+once, then the shards apply it in one transaction each), then QUERIES queries in
+query_many batches of 1,000 (half planted within k of a stored record, so they have
+matches; every ledger resolves its part). Answers are checked against the one-ledger
+run's. Figures are the median (and range) over the rounds, in total and per ledger: on a
+machine of few cores the total is capped by the cores, the per-ledger rate shows what one
+more node would add.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def data(n: int, queries: int, k: int, seed: int = 7) -> tuple:
+    rng = np.random.default_rng(seed)
+    fps = rng.integers(0, 2 ** 64, n, dtype=np.uint64)
+    half = queries // 2
+    q = np.concatenate([fps[rng.integers(0, n, half)],
+                        rng.integers(0, 2 ** 64, queries - half, dtype=np.uint64)])
+    for j in range(half):                        # within k of a stored one
+        for b in rng.choice(64, int(rng.integers(0, k + 1)), replace=False):
+            q[j] ^= np.uint64(1) << np.uint64(b)
+    return fps, q
+
+
+def one_run(cluster_cls, index_cls, path: str, ledgers: int, fps, queries, a) -> tuple:
+    """(adds/s, queries/s, answers) of one fresh index with `ledgers` ledgers."""
+    shutil.rmtree(path, ignore_errors=True)
+    index_cls(path, k=a.k, shards=a.shards).close()
+    ids = np.arange(len(fps), dtype=np.uint64)
+    with cluster_cls(path, ledgers=ledgers) as c:
+        t = time.perf_counter()
+        for i in range(0, len(fps), a.batch):
+            c.add_many(ids[i:i + a.batch].tolist(), fps[i:i + a.batch])
+        adds = len(fps) / (time.perf_counter() - t)
+        answers = []
+        t = time.perf_counter()
+        for i in range(0, len(queries), 1000):
+            answers += c.query_many(queries[i:i + 1000])
+        qps = len(queries) / (time.perf_counter() - t)
+    return adds, qps, [sorted((m.id, m.distance) for m in ms) for ms in answers]
+
+
+def spread(xs: list) -> str:
+    return f"{statistics.median(xs):>10,.0f} ({min(xs):,.0f}-{max(xs):,.0f})"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=400_000)
+    ap.add_argument("--batch", type=int, default=10_000)
+    ap.add_argument("--queries", type=int, default=10_000)
+    ap.add_argument("--ledgers", default="1,2,4")
+    ap.add_argument("--shards", type=int, default=16)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args(argv)
+    counts = [int(x) for x in a.ledgers.split(",")]
+    from simindex.distributed.sandbox import loopback_only
+    why = loopback_only()
+    if why:
+        print(f"no loopback-only network namespace ({why}); not starting Ray", file=sys.stderr)
+        return 1
+    import ray
+    import simindex
+    from simindex.distributed import Cluster
+    ray.init(include_dashboard=False, logging_level="WARNING")
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    fps, queries = data(a.n, a.queries, a.k)
+    root = tempfile.mkdtemp(prefix="simindex-ledgers-")
+    adds: dict = {n: [] for n in counts}
+    qps: dict = {n: [] for n in counts}
+    try:
+        for r in range(a.rounds):
+            want = None
+            for n in counts:                       # interleaved: every count each round
+                x, y, got = one_run(Cluster, simindex.Index, os.path.join(root, "i"), n,
+                                    fps, queries, a)
+                if want is None:
+                    want = got
+                elif got != want:
+                    print(f"answers with {n} ledgers differ from {counts[0]}'s",
+                          file=sys.stderr)
+                    return 1
+                adds[n].append(x)
+                qps[n].append(y)
+                print(f"# round {r + 1}: {n} ledger(s): {x:,.0f} adds/s, {y:,.0f} queries/s",
+                      file=sys.stderr, flush=True)
+    finally:
+        ray.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+    base_a = statistics.median(adds[counts[0]])
+    base_q = statistics.median(qps[counts[0]])
+    print(f"# simindex {simindex.__version__}: {a.n:,} records in add_many batches of "
+          f"{a.batch:,}, {a.queries:,} queries in batches of 1,000 (half with matches); "
+          f"k={a.k}, {a.shards} shards, {cpus} CPUs; median (range) of {a.rounds} rounds")
+    print("| ledgers | adds/s | adds/s per ledger | vs 1 | queries/s | queries/s per ledger "
+          "| vs 1 |")
+    print("|---|---|---|---|---|---|---|")
+    for n in counts:
+        print(f"| {n} | {spread(adds[n])} | {statistics.median(adds[n]) / n:,.0f} | "
+              f"{statistics.median(adds[n]) / base_a:.2f}x | {spread(qps[n])} | "
+              f"{statistics.median(qps[n]) / n:,.0f} | "
+              f"{statistics.median(qps[n]) / base_q:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
