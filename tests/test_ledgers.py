@@ -82,6 +82,12 @@ def test_a_cluster_of_several_ledgers_answers_as_the_brute_force(local_ray, tmp_
             same_answers(c.query_many(queries[:20], k=j), stored, queries[:20], j)
         assert c.get(items[1][0]).fingerprint == stored[items[1][0]]
         assert items[0][0] not in c and items[1][0] in c
+        busy = c.busy()                       # each actor's calls and seconds, by method
+        assert set(busy) == {ledgers.ledger_dir(j) for j in range(n)} | set(range(4))
+        assert all(busy[ledgers.ledger_dir(j)]["resolve"][0] > 0 for j in range(n))
+        assert sum(busy[s]["apply"][0] for s in range(4)) > 0
+        assert all(calls > 0 and secs >= 0 for b in busy.values()
+                   for calls, secs in b.values())
         pairs = {(a, b): d for a, b, d in c.pairs()}
         assert {frozenset(p): d for p, d in pairs.items()} == \
             {frozenset(p): d for p, d in (brute_pairs(stored, k) if width == 64 else

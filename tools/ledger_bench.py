@@ -8,9 +8,14 @@ fingerprints added in add_many batches of BATCH (each batch commits in every led
 once, then the shards apply it in one transaction each), then QUERIES queries in
 query_many batches of 1,000 (half planted within k of a stored record, so they have
 matches; every ledger resolves its part). Answers are checked against the one-ledger
-run's. Figures are the median (and range) over the rounds, in total and per ledger: on a
-machine of few cores the total is capped by the cores, the per-ledger rate shows what one
-more node would add.
+run's. Figures are the median (and range) over the rounds.
+
+On a machine of few cores every actor shares them, so the totals cannot grow with the
+ledgers. What carries to many nodes is each actor's own work, from Cluster.busy(): the
+wall seconds each ledger spent committing its records and resolving its candidates, and
+each shard applying and scanning. From them: the records/s one ledger commits and the
+queries/s it resolves, and the rates the ledgers would allow if each had a node of its own
+(N / the busiest ledger's seconds), beside the busiest shard's.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ def data(n: int, queries: int, k: int, seed: int = 7) -> tuple:
 
 
 def one_run(cluster_cls, index_cls, path: str, ledgers: int, fps, queries, a) -> tuple:
-    """(adds/s, queries/s, answers) of one fresh index with `ledgers` ledgers."""
+    """(figures, answers) of one fresh index with `ledgers` ledgers."""
     shutil.rmtree(path, ignore_errors=True)
     index_cls(path, k=a.k, shards=a.shards).close()
     ids = np.arange(len(fps), dtype=np.uint64)
@@ -48,12 +53,39 @@ def one_run(cluster_cls, index_cls, path: str, ledgers: int, fps, queries, a) ->
         for i in range(0, len(fps), a.batch):
             c.add_many(ids[i:i + a.batch].tolist(), fps[i:i + a.batch])
         adds = len(fps) / (time.perf_counter() - t)
+        written = c.busy()
         answers = []
         t = time.perf_counter()
         for i in range(0, len(queries), 1000):
             answers += c.query_many(queries[i:i + 1000])
         qps = len(queries) / (time.perf_counter() - t)
-    return adds, qps, [sorted((m.id, m.distance) for m in ms) for ms in answers]
+        read = c.busy()
+        counts = [len_ for len_ in ray_get([led.count.remote() for led in c.ledgers])]
+    names = [n for n in written if isinstance(n, str)]
+    commit = [seconds(written[n], "commit") for n in names]
+    resolve = [seconds(read[n], "resolve") - seconds(written[n], "resolve") for n in names]
+    apply = [seconds(written[s], "apply") for s in written if not isinstance(s, str)]
+    scan = [seconds(read[s], "scan") - seconds(written[s], "scan")
+            for s in read if not isinstance(s, str)]
+    figures = {
+        "adds": adds, "queries": qps,
+        "ledger_adds": statistics.median(n / t for n, t in zip(counts, commit)),
+        "ledgers_allow_adds": len(fps) / max(commit),
+        "shards_allow_adds": len(fps) / max(apply),
+        "ledger_queries": statistics.median(len(queries) / t for t in resolve),
+        "ledgers_allow_queries": len(queries) / max(resolve),
+        "shards_allow_queries": len(queries) / max(scan),
+    }
+    return figures, [sorted((m.id, m.distance) for m in ms) for ms in answers]
+
+
+def seconds(busy: dict, method: str) -> float:
+    return busy.get(method, (0, 0.0))[1]
+
+
+def ray_get(refs):
+    import ray
+    return ray.get(refs)
 
 
 def spread(xs: list) -> str:
@@ -83,40 +115,38 @@ def main(argv=None) -> int:
     cpus = int(ray.cluster_resources().get("CPU", 1))
     fps, queries = data(a.n, a.queries, a.k)
     root = tempfile.mkdtemp(prefix="simindex-ledgers-")
-    adds: dict = {n: [] for n in counts}
-    qps: dict = {n: [] for n in counts}
+    runs: dict = {n: [] for n in counts}
     try:
         for r in range(a.rounds):
             want = None
             for n in counts:                       # interleaved: every count each round
-                x, y, got = one_run(Cluster, simindex.Index, os.path.join(root, "i"), n,
-                                    fps, queries, a)
+                figures, got = one_run(Cluster, simindex.Index, os.path.join(root, "i"), n,
+                                       fps, queries, a)
                 if want is None:
                     want = got
                 elif got != want:
                     print(f"answers with {n} ledgers differ from {counts[0]}'s",
                           file=sys.stderr)
                     return 1
-                adds[n].append(x)
-                qps[n].append(y)
-                print(f"# round {r + 1}: {n} ledger(s): {x:,.0f} adds/s, {y:,.0f} queries/s",
-                      file=sys.stderr, flush=True)
+                runs[n].append(figures)
+                print(f"# round {r + 1}: {n} ledger(s): " + ", ".join(
+                    f"{k} {v:,.0f}" for k, v in figures.items()), file=sys.stderr, flush=True)
     finally:
         ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)
-    base_a = statistics.median(adds[counts[0]])
-    base_q = statistics.median(qps[counts[0]])
     print(f"# simindex {simindex.__version__}: {a.n:,} records in add_many batches of "
           f"{a.batch:,}, {a.queries:,} queries in batches of 1,000 (half with matches); "
           f"k={a.k}, {a.shards} shards, {cpus} CPUs; median (range) of {a.rounds} rounds")
-    print("| ledgers | adds/s | adds/s per ledger | vs 1 | queries/s | queries/s per ledger "
-          "| vs 1 |")
-    print("|---|---|---|---|---|---|---|")
+    print("| ledgers | adds/s, all on this machine | records/s one ledger commits | adds/s "
+          "the ledgers allow | adds/s the shards allow | queries/s, all on this machine | "
+          "queries/s one ledger resolves | queries/s the ledgers allow | queries/s the "
+          "shards allow |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in counts:
-        print(f"| {n} | {spread(adds[n])} | {statistics.median(adds[n]) / n:,.0f} | "
-              f"{statistics.median(adds[n]) / base_a:.2f}x | {spread(qps[n])} | "
-              f"{statistics.median(qps[n]) / n:,.0f} | "
-              f"{statistics.median(qps[n]) / base_q:.2f}x |")
+        col = lambda key: spread([f[key] for f in runs[n]])          # noqa: E731
+        print(f"| {n} | {col('adds')} | {col('ledger_adds')} | {col('ledgers_allow_adds')} "
+              f"| {col('shards_allow_adds')} | {col('queries')} | {col('ledger_queries')} | "
+              f"{col('ledgers_allow_queries')} | {col('shards_allow_queries')} |")
     return 0
 
 

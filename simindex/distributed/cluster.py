@@ -514,6 +514,17 @@ class Cluster:
         self._check()
         return clusters(self.path, k=self._k(k), partitions=partitions)
 
+    def busy(self) -> dict:
+        """{actor: {method: (calls, seconds)}} of every ledger (under its directory name)
+        and shard server (under its number): the calls each served and the wall seconds
+        spent in them since it started (a restarted actor starts again at zero), to find
+        the busiest."""
+        self._check()
+        actors = [*self.ledgers, *self.shards]
+        names = [ledger_dir(j) for j in range(len(self.ledgers))] + \
+            list(range(len(self.shards)))
+        return dict(zip(names, fetch([a.busy.remote() for a in actors])))
+
     def pids(self) -> dict:
         """{"records": pid, "records-1": pid, ..., shard: pid, ...} of the actor processes
         (for operations and tests): the ledgers' under their directory names."""

@@ -9,7 +9,9 @@ that missed records (its actor restarted) is caught up from the ledger.
 
 from __future__ import annotations
 
+import functools
 import os
+import time
 from typing import Optional
 
 import numpy as np
@@ -24,6 +26,21 @@ from ..engine.transactions import TxnRunner
 from . import route
 
 
+def _timed(name: str, method):
+    """A server's `method` counting its calls and wall seconds in the server's busy
+    table (_Server.busy)."""
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            b = self._busy.setdefault(name, [0, 0.0])
+            b[0] += 1
+            b[1] += time.perf_counter() - start
+    return timed
+
+
 class _Server:
     """An actor that holds one environment of the index whose Manifest the driver read
     and sends (a restarted actor gets the same one). An error while opening it (a damaged
@@ -34,13 +51,20 @@ class _Server:
     _error = None
 
     def __init__(self, *args):
+        self._busy: dict = {}
         try:
             self._open(*args)
         except Error as e:
             self._error = e
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name, fn in list(vars(cls).items()):
+            if name[0] != "_" and callable(fn):
+                setattr(cls, name, _timed(name, fn))
+
     def __getattribute__(self, name):
-        if name[0] != "_" and name != "pid":
+        if name[0] != "_" and name not in ("pid", "busy"):
             error = object.__getattribute__(self, "_error")
             if error is not None:
                 raise error
@@ -48,6 +72,11 @@ class _Server:
 
     def pid(self):
         return os.getpid()
+
+    def busy(self):
+        """{method: (calls, seconds)} served since this actor started: where its time
+        goes (Cluster.busy)."""
+        return {name: tuple(v) for name, v in self._busy.items()}
 
     def close(self):
         """Flush (a shard's last meta page is not synced by its commits) and close."""
