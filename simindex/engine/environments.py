@@ -179,9 +179,10 @@ def _ever_used(env: Env) -> bool:
     """Whether the records environment `env` ever gave out a seq; closes it."""
     try:
         with Txn(env) as txn:
-            return txn.get(DB_INFO, INFO_NEXT_SEQ) is not None
+            used = txn.get(DB_INFO, INFO_NEXT_SEQ) is not None
     finally:
         env.close()
+    return used
 
 
 def split_ledgers(m: manifest.Manifest, ledgers: int) -> manifest.Manifest:

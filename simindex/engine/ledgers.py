@@ -155,14 +155,18 @@ def globalize(hits: list, ledger: int, ledgers: int) -> list:
     if ledgers == 1:
         return hits
     return [[(d, fp, global_seq(s, ledger, ledgers), i, m) for d, fp, s, i, m in hs]
-            for hs in hits]
+            if hs else hs for hs in hits]
 
 
 def merge(per_ledger: list) -> list:
     """Each query's hits of every ledger (global seqs), sorted by (distance, seq)."""
     out = []
     for hs in zip(*per_ledger):
-        joined = [h for part in hs for h in part]
+        found = [part for part in hs if part]
+        if len(found) <= 1:
+            out.append(found[0] if found else [])    # one ledger's: already in order
+            continue
+        joined = [h for part in found for h in part]
         joined.sort(key=lambda h: (h[0], h[2]))
         out.append(joined)
     return out
