@@ -12,8 +12,8 @@ import os
 import re
 from typing import Union
 
-from .engine import environments, lmdbfile, manifest
-from .engine._layout import RECORDS_DIR, SHARD_PREFIX, shard_dir
+from .engine import environments, ledgers, lmdbfile, manifest
+from .engine._layout import RECORDS_DIR, SHARD_PREFIX, ledger_dir, shard_dir
 from .errors import CorruptError, MissingIndexError
 from .index import Index
 
@@ -32,6 +32,16 @@ def _remake(path: str, shard: int) -> None:
     environments.open_shard(path, shard, readonly=False, sync=True, existing=False).close()
 
 
+def _caught_up_problems(path: str, m: manifest.Manifest) -> list:
+    """verify() of the index after every shard is caught up to the records."""
+    if m.ledgers == 1:
+        with Index(path) as idx:          # opening catches every shard up to the records
+            return idx.verify()
+    ledgers.catch_up(path, m)
+    with Index(path, readonly=True) as idx:
+        return idx.verify()
+
+
 def repair(path: Union[str, os.PathLike]) -> list[str]:
     """Rebuild every damaged shard of the index at `path` from its records, then verify it;
     returns what was done ([] when nothing needed it). CorruptError when records/ is
@@ -39,12 +49,14 @@ def repair(path: Union[str, os.PathLike]) -> list[str]:
     path = os.path.abspath(os.fspath(path))
     if not os.path.exists(os.path.join(path, manifest.NAME)):
         raise MissingIndexError(f"no simindex index at {path}")
-    plan = manifest.read(path).plan
-    bad = lmdbfile.problems(os.path.join(path, RECORDS_DIR))
-    if bad:
-        raise CorruptError(f"{bad[0]}: the index's records are damaged or lost and cannot "
-                           f"be rebuilt; restore {RECORDS_DIR}/ from a backup (nothing was "
-                           f"changed)")
+    m = manifest.read(path)
+    plan = m.plan
+    for j in range(m.ledgers):
+        bad = lmdbfile.problems(os.path.join(path, ledger_dir(j)))
+        if bad:
+            raise CorruptError(f"{bad[0]}: the index's records are damaged or lost and "
+                               f"cannot be rebuilt; restore {ledger_dir(j)}/ from a backup "
+                               f"(nothing was changed)")
     done = []
     for s in range(plan.shards):
         found = lmdbfile.problems(os.path.join(path, shard_dir(s)))
@@ -53,13 +65,12 @@ def repair(path: Union[str, os.PathLike]) -> list[str]:
             done.append(f"shard {s} rebuilt from the records ({found[0]})")
     for _ in range(plan.shards + 1):
         try:
-            with Index(path) as idx:      # opening catches every shard up to the records
-                found = idx.verify()
+            found = _caught_up_problems(path, m)
         except CorruptError as e:         # a shard LMDB cannot even open
             found = [str(e)]
         if not found:
             return done
-        shards = {int(m) for p in found for m in _SHARD.findall(p)}
+        shards = {int(x) for p in found for x in _SHARD.findall(p)}
         if not shards or any(p.startswith(RECORDS_DIR) for p in found):
             raise CorruptError(f"{path} is still unsound after repair: {found[0]}")
         for s in sorted(shards):          # pages sound, tables or state wrong: made again

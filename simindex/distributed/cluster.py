@@ -12,8 +12,9 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..engine import environments, ledgers, manifest
+from ..engine import environments, manifest
 from ..engine._layout import ledger_dir
+from ..engine.ledgers import check_kept, ledger_of, to_local
 from ..engine.codec import (
     Packed, check_fp, check_wide_fp, encode_id, encode_records, fp_array, pack_meta,
     words_array,
@@ -136,6 +137,8 @@ class Cluster:
             self.shards = [ray.remote(ShardServer).options(**placed(s)).remote(
                 self._manifest, s, self.readonly) for s in range(self.plan.shards)]
             self._read_applied()
+            check_kept(self.path, self._applied,
+                               fetch([ledger.last.remote() for ledger in self.ledgers]))
             # per ledger and shard, (lo, hi): that ledger's seqs with nothing for the shard
             self._clean = [[(0, -1)] * self.plan.shards for _ in range(n)]
             if not self.readonly:
@@ -180,7 +183,7 @@ class Cluster:
         return self.ledgers[0]
 
     def _ledger_of(self, idk: bytes) -> Any:
-        return self.ledgers[int(ledgers.ledger_of([idk], len(self.ledgers))[0])]
+        return self.ledgers[int(ledger_of([idk], len(self.ledgers))[0])]
 
     def _read_applied(self) -> np.ndarray:
         """(ledgers, shards): each shard's applied local seq of each ledger, from the
@@ -271,7 +274,7 @@ class Cluster:
                     break
                 seqs, fps = fetch(ledger.tail.remote(low + 1, REPLAY_CHUNK))
                 # no live record above: the shards may claim everything up to the target
-                last = int(ledgers.to_local(seqs[-1:], n)[1][0]) if len(seqs) else target
+                last = int(to_local(seqs[-1:], n)[1][0]) if len(seqs) else target
                 got = self._written([
                     s.apply.remote([(j, seqs, fps, int(a), last)]) if a < last
                     else s.applied.remote() for s, a in zip(self.shards, applied)])
@@ -311,7 +314,7 @@ class Cluster:
             for j, prev, seqs, fps, own in batches:
                 if own is None:
                     own = route.owners(self.plan, fps)
-                last = int(ledgers.to_local(seqs[-1:], n)[1][0])
+                last = int(to_local(seqs[-1:], n)[1][0])
                 applied, clean = self._applied[j], self._clean[j]
                 for s in range(self.plan.shards):
                     lo, hi = clean[s]
@@ -360,7 +363,7 @@ class Cluster:
             if n == 1:
                 split = [(0, np.arange(len(ik)))]
             else:
-                home = ledgers.ledger_of(ik, n)
+                home = ledger_of(ik, n)
                 split = [(j, np.flatnonzero(home == j)) for j in range(n)]
                 split = [(j, at) for j, at in split if len(at)]
             commits = [self.ledgers[j].commit.remote(
@@ -386,7 +389,7 @@ class Cluster:
                     check: Optional[TextCheck] = None,
                     sketch: Optional[tuple] = None) -> list[Match]:
         n = len(self.ledgers)
-        home = int(ledgers.ledger_of([idk], n)[0])
+        home = int(ledger_of([idk], n)[0])
         across = dict(servers=self.ledgers, home=home) if n > 1 else {}
         added, hits = self._written(self.ledger.add_unique.remote(
             self._request(), idk, fp, mb, k, self.shards, check, sketch, **across))

@@ -39,7 +39,7 @@ from ..values import words_array
 
 __all__ = ["ledger_dir", "ledger_of", "to_global", "global_seq", "to_local", "load_applied",
            "apply", "split", "globalize", "merge", "lowest_applied", "LedgerReader", "live",
-           "stored_pairs", "compaction_keep"]
+           "stored_pairs", "compaction_keep", "catch_up", "check_kept"]
 
 _U64 = np.uint64
 
@@ -138,6 +138,20 @@ def compaction_keep(live: np.ndarray, newest: Sequence[int], ledgers: int):
     return keep
 
 
+def check_kept(path: str, applied: np.ndarray, lasts: Sequence[int]) -> None:
+    """Refuse a ledger that never gave out a seq (`lasts`: each ledger's last seq) while a
+    shard applied some of its records (`applied`: (ledgers, shards)): its records were lost
+    (the file emptied or replaced), and an index open on it would answer without them."""
+    for j, last in enumerate(lasts):
+        top = int(np.max(applied[j])) if len(applied[j]) else 0
+        if top and not last:
+            shard = int(np.argmax(applied[j]))
+            raise CorruptError(
+                f"{path}: {ledger_dir(j)}/ holds no record, but shard {shard} applied its "
+                f"records up to seq {top}: the index's records are lost and cannot be "
+                f"rebuilt; restore {ledger_dir(j)}/ from a backup (nothing was changed)")
+
+
 # ---------------------------------------------------------------- queries
 def split(qidx: np.ndarray, seqs: np.ndarray, dists: np.ndarray, ledgers: int) -> list:
     """The shards' candidates (global seqs) as [(qidx, local seqs, dists)] per ledger."""
@@ -198,7 +212,7 @@ class LedgerReader:
         self.path = path
         self.manifest = m
         self.plan = m.plan
-        self.nledgers = m.ledgers
+        self.nledgers = n = m.ledgers
         self.readonly = True
         self.lock, self.sync = lock, True
         self.replayed = Replay()
@@ -223,6 +237,14 @@ class LedgerReader:
                         for ledger, env in enumerate(self.ledger_envs)]
         self.pid = os.getpid()
         self.refs = 1
+        try:
+            applied = np.array([self.txns.read_txn(env, lambda txn: load_applied(txn, n))
+                                for env in self.shard_envs]).T
+            check_kept(path, applied, [r.read_txn(env, records.last_seq) for r, env in
+                                       zip(self.runners, self.ledger_envs)])
+        except BaseException:
+            self.close()
+            raise
 
     # the store interface simindex.Index uses
     @property
@@ -308,6 +330,36 @@ class LedgerReader:
         """Read transactions [ledger 0, ledger 1, ..., shard 0, shard 1, ...], the shards'
         begun first (TxnRunner.snapshot)."""
         return self.txns.snapshot()
+
+
+def catch_up(path: str, m: Manifest) -> None:
+    """Bring every shard of the index of several ledgers at `path` up to every ledger's
+    last record, on one machine (repair's step after it made a damaged shard again: a
+    Cluster does the same when it opens). Run it while no other process writes the index."""
+    plan, n = m.plan, m.ledgers
+    envs = [environments.open_records(path, readonly=True, sync=True, sums=m.record_sums,
+                                      ledger=j) for j in range(n)]
+    envs += [environments.open_shard(path, s, readonly=False, sync=True)
+             for s in range(plan.shards)]
+    txns = TxnRunner(path, envs, what=f"index {path}")
+    try:
+        ledger_envs, shard_envs = envs[:n], envs[n:]
+        applied = np.array([txns.read_txn(env, lambda txn: load_applied(txn, n))
+                            for env in shard_envs])
+        check_kept(path, applied.T, [txns.read_txn(env, records.last_seq)
+                                     for env in ledger_envs])
+        low = applied.min(axis=0)
+        parts = []
+        for j, env in enumerate(ledger_envs):
+            def tail(txn, j=j):
+                seqs, fps = records.tail(txn, int(low[j]) + 1, 0, plan.words)
+                return to_global(seqs, j, n), fps, records.last_seq(txn)
+            seqs, fps, last = txns.read_txn(env, tail)
+            parts.append((j, seqs, fps, None, last))
+        for s, env in enumerate(shard_envs):
+            txns.write(env, lambda txn, s=s: apply(txn, plan, s, n, parts))
+    finally:
+        txns.close(sync=True)
 
 
 def live(ltxns: list, words: int) -> tuple:
