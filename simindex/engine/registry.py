@@ -97,9 +97,9 @@ def _ledger_reader(path, readonly, lock, **given):
     m = manifest.read(path)
     m.check_same(**given)
     if not readonly:
-        raise ReadOnlyError(f"index {path} has {m.ledgers} ledgers: open it with "
-                            f"readonly=True (it is written through "
-                            f"simindex.distributed.Cluster)")
+        raise ReadOnlyError(f"index {path} has {m.ledgers} ledgers: on one machine it "
+                            f"opens read-only (readonly=True; simindex serve --readonly), "
+                            f"and it is written through simindex.distributed.Cluster")
     return LedgerReader(path, m, lock=lock)
 
 
