@@ -113,7 +113,8 @@ def apply(txn: Txn, plan, shard: int, ledgers: int, parts: list) -> np.ndarray:
     if not keep_s:
         return applied
     seqs = np.concatenate(keep_s)
-    fps = np.concatenate(keep_f)
+    order = np.argsort(seqs, kind="stable")          # Entries takes ascending seqs
+    seqs, fps = seqs[order], np.concatenate(keep_f)[order]
     w = ShardWriter(txn, plan.ntables, plan.words - 1)
     if len(seqs):
         entries = Entries(plan, seqs, fps, shards=(shard, shard + 1))
