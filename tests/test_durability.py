@@ -69,6 +69,15 @@ def test_compact_keeps_records_added_by_another_process_meanwhile(tmp_path):
         assert idx.verify() == [] and "d5" not in idx
 
 
+def test_compact_drops_the_entries_of_the_newest_record_removed(tmp_path):
+    with simindex.Index(tmp_path / "i", k=3, shards=2) as idx:
+        idx.add_many([(f"d{i}", i * 7919) for i in range(100)])
+        idx.remove("d99")
+        idx.compact()
+        s = idx.stats()
+        assert s["stale"] == 0 and s["entries"] == 99 * s["tables"] and idx.verify() == []
+
+
 def test_reopen_never_reuses_seqs_a_shard_already_applied(tmp_path):
     path = str(tmp_path / "i")
     with simindex.Index(path, shards=1) as idx:

@@ -76,6 +76,8 @@ def test_a_cluster_of_several_ledgers_answers_as_the_brute_force(local_ray, tmp_
             if i in stored:
                 c.add(i, fp ^ 1, None)
                 stored[i] = fp ^ 1
+        c.add("newest", 12345)                                        # then removed:
+        assert c.remove("newest")                                     # compact drops it
         assert len(c) == len(stored)
         got = c.query_many(queries)
         same_answers(got, stored, queries, k)
@@ -162,26 +164,29 @@ def test_add_unique_admits_one_of_two_near_copies_in_different_ledgers(local_ray
     path = tmp_path / "i"
     with simindex.Index(path, k=3, shards=2):
         pass
-    # ids whose records live in different ledgers
+    # ids whose records live in different ledgers, added by two clients at once
     names = [f"doc{i}" for i in range(40)]
     home = ledgers.ledger_of([encode_id(x) for x in names], 2)
     a = names[int(np.flatnonzero(home == 0)[0])]
     b = names[int(np.flatnonzero(home == 1)[0])]
-    with dist.Cluster(path, ledgers=2) as c:
+    with dist.Cluster(path, ledgers=2) as c1, dist.Cluster(path) as c2:
         for round_ in range(6):
             base = (round_ + 1) * 0x9E3779B97F4A7C15 % 2 ** 64
             out = {}
+            go = threading.Barrier(2)
 
-            def add(name, fp):
+            def add(c, name, fp):
+                go.wait()
                 out[name] = c.add_unique(f"{name}.{round_}", fp)
-            ts = [threading.Thread(target=add, args=(a, base)),
-                  threading.Thread(target=add, args=(b, base ^ 0b11))]
+            ts = [threading.Thread(target=add, args=(c1, b if round_ % 2 else a, base)),
+                  threading.Thread(target=add, args=(c2, a if round_ % 2 else b,
+                                                     base ^ 0b11))]
             for t in ts:
                 t.start()
             for t in ts:
                 t.join()
             assert sorted(len(v) == 0 for v in out.values()) == [False, True]
-            assert len(c.query(base)) == 1
+            assert len(c1.query(base)) == len(c2.query(base)) == 1
 
 
 def test_a_ledger_recalls_the_commit_of_a_request(tmp_path):

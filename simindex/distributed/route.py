@@ -55,10 +55,11 @@ def scan(plan: Plan, shards: list, queries: np.ndarray, k: int, nledgers: int) -
 
 
 def resolve(servers: list, queries: np.ndarray, qidx: np.ndarray, seqs: np.ndarray,
-            dists: np.ndarray, applied: np.ndarray, k: int, here=None) -> list:
+            dists: np.ndarray, applied: np.ndarray, k: int, here=None, txn=None) -> list:
     """Each query's matches from route.scan's candidates, every ledger server resolving
     its own (all at once), merged by (distance, seq). `here`: the calling ledger server
-    itself, whose part runs in-process (an actor cannot wait for its own calls)."""
+    itself, whose part runs in-process (an actor cannot wait for its own calls), in its
+    write transaction `txn` when it holds one."""
     n = len(servers)
     parts = ledgers.split(qidx, seqs, dists, n)
     calls = {}
@@ -67,7 +68,7 @@ def resolve(servers: list, queries: np.ndarray, qidx: np.ndarray, seqs: np.ndarr
             calls[ledger] = server.resolve.remote(
                 queries, *parts[ledger], np.ascontiguousarray(applied[:, ledger]), k)
     mine = None if here is None else here.resolve(
-        queries, *parts[here.ledger], np.ascontiguousarray(applied[:, here.ledger]), k)
+        queries, *parts[here.ledger], np.ascontiguousarray(applied[:, here.ledger]), k, txn)
     got = dict(zip(calls, fetch(list(calls.values()))))
     if mine is not None:
         got[here.ledger] = mine

@@ -126,7 +126,7 @@ class ShardServer(_Server):
     def compact(self, live, newest, stale):
         """Merge each table's runs into one, dropping the entries of records removed before
         the ledgers' snapshots (`live`: their live global seqs, sorted; `newest`: each
-        one's newest live local seq; `stale`: the removals they counted)."""
+        one's newest local seq given out; `stale`: the removals they counted)."""
         keep = ledgers.compaction_keep(live, newest, self.nledgers)
         self.txns.write(self.env,
                         lambda txn: protocol.merge_tables(txn, self.plan, keep, stale),
@@ -205,11 +205,11 @@ class LedgerServer(_Server):
         return self.txns.read_txn(self.env, fn)
 
     def removals(self):
-        """(live global seqs, newest live local seq, removals counted) of one snapshot: what
-        a compaction keeps, and whether it has anything to drop."""
+        """(live global seqs, newest local seq given out, removals counted) of one
+        snapshot: what a compaction keeps, above which seq entries are newer, and whether
+        it has anything to drop."""
         def fn(txn):
-            live, stale = protocol.removals(txn, self.plan.words)
-            newest = int(live[-1]) if len(live) else 0
+            live, stale, newest = protocol.removals(txn, self.plan.words)
             return ledgers.to_global(live, self.ledger, self.nledgers), newest, stale
         return self.txns.read_txn(self.env, fn)
 
@@ -218,13 +218,14 @@ class LedgerServer(_Server):
         meanwhile stay)."""
         return self._once(request, lambda txn: records.add_stale(txn, -counted))
 
-    def resolve(self, queries, qidx, seqs, dists, applied, k):
+    def resolve(self, queries, qidx, seqs, dists, applied, k, txn=None):
         """Matches of each query from the shards' candidates of this ledger (local seqs;
         `applied`: per query, the lowest local seq applied by the shards it reached; see
-        ReadContext.resolve), with global seqs."""
+        ReadContext.resolve), with global seqs. `txn`: this ledger's write transaction
+        when the caller holds one (add_unique)."""
         order = np.argsort(qidx, kind="stable")
         hits = self.txns.read(lambda ctx: ctx.resolve(queries, qidx[order], seqs[order],
-                                                      dists[order], applied, k))
+                                                      dists[order], applied, k, txn))
         return ledgers.globalize(hits, self.ledger, self.nledgers)
 
     def add_unique(self, request, idk, fp, meta, k, shards, check=None, sketch=None,
@@ -235,46 +236,40 @@ class LedgerServer(_Server):
         shingle count): only records that pass it count, judged under the same lock.
 
         In an index of several ledgers every add_unique goes to ledger 0 (this server, with
-        `servers`, every ledger's, and `home`, the record's ledger): calls to one actor run
-        one at a time, so of two near-identical records added at once exactly one goes in;
-        a record added by a plain add meanwhile is not waited for. Returns (added, hits),
-        added (prev, seqs) of the commit in `home`."""
+        `servers`, every ledger's, and `home`, the record's ledger), which holds its records
+        write lock from the scan to the commit in `home`: of two near-identical records
+        added at once by any clients exactly one goes in (a plain add in another ledger is
+        not waited for). Returns (added, hits), added (prev, seqs) of the commit in
+        `home`."""
         q = np.array([fp], dtype=np.uint64) if self.plan.width == 64 else \
             words_array([fp], self.plan.width)
-        if servers is not None:
-            return self._add_unique_across(request, idk, q, meta, k, shards, check, sketch,
-                                           servers, home)
 
         def fn(txn):
             qidx, seqs, dists, applied = route.scan(self.plan, shards, q, k, self.nledgers)
-            hits = self.txns.read(
-                lambda ctx: ctx.resolve(q, qidx, seqs, dists, applied[:, 0], k, txn))[0]
+            if servers is None:
+                hits = self.resolve(q, qidx, seqs, dists, applied[:, 0], k, txn)[0]
+            else:
+                hits = route.resolve(servers, q, qidx, seqs, dists, applied, k, here=self,
+                                     txn=txn)[0]
             if hits and check is not None:
                 hits = check.passing(sketch[0], sketch[1], hits)
             if hits:
                 return None, hits
+            if home != self.ledger:
+                return route.fetch(servers[home].commit.remote(request, [idk], q, [meta])), []
             prev = records.last_seq(txn)
             seq0 = records.put(txn, [idk], q, [meta])
-            return (prev, np.array([seq0], dtype=np.uint64)), []
-        return self._once(request, fn)
+            return (prev, ledgers.to_global(np.array([seq0], dtype=np.uint64), self.ledger,
+                                            self.nledgers)), []
+        if home == self.ledger:
+            return self._once(request, fn)
 
-    def _add_unique_across(self, request, idk, q, meta, k, shards, check, sketch, servers,
-                           home):
-        here = home == self.ledger
-        # a retry of a call whose commit went through returns that commit
-        done = self.recall(request) if here else route.fetch(servers[home].recall.remote(
-            request))
-        if done is not None:
-            return done[0], []
-        qidx, seqs, dists, applied = route.scan(self.plan, shards, q, k, self.nledgers)
-        hits = route.resolve(servers, q, qidx, seqs, dists, applied, k, here=self)[0]
-        if hits and check is not None:
-            hits = check.passing(sketch[0], sketch[1], hits)
-        if hits:
-            return None, hits
-        add = (request, [idk], q, [meta])
-        return (self.commit(*add) if here else
-                route.fetch(servers[home].commit.remote(*add))), []
+        def elsewhere(txn):
+            # the home ledger remembers the request with its commit: a retry of a call
+            # whose commit went through returns that commit
+            done = route.fetch(servers[home].recall.remote(request))
+            return (done[0], []) if done is not None else fn(txn)
+        return self.txns.write(self.env, elsewhere)
 
     def remove(self, request, idk):
         return self._once(request, lambda txn: records.remove(txn, idk))

@@ -399,9 +399,8 @@ def compact(txns: TxnRunner, plan: Plan) -> None:
     and the removals stay counted until a compact completes."""
     catch_up(txns, plan)
     rec, shards = txns.envs[0], txns.envs[1:]
-    live, stale = txns.read_txn(rec, lambda txn: removals(txn, plan.words))
     # seqs above the snapshot's newest may belong to records added meanwhile
-    newest = int(live[-1]) if len(live) else 0
+    live, stale, newest = txns.read_txn(rec, lambda txn: removals(txn, plan.words))
     for env in shards:
         txns.write(env, lambda txn: _merge_all(txn, plan, live, newest, stale),
                    then=SHARD_WRITE_FAILED)
@@ -410,9 +409,10 @@ def compact(txns: TxnRunner, plan: Plan) -> None:
 
 
 def removals(txn: Txn, words: int) -> tuple:
-    """(live seqs ascending, removals counted) of the records snapshot `txn`: what a
-    compaction keeps, and whether it has anything to drop."""
-    return records.tail(txn, 0, 0, words)[0], records.stale(txn)
+    """(live seqs ascending, removals counted, newest seq given out) of the records
+    snapshot `txn`: what a compaction keeps, whether it has anything to drop, and above
+    which seq entries belong to records added after it."""
+    return records.tail(txn, 0, 0, words)[0], records.stale(txn), records.last_seq(txn)
 
 
 def _merge_all(txn, plan, live, newest, stale):
