@@ -313,7 +313,9 @@ class Index:
               where: Optional[Callable[[Match], bool]] = None) -> list[Match]:
         """Stored records within k bits (default: the index's k) of `fingerprint`.
 
-        Sorted by distance, then by insertion order (the order of each record's latest add).
+        Sorted by distance, then by insertion order (the order of each record's latest add;
+        in an index of several ledgers, global seq order: each ledger's own insertion
+        order, the ledgers interleaved).
         `where(match) -> bool`, when given, drops the matches it rejects (for example a
         Jaccard check of stored shingles against the query document's).
         """
@@ -467,7 +469,8 @@ class Index:
 
     # ------------------------------------------------------------ all pairs
     def pairs(self, k: Optional[int] = None) -> Iterator[tuple[Id, Id, int]]:
-        """Every stored pair within k bits, once: (id_a, id_b, distance), a added before b.
+        """Every stored pair within k bits, once: (id_a, id_b, distance), a added before b
+        (in an index of several ledgers, a before b in global seq order).
 
         The pairs of one snapshot, computed before the first is returned.
         """

@@ -242,6 +242,33 @@ def test_ledgers_are_chosen_while_the_index_is_empty(local_ray, tmp_path):
         assert [m.id for m in r.query(5)] == ["x"]
 
 
+def test_no_split_under_a_writer_or_over_records_waiting_in_a_log(local_ray, tmp_path):
+    path = tmp_path / "i"
+    with simindex.Index(path, k=3, shards=2):
+        with pytest.raises(simindex.ParameterError, match="open for writing"):
+            dist.Cluster(path, ledgers=2)                 # this process writes it
+    writer = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time, simindex\n"
+         "with simindex.Index(sys.argv[1]):\n print('open', flush=True); time.sleep(60)",
+         str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "open\n"
+        with pytest.raises(simindex.ParameterError, match="open for writing"):
+            dist.Cluster(path, ledgers=2)                 # another process writes it
+    finally:
+        writer.kill()
+        writer.wait()
+    # a writer with sync=False killed before it folded its records
+    subprocess.run([sys.executable, "-c", "import os, sys, simindex\n"
+                    "i = simindex.Index(sys.argv[1], sync=False)\n"
+                    "i.add_many([('r0', 1), ('r1', 2), ('r2', 3)])\nos._exit(0)",
+                    str(path)], check=True, timeout=60)
+    with pytest.raises(simindex.ParameterError, match="pending"):
+        dist.Cluster(path, ledgers=2)
+    with simindex.Index(path) as idx:                      # replayed, nothing lost
+        assert len(idx) == 3 and idx.get("r0").fingerprint == 1
+
+
 def test_a_manifest_names_its_ledgers_or_is_refused(tmp_path):
     with simindex.Index(tmp_path / "i", k=3, shards=2):
         pass

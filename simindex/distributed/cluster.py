@@ -84,7 +84,8 @@ class Cluster:
     right on a single node or with the index replicated to every node's local disk).
     `readonly=True` opens every environment read-only and refuses writes.
 
-    `ledgers` > 1 splits the records of an index that has never held any over that many
+    `ledgers` > 1 splits the records of an index that has never held any (and that nothing
+    else has open for writing; see environments.split_ledgers) over that many
     ledgers (records/, records-1/, ...; each a Ray actor, placed by `nodes` under its
     directory name): a record's ledger follows from its id, so adds commit in every ledger
     at once and each resolves its own part of a query batch (simindex/engine/ledgers.py).

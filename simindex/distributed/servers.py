@@ -49,6 +49,7 @@ class _Server:
 
     txns: Optional[TxnRunner] = None
     _error = None
+    _writers: Optional[int] = None
 
     def __init__(self, *args):
         self._busy: dict = {}
@@ -81,6 +82,13 @@ class _Server:
     def close(self):
         """Flush (a shard's last meta page is not synced by its commits) and close."""
         self.txns.close(sync=not self.env.readonly)
+        if self._writers is not None:
+            os.close(self._writers)
+            self._writers = None
+
+    def _hold(self, path, readonly):
+        """A writable server holds the index's writers lock (environments.writers_lock)."""
+        self._writers = None if readonly else environments.writers_lock(path)
 
 
 class ShardServer(_Server):
@@ -91,6 +99,7 @@ class ShardServer(_Server):
         self.plan = m.plan
         self.nledgers = m.ledgers
         self.shard = shard
+        self._hold(path, readonly)
         self.env = environments.open_shard(path, shard, readonly=readonly, sync=True)
         self.txns = TxnRunner(path, [self.env], what=f"shard {shard} of index {path}")
 
@@ -150,6 +159,7 @@ class LedgerServer(_Server):
         path = self.path = m.path
         self.plan = m.plan
         self.ledger, self.nledgers = ledger, m.ledgers
+        self._hold(path, readonly)
         self.env = environments.open_records(path, readonly=readonly, sync=True,
                                              sums=m.record_sums, ledger=ledger)
         self.txns = TxnRunner(path, [self.env], what=f"ledger {ledger} of index {path}",

@@ -15,7 +15,7 @@ from typing import Optional
 from . import lmdbfile, manifest
 from ._layout import (
     DB_IDS, DB_INFO, DB_SEQS, DB_SLABS, DB_STATE, INFO_NEXT_SEQ, LOCK_FILE, LOG_DIR,
-    MANIFEST, RECORDS_DIR, SHARD_PREFIX, ledger_dir, shard_dir,
+    LOG_MAGIC, LOG_SUFFIX, MANIFEST, RECORDS_DIR, SHARD_PREFIX, ledger_dir, shard_dir,
 )
 from ._lmdb import Env, Txn
 from ..errors import (
@@ -185,16 +185,47 @@ def _ever_used(env: Env) -> bool:
     return used
 
 
+def writers_lock(path: str) -> Optional[int]:
+    """A shared lock on the index's lock file, held by every writable open for its life
+    (a file descriptor to close), so that splitting the index over ledgers, which takes
+    it exclusively, never runs under a writer. None where the file cannot be opened for
+    writing (a read-only index: no split can run there either)."""
+    try:
+        fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                     0o644)
+    except OSError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_SH)         # waits for a creation or a split in progress
+    return fd
+
+
+def _pending(path: str) -> bool:
+    """Whether pending/ holds a write-buffer log with records in it (of a writer that
+    stopped before folding them: the next writable open of one ledger replays them)."""
+    d = os.path.join(path, LOG_DIR)
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return False
+    return any(n.endswith(LOG_SUFFIX) and
+               os.path.getsize(os.path.join(d, n)) > len(LOG_MAGIC) for n in names)
+
+
 def split_ledgers(m: manifest.Manifest, ledgers: int) -> manifest.Manifest:
     """Split the records of the index of `m` over `ledgers` ledgers (records-1/... made
     next to records/, then the manifest names them): only while the index has never held
-    a record and no other process writes it, since every record's ledger follows from its
-    id. Made under the index's creation lock; a split that crashed before its manifest is
-    made again."""
+    a record (nor holds one in a write-buffer log), since every record's ledger follows
+    from its id; refused while it is open for writing anywhere (writers_lock). A split that
+    crashed before its manifest is made again."""
     path = m.path
-    fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ParameterError(f"ledgers={ledgers}: the index at {path} is open for "
+                                 f"writing (in this process or another); close it first, "
+                                 f"since a split must see every record") from None
         m = manifest.read(path)
         if m.ledgers == ledgers:
             return m
@@ -202,10 +233,12 @@ def split_ledgers(m: manifest.Manifest, ledgers: int) -> manifest.Manifest:
             raise ParameterError(f"ledgers={ledgers} was given, but the index at {path} has "
                                  f"{m.ledgers} ledgers; reopen without it or with the "
                                  f"stored value")
-        if _ever_used(open_records(path, readonly=True, sync=True, sums=m.record_sums)):
+        if _ever_used(open_records(path, readonly=True, sync=True, sums=m.record_sums)) or \
+                _pending(path):
             raise ParameterError(f"ledgers={ledgers}: the index at {path} has held records "
-                                 f"in one ledger, and an index is split over ledgers only "
-                                 f"while empty (build a new one with ledgers={ledgers})")
+                                 f"in one ledger (committed, or waiting in {LOG_DIR}/), and "
+                                 f"an index is split over ledgers only while empty (build "
+                                 f"a new one with ledgers={ledgers})")
         for ledger in range(1, ledgers):
             sub = os.path.join(path, ledger_dir(ledger))
             if os.path.exists(sub):

@@ -9,7 +9,7 @@ global seqs: local seq s of ledger l is (s - 1) * L + l + 1 (with one ledger the
 the same). A shard keeps, per ledger, the local seq up to which it applied that ledger's
 records (STATE_LEDGERS); queries check each ledger's records above the lowest of those
 directly, so answers stay exact while shards lag. Matches of one distance come in global
-seq order.
+seq order: each ledger's insertion order, the ledgers interleaved.
 
 The Ray servers (simindex/distributed/servers.py) write such an index; simindex.Index
 opens it read-only (LedgerReader).
@@ -358,7 +358,9 @@ def catch_up(path: str, m: Manifest) -> None:
             seqs, fps, last = txns.read_txn(env, tail)
             parts.append((j, seqs, fps, None, last))
         for s, env in enumerate(shard_envs):
-            txns.write(env, lambda txn, s=s: apply(txn, plan, s, n, parts))
+            def one(txn: Txn, s: int = s) -> np.ndarray:
+                return apply(txn, plan, s, n, parts)
+            txns.write(env, one)
     finally:
         txns.close(sync=True)
 

@@ -34,6 +34,7 @@ class Store:
 
     txns: TxnRunner                  # the runners, made once the environments are open
     nledgers = 1                     # its records are one environment (see ledgers.py)
+    _writers: Optional[int] = None   # the writers lock's descriptor while it may write
     read: Callable[..., Any]                  # txns.read(fn, *args), bound once
 
     def __init__(self, path: str, *, k: Optional[int], blocks: Optional[int],
@@ -65,7 +66,21 @@ class Store:
                 environments.create(path, plan, scheme, calibration)
             except StorageError as e:
                 raise space_error(e, path) from None
+        # held while this store may write: an index is never split over ledgers under it
+        self._writers = None if readonly else environments.writers_lock(path)
+        try:
+            self._open(path, k, blocks, shards, scheme, prefix_blocks, width, calibration,
+                       readonly, sync, lock)
+        except BaseException:
+            self._release_writers()
+            raise
+
+    def _open(self, path, k, blocks, shards, scheme, prefix_blocks, width, calibration,
+              readonly, sync, lock) -> None:
         m = self.manifest = manifest.read(path)
+        if m.ledgers > 1 and not readonly:      # split since the registry looked
+            raise ReadOnlyError(f"index {path} has {m.ledgers} ledgers: on one machine it "
+                                f"opens read-only")
         m.check_same(k=k, blocks=blocks, shards=shards, scheme=scheme,
                      prefix_blocks=prefix_blocks, width=width, calibration=calibration)
         self.plan = m.plan
@@ -175,8 +190,14 @@ class Store:
             try:
                 self.txns.close(sync=not self.readonly)
             finally:
+                self._release_writers()
                 if error is not None:
                     raise error
+
+    def _release_writers(self) -> None:
+        fd, self._writers = self._writers, None
+        if fd is not None:
+            os.close(fd)
 
     def reentered(self) -> bool:
         """Whether this thread is inside a call on this store (only the garbage collector
