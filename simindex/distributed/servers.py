@@ -1,10 +1,12 @@
-"""The processes of a Cluster: one ledger serving records/, one server per shard.
+"""The processes of a Cluster: one server per ledger (records/, and records-N/ in an index
+of several, simindex/engine/ledgers.py), one server per shard.
 
-Each is a plain class run as a Ray actor that holds its LMDB environment open. They write
-through the single-machine write protocol (simindex/engine/protocol.py) and its transaction
-runners (simindex/engine/transactions.py): the ledger commits records first (the durability
-point), then each shard applies them as sorted runs and advances its applied seq; a shard
-that missed records (its actor restarted) is caught up from the ledger.
+Each is a plain class run as a Ray actor that holds its LMDB environment open, and counts
+the calls and seconds of each of its methods (busy). They write through the single-machine
+write protocol (simindex/engine/protocol.py) and its transaction runners
+(simindex/engine/transactions.py): a ledger commits records first (the durability point),
+then each shard applies them as sorted runs and advances its applied seq (one per ledger);
+a shard that missed records (its actor restarted) is caught up from that ledger.
 """
 
 from __future__ import annotations
