@@ -162,6 +162,7 @@ def crash(idx: Index) -> None:
     st = _store(idx)
     idx._store = None
     st.txns.drop()
+    st._release_writers()            # a killed process's locks go with it
     registry.forget_all()
 
 
