@@ -374,3 +374,24 @@ def test_a_ledger_emptied_or_replaced_is_refused_never_read_as_empty(local_ray, 
                     lambda: dist.Cluster(path), lambda: simindex.repair(path)):
         with pytest.raises(simindex.CorruptError, match="records-1/ holds no record"):
             opening()
+
+
+def test_verify_finds_a_record_in_a_ledger_its_id_does_not_belong_to(local_ray, tmp_path):
+    from simindex.distributed.servers import LedgerServer
+    path = tmp_path / "i"
+    ledger_index(path, 2, count=200)
+    with simindex.Index(path, readonly=True) as idx:
+        assert idx.verify() == []
+    stray = next(f"x{i}" for i in range(100)
+                 if ledgers.ledger_of([encode_id(f"x{i}")], 2)[0] == 0)
+    led = LedgerServer(manifest.read(str(path)), False, 1)     # ledger 1 writes it
+    try:
+        led.commit((b"client-1" * 3, 1), [encode_id(stray)],
+                   np.array([99], dtype=np.uint64), [pack(None)])
+    finally:
+        led.close()
+    with simindex.Index(path, readonly=True) as idx:
+        assert idx.get(stray) is None                            # looked up in ledger 0
+        problems = idx.verify()
+        assert len(problems) == 1 and problems[0].startswith("records-1: 1 records whose "
+                                                              "ids belong to another ledger")

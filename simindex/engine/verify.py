@@ -18,7 +18,8 @@ import numpy as np
 from . import ledgers, lmdbfile
 from ._slabs import read_run
 from ._layout import DB_IDS, DB_SEQS, DB_SLABS, ledger_dir, shard_dir
-from ._records import records_problems
+from ._records import records_lookup, records_problems
+from .codec import encode_ids
 from .records import tail
 from ..errors import CorruptError
 from .shard import load_state, runs_of
@@ -50,6 +51,8 @@ def problems(store) -> list:
             if n_ids != len(seqs):
                 found.append(f"{os.path.basename(rtxn.env.path)}: {n_ids} ids but "
                              f"{len(seqs)} records")
+        if nl > 1:
+            found += _misplaced(ltxns, parts, words)
         seqs = np.concatenate([ledgers.to_global(p[0], n, nl) for n, p in enumerate(parts)])
         fps = np.concatenate([p[1] for p in parts])
         owner, local = ledgers.to_local(seqs, nl)
@@ -100,6 +103,19 @@ def files(path: str) -> list:
     for sub in [ledger_dir(n) for n in range(m.ledgers)] + \
             [shard_dir(s) for s in range(m.shards)]:
         found += lmdbfile.problems(os.path.join(path, sub))
+    return found
+
+
+def _misplaced(ltxns, parts, words):
+    """A ledger's records whose ids belong to another ledger (get() would not find them)."""
+    found = []
+    for n, (txn, (seqs, _)) in enumerate(zip(ltxns, parts)):
+        ids = records_lookup(txn, DB_SEQS, seqs, words)[1]
+        home = ledgers.ledger_of(encode_ids(ids), len(ltxns))
+        wrong = np.flatnonzero(home != n)
+        if len(wrong):
+            found.append(f"{ledger_dir(n)}: {len(wrong)} records whose ids belong to another "
+                         f"ledger (the first: {ids[int(wrong[0])]!r:.80})")
     return found
 
 
