@@ -199,6 +199,22 @@ def run_py(code, *args, timeout=120, check=True, **kw):
     return p
 
 
+@contextmanager
+def ledger_server(path, ledger=0):
+    """A Ray ledger server run in this process (its calls, without Ray) on ledger `ledger`
+    of the index at `path`, made empty (k=3, 2 shards) when missing."""
+    import simindex
+    from simindex.distributed.servers import LedgerServer
+    from simindex.engine import manifest
+    if not os.path.exists(os.path.join(path, manifest.NAME)):
+        simindex.Index(path, k=3, shards=2).close()
+    led = LedgerServer(manifest.read(str(path)), False, ledger)
+    try:
+        yield led
+    finally:
+        led.close()
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray (2 CPUs) for the module, started inside a loopback-only network

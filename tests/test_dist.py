@@ -12,8 +12,8 @@ import pytest
 
 import simindex
 from conftest import (
-    block_ranges, brute, brute_pairs, flip, one_table_family, planted_family, popcount,
-    shard_boundary_fps,
+    block_ranges, brute, brute_pairs, flip, ledger_server, one_table_family, planted_family,
+    popcount, shard_boundary_fps,
 )
 from simindex import _testing
 from simindex.engine.plan import Plan
@@ -253,12 +253,7 @@ def test_ledger_writes_run_once_per_request(tmp_path):
     # Ray re-runs a call whose reply was lost on the restarted actor: the ledger returns
     # the stored result instead of writing again (no Ray needed to show it)
     from simindex.engine.codec import encode_id, pack_meta
-    from simindex.distributed.servers import LedgerServer
-    from simindex.engine import manifest
-    with simindex.Index(tmp_path / "i", k=3, shards=2):
-        pass
-    led = LedgerServer(manifest.read(str(tmp_path / "i")))
-    try:
+    with ledger_server(tmp_path / "i") as led:
         me = (b"client-1" * 3, 1)
         args = ([encode_id("a")], np.array([5], dtype=np.uint64), [pack_meta(None)])
         first = led.commit(me, *args)
@@ -270,8 +265,6 @@ def test_ledger_writes_run_once_per_request(tmp_path):
         assert led.remove((me[0], 2), encode_id("a")) is True  # the retry: no second delete
         assert led.count() == 1 and led.get(encode_id("a")) is not None
         assert list(other[1]) == [2]
-    finally:
-        led.close()
 
 
 def test_cluster_edge_cases_and_errors(local_ray, tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import simindex
-from conftest import brute, brute_pairs
+from conftest import brute, brute_pairs, ledger_server
 from simindex.engine import ledgers, manifest
 from simindex.engine.codec import encode_id, pack
 
@@ -192,19 +192,13 @@ def test_add_unique_admits_one_of_two_near_copies_in_different_ledgers(local_ray
 def test_a_ledger_recalls_the_commit_of_a_request(tmp_path):
     # a retried add_unique whose commit went through asks the record's ledger first, and
     # returns that commit instead of finding the record it added
-    from simindex.distributed.servers import LedgerServer
-    with simindex.Index(tmp_path / "i", k=3, shards=2):
-        pass
-    led = LedgerServer(manifest.read(str(tmp_path / "i")))
-    try:
+    with ledger_server(tmp_path / "i") as led:
         me = (b"client-1" * 3, 7)
         prev, seqs = led.commit(me, [encode_id("a")], np.array([5], dtype=np.uint64),
                                 [pack(None)])
         [(prev2, seqs2)] = led.recall(me)
         assert (prev2, list(seqs2)) == (prev, list(seqs)) == (0, [1])
         assert led.recall((me[0], 8)) is None and led.recall((b"other" * 5, 7)) is None
-    finally:
-        led.close()
 
 
 def test_build_makes_and_extends_an_index_of_several_ledgers(local_ray, tmp_path):
@@ -377,19 +371,15 @@ def test_a_ledger_emptied_or_replaced_is_refused_never_read_as_empty(local_ray, 
 
 
 def test_verify_finds_a_record_in_a_ledger_its_id_does_not_belong_to(local_ray, tmp_path):
-    from simindex.distributed.servers import LedgerServer
     path = tmp_path / "i"
     ledger_index(path, 2, count=200)
     with simindex.Index(path, readonly=True) as idx:
         assert idx.verify() == []
     stray = next(f"x{i}" for i in range(100)
                  if ledgers.ledger_of([encode_id(f"x{i}")], 2)[0] == 0)
-    led = LedgerServer(manifest.read(str(path)), False, 1)     # ledger 1 writes it
-    try:
+    with ledger_server(path, ledger=1) as led:                  # ledger 1 writes it
         led.commit((b"client-1" * 3, 1), [encode_id(stray)],
                    np.array([99], dtype=np.uint64), [pack(None)])
-    finally:
-        led.close()
     with simindex.Index(path, readonly=True) as idx:
         assert idx.get(stray) is None                            # looked up in ledger 0
         problems = idx.verify()

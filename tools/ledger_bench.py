@@ -29,6 +29,11 @@ import tempfile
 import time
 
 import numpy as np
+import ray
+
+import simindex
+from simindex.distributed import Cluster
+from simindex.distributed.sandbox import loopback_only
 
 
 def data(n: int, queries: int, k: int, seed: int = 7) -> tuple:
@@ -43,12 +48,12 @@ def data(n: int, queries: int, k: int, seed: int = 7) -> tuple:
     return fps, q
 
 
-def one_run(cluster_cls, index_cls, path: str, ledgers: int, fps, queries, a) -> tuple:
+def one_run(path: str, ledgers: int, fps, queries, a) -> tuple:
     """(figures, answers) of one fresh index with `ledgers` ledgers."""
     shutil.rmtree(path, ignore_errors=True)
-    index_cls(path, k=a.k, shards=a.shards).close()
+    simindex.Index(path, k=a.k, shards=a.shards).close()
     ids = np.arange(len(fps), dtype=np.uint64)
-    with cluster_cls(path, ledgers=ledgers) as c:
+    with Cluster(path, ledgers=ledgers) as c:
         t = time.perf_counter()
         for i in range(0, len(fps), a.batch):
             c.add_many(ids[i:i + a.batch].tolist(), fps[i:i + a.batch])
@@ -60,7 +65,7 @@ def one_run(cluster_cls, index_cls, path: str, ledgers: int, fps, queries, a) ->
             answers += c.query_many(queries[i:i + 1000])
         qps = len(queries) / (time.perf_counter() - t)
         read = c.busy()
-        counts = [len_ for len_ in ray_get([led.count.remote() for led in c.ledgers])]
+        counts = ray.get([led.count.remote() for led in c.ledgers])
     names = [n for n in written if isinstance(n, str)]
     commit = [seconds(written[n], "commit") for n in names]
     resolve = [seconds(read[n], "resolve") - seconds(written[n], "resolve") for n in names]
@@ -83,11 +88,6 @@ def seconds(busy: dict, method: str) -> float:
     return busy.get(method, (0, 0.0))[1]
 
 
-def ray_get(refs):
-    import ray
-    return ray.get(refs)
-
-
 def spread(xs: list) -> str:
     return f"{statistics.median(xs):>10,.0f} ({min(xs):,.0f}-{max(xs):,.0f})"
 
@@ -103,14 +103,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args(argv)
     counts = [int(x) for x in a.ledgers.split(",")]
-    from simindex.distributed.sandbox import loopback_only
     why = loopback_only()
     if why:
         print(f"no loopback-only network namespace ({why}); not starting Ray", file=sys.stderr)
         return 1
-    import ray
-    import simindex
-    from simindex.distributed import Cluster
     ray.init(include_dashboard=False, logging_level="WARNING")
     cpus = int(ray.cluster_resources().get("CPU", 1))
     fps, queries = data(a.n, a.queries, a.k)
@@ -120,8 +116,7 @@ def main(argv=None) -> int:
         for r in range(a.rounds):
             want = None
             for n in counts:                       # interleaved: every count each round
-                figures, got = one_run(Cluster, simindex.Index, os.path.join(root, "i"), n,
-                                       fps, queries, a)
+                figures, got = one_run(os.path.join(root, "i"), n, fps, queries, a)
                 if want is None:
                     want = got
                 elif got != want:

@@ -41,17 +41,8 @@ def scan(plan: Plan, shards: list, queries: np.ndarray, k: int, nledgers: int) -
         idx = np.nonzero(r[s])[0]
         if len(idx):
             calls.append((idx, server.scan.remote(queries[idx], k)))
-    applied = np.full((len(queries), nledgers), np.iinfo(np.uint64).max, dtype=np.uint64)
-    qs, ss, ds = [], [], []
-    for (idx, _), (qi, sq, d, a) in zip(calls, fetch([ref for _, ref in calls])):
-        applied[idx] = np.minimum(applied[idx], np.asarray(a, dtype=np.uint64))
-        qs.append(idx[qi.astype(np.int64)].astype(np.uint64))
-        ss.append(sq)
-        ds.append(d)
-    if not calls:
-        empty = np.empty(0, dtype=np.uint64)
-        return empty, empty, np.empty(0, dtype=np.uint8), applied
-    return np.concatenate(qs), np.concatenate(ss), np.concatenate(ds), applied
+    return ledgers.gather([(idx, got) for (idx, _), got in
+                           zip(calls, fetch([ref for _, ref in calls]))], len(queries), nledgers)
 
 
 def resolve(servers: list, queries: np.ndarray, qidx: np.ndarray, seqs: np.ndarray,

@@ -235,10 +235,8 @@ class LedgerServer(_Server):
         `applied`: per query, the lowest local seq applied by the shards it reached; see
         ReadContext.resolve), with global seqs. `txn`: this ledger's write transaction
         when the caller holds one (add_unique)."""
-        order = np.argsort(qidx, kind="stable")
-        hits = self.txns.read(lambda ctx: ctx.resolve(queries, qidx[order], seqs[order],
-                                                      dists[order], applied, k, txn))
-        return ledgers.globalize(hits, self.ledger, self.nledgers)
+        return ledgers.resolve_part(self.txns, self.ledger, self.nledgers, queries, qidx,
+                                    seqs, dists, applied, k, txn)
 
     def add_unique(self, request, idk, fp, meta, k, shards, check=None, sketch=None,
                    servers=None, home=0):

@@ -38,7 +38,7 @@ from ..errors import CorruptError, ReadOnlyError
 from ..values import words_array
 
 __all__ = ["ledger_dir", "ledger_of", "to_global", "global_seq", "to_local", "load_applied",
-           "apply", "split", "globalize", "merge", "lowest_applied", "LedgerReader", "live",
+           "apply", "split", "globalize", "merge", "gather", "resolve_part", "LedgerReader", "live",
            "stored_pairs", "compaction_keep", "catch_up", "check_kept"]
 
 _U64 = np.uint64
@@ -187,17 +187,34 @@ def merge(per_ledger: list) -> list:
     return out
 
 
-def lowest_applied(applied_per_shard: list, reach: np.ndarray) -> np.ndarray:
-    """(n, ledgers): per query, the lowest applied local seq of each ledger over the shards
-    it reaches (`reach`: route.reach's (shards, n) bools)."""
-    a = np.asarray(applied_per_shard, dtype=_U64)             # (shards, ledgers)
-    n = reach.shape[1]
-    out = np.full((n, a.shape[1]), np.iinfo(np.uint64).max, dtype=_U64)
-    for s in range(a.shape[0]):
-        idx = np.nonzero(reach[s])[0]
-        if len(idx):
-            out[idx] = np.minimum(out[idx], a[s])
-    return out
+def gather(scans: list, n: int, nledgers: int) -> tuple:
+    """(qidx, seqs, distances, applied) of shard scans [(positions of the queries a shard
+    scanned, (qidx, seqs, distances, applied per ledger))]: every candidate named by its
+    query's position among the n, and per query the lowest applied local seq of each
+    ledger over the shards that scanned it."""
+    applied = np.full((n, nledgers), np.iinfo(np.uint64).max, dtype=_U64)
+    qs, ss, ds = [], [], []
+    for idx, (qi, sq, d, a) in scans:
+        applied[idx] = np.minimum(applied[idx], np.asarray(a, dtype=_U64))
+        qs.append(idx[qi.astype(np.int64)].astype(_U64))
+        ss.append(sq)
+        ds.append(d)
+    if not scans:
+        empty = np.empty(0, dtype=_U64)
+        return empty, empty, np.empty(0, dtype=np.uint8), applied
+    return np.concatenate(qs), np.concatenate(ss), np.concatenate(ds), applied
+
+
+def resolve_part(runner: TxnRunner, ledger: int, nledgers: int, queries: np.ndarray,
+                 qidx: np.ndarray, seqs: np.ndarray, dists: np.ndarray,
+                 applied: np.ndarray, k: int, txn: Optional[Txn] = None) -> list:
+    """Each query's hits from one ledger (`runner`: its read contexts): the candidates of
+    its local `seqs` and its records above `applied` (ReadContext.resolve), with global
+    seqs. `txn`: the ledger's write transaction when the caller holds one."""
+    order = np.argsort(qidx, kind="stable")
+    hits = runner.read(lambda ctx: ctx.resolve(queries, qidx[order], seqs[order],
+                                               dists[order], applied, k, txn))
+    return globalize(hits, ledger, nledgers)
 
 
 # ---------------------------------------------------------------- one machine
@@ -289,37 +306,21 @@ class LedgerReader:
     def query(self, queries: np.ndarray, k: int, matches: bool = True) -> list:
         """Hits of each query: (distance, fp, global seq, id, meta bytes), or Matches."""
         self.check_open()
-        plan = self.plan
+        plan, n = self.plan, self.nledgers
         reach = plan.permuter.shard_reach(queries)
-        qs, ss, ds, applied = [], [], [], []
+        scans = []
         # every shard snapshot is taken before the ledgers' (see ReadContext.resolve)
         for s, env in enumerate(self.shard_envs):
             idx = np.nonzero(reach[s])[0]
-
-            def one(txn, idx=idx, s=s):
-                got = scan_shard(txn, plan.permuter, s, queries[idx], k) if len(idx) \
-                    else None
-                return got, load_applied(txn, self.nledgers)
-            got, a = self.txns.read_txn(env, one)
-            applied.append(a)
-            if got is not None:
-                qi, sq, d, _ = got
-                qs.append(idx[qi.astype(np.int64)].astype(_U64))
-                ss.append(sq)
-                ds.append(d)
-        low = lowest_applied(applied, reach)
-        empty = np.empty(0, dtype=_U64)
-        qidx = np.concatenate(qs) if qs else empty
-        seqs = np.concatenate(ss) if ss else empty
-        dists = np.concatenate(ds) if ds else np.empty(0, dtype=np.uint8)
-        per = []
-        for ledger, (qi, sq, d) in enumerate(split(qidx, seqs, dists, self.nledgers)):
-            order = np.argsort(qi, kind="stable")
-            hits = self.runners[ledger].read(
-                lambda ctx: ctx.resolve(queries, qi[order], sq[order], d[order],
-                                        np.ascontiguousarray(low[:, ledger]), k))
-            per.append(globalize(hits, ledger, self.nledgers))
-        out = merge(per)
+            if len(idx):
+                def one(txn, idx=idx, s=s):
+                    qi, sq, d, _ = scan_shard(txn, plan.permuter, s, queries[idx], k)
+                    return qi, sq, d, load_applied(txn, n)
+                scans.append((idx, self.txns.read_txn(env, one)))
+        qidx, seqs, dists, low = gather(scans, len(queries), n)
+        out = merge([resolve_part(self.runners[j], j, n, queries, qi, sq, d,
+                                  np.ascontiguousarray(low[:, j]), k)
+                     for j, (qi, sq, d) in enumerate(split(qidx, seqs, dists, n))])
         return [[match_of(h) for h in hs] for hs in out] if matches else out
 
     def query_one(self, fp: int, k: int) -> list:
