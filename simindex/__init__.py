@@ -8,9 +8,9 @@ compiled core. Every stored fingerprint within k bits of a query is returned, no
 from .engine._layout import FORMAT_VERSION
 from ._version import __version__
 from .errors import (
-    BadLine, ClosedError, CorruptError, DiskFullError, Error, FormatError, InputError,
-    InputTypeError, MapFullError, MissingIndexError, NotAnIndexError, ParameterError,
-    ParameterTypeError, ReadOnlyError, StorageError,
+    BadLine, ClosedError, CorruptError, DiskFullError, Error, FormatError, IdExistsError,
+    InputError, InputTypeError, MapFullError, MissingIndexError, NotAnIndexError, ParameterError,
+    ParameterTypeError, ReadOnlyError, RecordsLostError, StorageError,
 )
 from .signatures.fingerprints import (
     HASHES, WIDTHS, Scheme, compute, fingerprint, schemes, shingles, simhash, tokenize,
@@ -34,6 +34,6 @@ __all__ = [
     "HASHES", "WIDTHS", "Hyperplanes", "simhash_rows", "radius_for_cosine",
     "cosine_for_radius", "match_probability",
     "Error", "ParameterError", "ParameterTypeError", "InputError", "InputTypeError",
-    "BadLine", "ClosedError", "ReadOnlyError", "StorageError", "DiskFullError",
-    "MapFullError", "CorruptError", "FormatError", "MissingIndexError", "NotAnIndexError",
+    "IdExistsError", "BadLine", "ClosedError", "ReadOnlyError", "StorageError", "DiskFullError",
+    "MapFullError", "CorruptError", "RecordsLostError", "FormatError", "MissingIndexError", "NotAnIndexError",
 ]

@@ -448,17 +448,22 @@ def verify(index):
 
 @cli.command(short_help="Rebuild INDEX's damaged shards from its records.")
 @click.argument("index")
-def repair(index):
+@click.option("--accept-loss", is_flag=True, help="When the records hold fewer records than "
+              "the tables say were committed (a records/ restored from an older copy), take "
+              "them as they are: rebuild every shard from them, so the lost records are "
+              "gone for good.")
+def repair(index, accept_loss):
     """Rebuild the damaged shards of INDEX from its records, then verify it (records/ is
-    never rebuilt: damage there exits 1). Run it while no other process has INDEX open."""
+    never rebuilt: damage there exits 1, and so do records fewer than were committed,
+    unless --accept-loss). Run it while no other process has INDEX open."""
     from .repair import repair as rebuild
     try:
-        done = rebuild(index)
+        done = rebuild(index, accept_loss=accept_loss)
     except Error as e:
         _fail(str(e))
     for line in done:
         click.echo(line)
-    _say(f"simindex: index is sound ({len(done)} shard(s) rebuilt)")
+    _say(f"simindex: index is sound ({len(done)} repair(s) made)")
 
 
 @cli.command(short_help="Merge INDEX's runs and drop removed records.")
@@ -645,7 +650,7 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
     directories: their files, in name order."""
     from .datasets.run import Summary, decisions
     from .datasets.settings import input_files
-    from .datasets.reports import DedupOutputs
+    from .datasets.reports import ANNOTATIONS, DedupOutputs
     from .datasets.rows import format_of
 
     try:
@@ -684,7 +689,7 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
                            recall=recall, containment=containment, time_budget=time_budget,
                            jobs=jobs or os.cpu_count() or 1,
                            on_error=_Skips(quiet) if on_error == "skip" else "stop",
-                           summary=summary):
+                           summary=summary, reserved=ANNOTATIONS if annotate else ()):
             outputs.add(d)
             if bar is not None:
                 bar.update(1)

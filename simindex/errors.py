@@ -30,6 +30,19 @@ class InputTypeError(InputError, TypeError):
     """A fingerprint, id or meta value has a type simindex does not accept."""
 
 
+class IdExistsError(InputError):
+    """An id already names a stored record (or is given twice) where a call must not
+    replace one: `add_unique`, `add_unique_text`, `add_many(replace=False)`, dedup's kept
+    rows. `id` is the id."""
+
+    def __init__(self, message: str, id: object = None) -> None:
+        super().__init__(message)
+        self.id = id
+
+    def __reduce__(self):            # picklable: it crosses processes (Ray tasks)
+        return type(self), (str(self), self.id)
+
+
 class BadLine(InputError):
     """One input line (of `simindex build`, `query` or a Ray build) broke a rule.
 
@@ -89,6 +102,12 @@ class MapResizedError(StorageError):
 
 class CorruptError(StorageError):
     """A file of the index is damaged, truncated, missing, or not a simindex index at all."""
+
+
+class RecordsLostError(CorruptError):
+    """A records environment holds fewer records than the index's tables say were committed
+    (emptied, replaced, or restored from an older copy): refused rather than answered
+    without them."""
 
 
 class FormatError(CorruptError):

@@ -122,6 +122,13 @@ class Index:
     def closed(self) -> bool:
         return self._store is None or self._store.closed
 
+    @property
+    def failed(self) -> bool:
+        """Whether a write to disk failed through this process's handles (a full disk, an
+        I/O error): they then refuse writes until every one is closed and the index opened
+        again, which replays what was committed."""
+        return self._store is not None and self._store.failed
+
     def __enter__(self) -> "Index":
         return self
 
@@ -282,7 +289,9 @@ class Index:
         """Insert only if no stored record is within k bits; returns those that are.
 
         Atomic across threads and processes: of two near-identical fingerprints added at
-        once, exactly one goes in. An existing record of the same id counts like any other.
+        once, exactly one goes in. An existing record of the same id counts like any other;
+        when it is not within k, IdExistsError is raised: add_unique never replaces a
+        record (remove() it first, or add() to replace it).
         """
         st = self._writable_store()
         k = self._k(k)
@@ -358,6 +367,20 @@ class Index:
             words_array(fingerprints, st.plan.width)
         st.fold()
         return kept_where_many(st.query(q, k), where)
+
+    def queries(self, fingerprints: Fingerprints) -> np.ndarray:
+        """Fingerprints checked against the index's width, as the array its batch calls
+        take: (n,) uint64 at width 64, (n, width/64) words above."""
+        st = self._open_store()
+        return fp_array(fingerprints) if st.plan.width == 64 else \
+            words_array(fingerprints, st.plan.width)
+
+    def _admit(self, fn: Callable[[Any], Any]) -> Any:
+        """fn(admission) with the index's queries and inserts in one records write
+        transaction (Store.admit): what dedup's batches decide and add as one step."""
+        st = self._writable_store()
+        st.fold()
+        return st.admit(fn)
 
     def _hits_many(self, fingerprints: Fingerprints, k: Optional[int] = None) -> list:
         """query_many()'s matches as the core finds them: per fingerprint, (distance,
@@ -445,6 +468,8 @@ class Index:
         only if its text passes the similarity check (see query_text); the check is made
         inside the atomic section, so of two similar texts added at once exactly one goes
         in. The text's sketch is kept as add_text keeps it (and always with a threshold).
+        As add_unique, it never replaces: a record of the same id that does not block the
+        insert raises IdExistsError.
         """
         return self._add_unique_text(id, text, meta, k, min_similarity)[1]
 

@@ -64,19 +64,27 @@ def parse_fp(s, fp_format="hex", width=64):
     return v
 
 
-def _check_id(id_):
+def check_id(id_):
+    """An id read from a file or a request, by the rules every reader applies alike (build,
+    query, dedup on one machine and on Ray, the server): a non-empty string without a tab
+    or a line break (ids are written in TSV and line-based outputs), of at most 510 bytes
+    of valid UTF-8, or an integer in [0, 2**64). InputError names the rule broken."""
     if isinstance(id_, bool) or not isinstance(id_, (str, int)):
-        raise ValueError(f"id must be a string or a non-negative integer, got {id_!r:.40}")
+        raise InputError(f"id must be a string or a non-negative integer, got {id_!r:.40}")
     if isinstance(id_, str):
         if not id_:
-            raise ValueError("id is empty")
+            raise InputError("id is empty")
         if "\t" in id_ or "\n" in id_ or "\r" in id_:
-            raise ValueError(f"id {id_!r:.40} contains a tab or newline")
+            raise InputError(f"id {id_!r:.40} contains a tab or a line break")
+    encode_id(id_)                    # its length, its Unicode, an int's range
+    return id_
+
+
+def _check_id(id_):
     try:
-        encode_id(id_)
+        return check_id(id_)
     except InputError as e:
         raise ValueError(str(e)) from None
-    return id_
 
 
 def _check_meta(meta):

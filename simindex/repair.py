@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Union
+from typing import Optional, Union
 
 from .engine import environments, ledgers, lmdbfile, manifest
 from .engine._layout import RECORDS_DIR, SHARD_PREFIX, ledger_dir, shard_dir
-from .errors import CorruptError, MissingIndexError
+from .errors import CorruptError, MissingIndexError, RecordsLostError
 from .index import Index
 
 DAMAGED = "data.mdb.damaged"
@@ -42,10 +42,13 @@ def _caught_up_problems(path: str, m: manifest.Manifest) -> list:
         return idx.verify()
 
 
-def repair(path: Union[str, os.PathLike]) -> list[str]:
+def repair(path: Union[str, os.PathLike], accept_loss: bool = False) -> list[str]:
     """Rebuild every damaged shard of the index at `path` from its records, then verify it;
     returns what was done ([] when nothing needed it). CorruptError when records/ is
-    damaged or lost (restore it from a backup) or the index is still unsound after."""
+    damaged, RecordsLostError when it holds fewer records than the tables say were
+    committed (restore it from a copy that holds them), CorruptError when the index is
+    still unsound after. With accept_loss=True, records that hold fewer are taken as they
+    are: every shard is rebuilt from them, and the tables forget the records they lost."""
     path = os.path.abspath(os.fspath(path))
     if not os.path.exists(os.path.join(path, manifest.NAME)):
         raise MissingIndexError(f"no simindex index at {path}")
@@ -58,6 +61,13 @@ def repair(path: Union[str, os.PathLike]) -> list[str]:
                                f"cannot be rebuilt; restore {ledger_dir(j)}/ from a backup "
                                f"(nothing was changed)")
     done = []
+    lost = _records_lost(path, m)
+    if lost is not None:
+        if not accept_loss:
+            raise lost
+        for s in range(plan.shards):
+            _remake(path, s)
+        done.append(f"every shard rebuilt from the records that remain ({lost})")
     for s in range(plan.shards):
         found = lmdbfile.problems(os.path.join(path, shard_dir(s)))
         if found:
@@ -66,6 +76,8 @@ def repair(path: Union[str, os.PathLike]) -> list[str]:
     for _ in range(plan.shards + 1):
         try:
             found = _caught_up_problems(path, m)
+        except RecordsLostError:
+            raise
         except CorruptError as e:         # a shard LMDB cannot even open
             found = [str(e)]
         if not found:
@@ -78,3 +90,15 @@ def repair(path: Union[str, os.PathLike]) -> list[str]:
             why = next(p for p in found if shard_dir(s) in p)
             done.append(f"shard {s} rebuilt from the records ({why})")
     raise CorruptError(f"{path} is still unsound after rebuilding every shard")
+
+
+def _records_lost(path: str, m: manifest.Manifest) -> Optional[RecordsLostError]:
+    """The RecordsLostError a read-only open of the index raises, or None (also when a
+    damaged shard keeps it from opening: that shard is rebuilt below)."""
+    try:
+        with Index(path, readonly=True):
+            return None
+    except RecordsLostError as e:
+        return e
+    except CorruptError:
+        return None

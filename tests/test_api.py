@@ -279,6 +279,31 @@ def test_add_unique(tmp_path):
         assert len(idx) == 3
 
 
+def test_add_unique_never_replaces_a_record_of_the_same_id(tmp_path):
+    """An id already stored whose record is not a near-copy is refused, and the stored
+    record stays: an insert-if-new is never a replace. Within k, it blocks like any other."""
+    with Index(tmp_path / "i", k=3) as idx:
+        idx.add("a", 0, meta={"v": 1})
+        with pytest.raises(simindex.IdExistsError, match="'a' is already stored") as e:
+            idx.add_unique("a", 0xFFFF << 40)
+        assert e.value.id == "a" and isinstance(e.value, simindex.InputError)
+        assert idx.get("a").fingerprint == 0 and idx.get("a").meta == {"v": 1}
+        assert [m.id for m in idx.add_unique("a", 0b11)] == ["a"]       # near: it blocks
+        assert len(idx) == 1 and idx.query(0xFFFF << 40) == []
+
+
+def test_add_unique_text_never_replaces_a_record_of_the_same_id(tmp_path):
+    text = " ".join(f"word{i}" for i in range(300))
+    other = " ".join(f"other{i}" for i in range(300))
+    with Index(tmp_path / "i", calibration=simindex.calibrate([], 0.7)) as idx:
+        idx.add_text("doc", text)
+        with pytest.raises(simindex.IdExistsError, match="never replaces"):
+            idx.add_unique_text("doc", other)
+        assert [m.id for m in idx.query_text(text)] == ["doc"]
+        assert idx.query_text(other) == []
+        assert [m.id for m in idx.add_unique_text("doc", text)] == ["doc"]
+
+
 def test_pairs_and_clusters(tmp_path):
     with Index(tmp_path / "i", k=2) as idx:
         idx.add_many([("a", 0), ("b", 0b11), ("c", 0b1111), ("x", 0x5555 << 40),

@@ -302,12 +302,12 @@ def test_a_bulk_load_sorts_the_next_group_while_it_writes_one(tmp_path, monkeypa
         started[shards[0]].set()
         make(self, plan, seqs, fps, shards, **kw)
 
-    def wrote(txns, plan, shards, entries, top, todo, jobs):
+    def wrote(txns, plan, shards, entries, top, todo, *rest):
         # group s + 1 is handed to the second thread before group s is written: the write
         # waits for it to begin (a loader that made it afterwards would wait in vain)
         if todo[0] + 1 < 8:
             started[todo[0] + 1].wait(timeout=30)
-        write(txns, plan, shards, entries, top, todo, jobs)
+        write(txns, plan, shards, entries, top, todo, *rest)
         events.append(("written", todo[0], True))
     monkeypatch.setattr(protocol.Entries, "__init__", made)
     monkeypatch.setattr(protocol, "_apply_shards", wrote)

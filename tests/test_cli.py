@@ -84,7 +84,7 @@ def test_fingerprint_formats(tmp_path):
     (b"a\t1\t{bad json\n", "meta is not valid JSON"),
     (b'{"id": "a", "fingerprint": "1"\n', "not valid JSON"),
     (b'{"fingerprint": "1"}\n', 'missing field "id"'),
-    (b'{"id": "a\\tb", "fingerprint": "1"}\n', "tab or newline"),
+    (b'{"id": "a\\tb", "fingerprint": "1"}\n', "tab or a line break"),
     (b'{"id": -1, "fingerprint": "1"}\n', "out of range"),
     (b"a\x00b\t1\n", "NUL byte"),
     (b"\xff\xfe\t1\n", "invalid UTF-8"),

@@ -222,7 +222,9 @@ def test_a_later_run_removes_duplicates_of_earlier_runs_and_a_rerun_repeats_its_
     # another file reusing a kept id is refused, and nothing is written
     write_jsonl(tmp_path / "c.jsonl", [{"id": "a3", "text": "a different text " * 30}])
     r = run("dedup", tmp_path / "c.jsonl", "-o", tmp_path / "oc.jsonl", *common)
-    assert r.returncode == 1 and "a kept row's id 'a3' is already stored" in r.stderr
+    assert r.returncode == 1, r.stderr
+    assert "c.jsonl:1: the id 'a3' of a row to keep already names a record of the index" \
+        in r.stderr
     assert not (tmp_path / "oc.jsonl").exists()
 
 

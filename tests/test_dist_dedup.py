@@ -313,8 +313,9 @@ def test_an_id_repeated_by_kept_rows_fails_as_on_one_machine(local_ray, tmp_path
     src = write_files(tmp_path / "in", {"a.jsonl": [{"id": "x", "text": a}],
                                         "b.jsonl": [{"id": "x", "text": b}]})
     rc, err, _, _ = one_machine_result(tmp_path, src, "jsonl", "--id-field", "id", "--k", "3")
-    assert rc == 1 and "'x' is given twice" in err
-    with pytest.raises(simindex.errors.ParameterError, match="'x' is given twice"):
+    assert rc == 1 and "b.jsonl:1: the id 'x' of a row to keep is given twice" in err
+    with pytest.raises(simindex.IdExistsError, match="b.jsonl:1: the id 'x' of a row to "
+                                                     "keep is given twice"):
         ray_run(tmp_path, src, "ray", id_field="id", k=3)
     assert not (tmp_path / "ray").exists()
 
@@ -426,7 +427,7 @@ def test_a_failed_run_leaves_no_part_for_the_next_run(local_ray, tmp_path):
         first = json.loads(open(files[0], encoding="utf-8").readline())["id"]
         idx.add(first, 1)                    # the first file's first kept row: refused
     out = str(tmp_path / "out")
-    with pytest.raises(simindex.errors.ParameterError, match="already stored"):
+    with pytest.raises(simindex.IdExistsError, match="already names a record of the index"):
         dist_dedup.dedup(files, out, id_field="id", k=8, index=str(tmp_path / "idx"))
     dist_dedup.dedup(files[:2], out, id_field="id", k=8)
     assert sorted(os.listdir(out)) == ["part-00000.jsonl", "part-00001.jsonl"]
@@ -435,13 +436,13 @@ def test_a_failed_run_leaves_no_part_for_the_next_run(local_ray, tmp_path):
 def test_an_output_in_a_missing_directory_fails_as_on_one_machine(local_ray, tmp_path):
     src = write_shards(tmp_path / "in", corpus(13, count=20), 2, "jsonl")
     r = cli(src, "-o", tmp_path / "no" / "such" / "one.jsonl", "--k", "3")
-    assert r.returncode == 1 and "No such file or directory" in r.stderr
+    assert r.returncode == 1 and "no/such does not exist" in r.stderr
     (tmp_path / "kept.jsonl").write_text("mine\n")
     with pytest.raises(simindex.errors.ParameterError, match="is a file"):
         dist_dedup.dedup(src, str(tmp_path / "ray"), removed=str(tmp_path / "kept.jsonl"), k=3)
     assert (tmp_path / "kept.jsonl").read_text() == "mine\n"
     assert sorted(os.listdir(tmp_path)) == ["in", "kept.jsonl"]
-    with pytest.raises(OSError):
+    with pytest.raises(simindex.ParameterError, match="none/such does not exist"):
         dist_dedup.dedup(src, str(tmp_path / "none" / "such" / "ray"), k=3)
     assert not (tmp_path / "none").exists()
 
@@ -477,3 +478,39 @@ def test_a_task_error_reads_as_the_one_machine_error(local_ray, tmp_path):
     r = cli(*src, "-o", tmp_path / "ray", "--output-format", "csv", "--k", "0", "--ray",
             local_ray)
     assert r.returncode == 1 and want in r.stderr and "ray::" not in r.stderr
+
+
+def test_what_killed_write_tasks_leave_is_neither_published_nor_in_the_way(local_ray,
+                                                                          tmp_path):
+    """A write task killed after it made its temporary part leaves that file behind in the
+    run's folder (Ray runs the task again): it is not published, and one an earlier run
+    published before it was removed does not stop the same command from running again.
+    Here the leftover is dropped into the run's folder as soon as the folder appears."""
+    rows = corpus(9, count=60)
+    src = write_shards(tmp_path / "in", rows, 2, "jsonl")
+    one = one_machine(tmp_path, src, "one", "jsonl", "--id-field", "id", "--k", "6")
+    out = tmp_path / "ray"
+    dropped = []
+
+    def leave_a_leftover():
+        end = time.time() + 60
+        while not dropped and time.time() < end:
+            for n in os.listdir(tmp_path):
+                if n.startswith(".ray.simindex-partial-"):
+                    f = tmp_path / n / ".part-00001.jsonl.x1y2z3w4.tmp"
+                    f.write_text('{"half": ')
+                    dropped.append(f)
+                    return
+            time.sleep(0.001)
+    t = threading.Thread(target=leave_a_leftover)
+    t.start()
+    got = ray_run(tmp_path, src, "ray", id_field="id", k=6)
+    t.join()
+    assert dropped, "the run's folder was never seen"
+    assert sorted(os.listdir(out)) == ["part-00000.jsonl", "part-00001.jsonl"]
+    assert_same(one, got)
+    # an output folder that still holds such a leftover (published before it was tidied)
+    (out / ".part-00000.jsonl.a1b2c3d4.tmp").write_text("{")
+    again = ray_run(tmp_path, src, "ray", id_field="id", k=6)
+    assert sorted(os.listdir(out)) == ["part-00000.jsonl", "part-00001.jsonl"]
+    assert_same(one, again)

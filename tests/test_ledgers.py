@@ -4,6 +4,7 @@ under a write load loses no acknowledged record, add_unique stays atomic across 
 and simindex.Index opens what it wrote, read-only, with the same answers."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -385,3 +386,46 @@ def test_verify_finds_a_record_in_a_ledger_its_id_does_not_belong_to(local_ray, 
         problems = idx.verify()
         assert len(problems) == 1 and problems[0].startswith("records-1: 1 records whose "
                                                               "ids belong to another ledger")
+
+
+def test_a_ledger_put_back_to_an_older_copy_is_refused_everywhere(local_ray, tmp_path):
+    """An index of 3 ledgers holding 6,000 records whose records-1/ was put back to a copy
+    taken at 3,000: every open, verify and repair refuse it, naming what is missing."""
+    path = tmp_path / "i"
+    fps = np.random.default_rng(4).integers(0, 2 ** 64, 6000, dtype=np.uint64)
+    with simindex.Index(path, k=3, shards=2):
+        pass
+    with dist.Cluster(path, ledgers=3) as c:
+        c.add_many([f"d{i}" for i in range(3000)], fps[:3000])
+    shutil.copytree(path / "records-1", tmp_path / "copy")
+    with dist.Cluster(path) as c:
+        c.add_many([f"d{i}" for i in range(3000, 6000)], fps[3000:])
+    shutil.rmtree(path / "records-1")
+    shutil.copytree(tmp_path / "copy", path / "records-1")
+    want = r"records-1/ ends at seq \d+, but shard \d recorded that it held every record " \
+           r"up to seq \d+ on disk"
+    for opening in (lambda: simindex.Index(path, readonly=True),
+                    lambda: dist.Cluster(path), lambda: simindex.repair(path)):
+        with pytest.raises(simindex.RecordsLostError, match=want):
+            opening()
+    r = subprocess.run([sys.executable, "-m", "simindex", "verify", str(path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "committed records are missing" in r.stderr, r.stderr
+    assert simindex.repair(path, accept_loss=True)[0].startswith("every shard rebuilt")
+    with simindex.Index(path, readonly=True) as idx:
+        kept = len(idx)
+        assert 4000 < kept < 6000 and idx.verify() == []
+        found = {m.id for ms in idx.query_many(fps, k=0) for m in ms}
+        assert len(found) == kept
+
+
+def test_ledger_directories_swapped_are_refused(local_ray, tmp_path):
+    path = tmp_path / "i"
+    ledger_index(path, 3, count=600)
+    os.rename(path / "records-1", path / "swap")
+    os.rename(path / "records-2", path / "records-1")
+    os.rename(path / "swap", path / "records-2")
+    for opening in (lambda: simindex.Index(path, readonly=True), lambda: dist.Cluster(path)):
+        with pytest.raises(simindex.CorruptError, match="records-1/ holds the records of "
+                                                        "records-2/"):
+            opening()

@@ -349,7 +349,8 @@ def test_lost_records_are_refused_never_taken_for_an_empty_index(tmp_path, damag
     for mode in ("rw", "ro"):
         out = open_in_child(path, mode)
         assert out.startswith("corrupt:") and "records" in out, out
-        assert "cannot be rebuilt" in out and "backup" in out
+        assert ("cannot be rebuilt" in out or "holds no record, but shard" in out) and \
+            "backup" in out, out
     assert sorted((p.name, p.stat().st_size) for p in path.rglob("data.mdb")) == before
     for cmd in ("info", "verify"):
         cli = subprocess.run([sys.executable, "-m", "simindex.cli", cmd, str(path)],

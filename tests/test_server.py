@@ -187,6 +187,10 @@ def test_text_add_get_remove_and_add_unique_agree_with_the_library(tmp_path, ser
         new = c.post("/add-unique", json={"id": 7, "fingerprint": hexfp(~fp & (2**64 - 1), 64),
                                           "meta": [1, 2]}).json()
         assert (new["added"], new["matches"]) == (True, [])
+        # an add-if-novel never replaces: the id of a record that is not near answers 409
+        taken = c.post("/add-unique", json={"id": "doc", "text": "Something else entirely."})
+        assert taken.status_code == 409 and "never replaces" in taken.json()["error"]
+        assert c.get("/records/doc").json()["meta"] == {"lang": "en"}
         assert c.get("/records/7", params={"type": "int"}).json()["meta"] == [1, 2]
         assert c.get("/records/7").status_code == 404            # the string "7" is not 7
         batch = [{"id": f"https://a.example/{i}", "fingerprint": fp_of(i)} for i in range(50)]
@@ -324,6 +328,15 @@ def test_bad_input_answers_4xx_json_naming_the_field_never_500(tmp_path, serve):
             out = r.json()
             assert isinstance(out["error"], str) and out["error"], (url, body[:60])
             assert out.get("field") == field, (url, body[:60], out)
+        # a path whose bytes are not UTF-8 names no id (not "\ufffd\ufffd")
+        r = c.get("/records/%ff%fe")
+        assert r.status_code == 404 and "not valid UTF-8" in r.json()["error"]
+        # the number 1.5 as an id is named in JSON's words; a tab or a line break in an id
+        # is refused as build refuses it
+        r = c.post("/add", json={"id": 1.5, "fingerprint": "ff"})
+        assert r.status_code == 400 and "got the number 1.5" in r.json()["error"]
+        r = c.post("/add", json={"id": "a\tb", "fingerprint": "ff"})
+        assert r.status_code == 400 and "tab or a line break" in r.json()["error"]
         big = c.post("/add", content=b'{"id": "a", "meta": "' + b"x" * 300_000 + b'"}')
         assert big.status_code == 413 and "200000" in big.json()["error"]
         # a body announced too large is refused from its header, before it is read
@@ -648,16 +661,23 @@ def test_the_web_page_renders_the_near_duplicates_of_a_fingerprint(tmp_path, ser
         idx.add_many([(f"far{i}", fp_of(i)) for i in range(100)])
         idx.add_many([("same", base), ("one", base ^ 1), ("two", base ^ 0x300),
                       ("three", base ^ (1 << 63) ^ 6), ("four", base ^ 0xF0)])
+        idx.add(2**64 - 1, base ^ 0xFF00, meta={"n": 2**64 - 2})
     s = serve(path, workers=1)
     img = screenshot(f"{s.url}/?q={base:016x}", tmp_path / "found.png")
     # four rows in distance order, each bar as wide as its distance says
     assert [w for _y, w in bars(img)] == [20, 40, 60, 80]
+    # an id and a meta number beyond 2**53 are shown exactly
+    dom = subprocess.run([shutil.which("chromium"), "--headless", "--no-sandbox",
+                          "--disable-gpu", "--virtual-time-budget=10000", "--dump-dom",
+                          f"{s.url}/?q={base ^ 0xFF00:016x}"],
+                         capture_output=True, text=True, timeout=120).stdout
+    assert "18446744073709551615" in dom and '{"n":18446744073709551614}' in dom
     # the figures are on screen too: the page showed /stats before the search
     dom = subprocess.run([shutil.which("chromium"), "--headless", "--no-sandbox",
                           "--disable-gpu", "--virtual-time-budget=10000", "--dump-dom",
                           f"{s.url}/?q={base:016x}"],
                          capture_output=True, text=True, timeout=120).stdout
-    assert "105" in dom and "4 near-duplicates of the fingerprint" in dom
+    assert "106" in dom and "4 near-duplicates of the fingerprint" in dom
     img = screenshot(f"{s.url}/?q={base ^ 0xFFFF:016x}", tmp_path / "none.png")
     assert bars(img) == []
     dom = subprocess.run([shutil.which("chromium"), "--headless", "--no-sandbox",
@@ -665,3 +685,79 @@ def test_the_web_page_renders_the_near_duplicates_of_a_fingerprint(tmp_path, ser
                           f"{s.url}/?q=the+quick+brown+fox&as=text"],
                          capture_output=True, text=True, timeout=120).stdout
     assert "No near-duplicates of the text" in dom
+
+
+FULL_DISK_SERVER = r"""
+import os, subprocess, sys, simindex
+d, port = sys.argv[1], sys.argv[2]
+simindex.Index(os.path.join(d, "idx"), k=3, shards=2).close()
+srv = subprocess.Popen([sys.executable, "-m", "simindex", "serve", os.path.join(d, "idx"),
+                        "--port", port, "--workers", "1", "--log-level", "warning"])
+print("started", flush=True)
+for line in sys.stdin:
+    if line.strip() == "fill":
+        with open(os.path.join(d, "filler"), "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * (1 << 20))
+                    f.flush()
+            except OSError:
+                pass
+    elif line.strip() == "free":
+        os.remove(os.path.join(d, "filler"))
+    print("done", flush=True)
+srv.terminate()
+srv.wait()
+"""
+
+
+def test_writes_resume_once_a_full_disk_has_room_again(tmp_path):
+    """A write that fails on a full disk answers 507; once space is freed, the next write
+    succeeds without a restart (the worker opens the index again), and nothing
+    acknowledged is lost. The index lives on a small tmpfs in a private mount namespace."""
+    d = tmp_path / "disk"
+    d.mkdir()
+    port = free_port()
+    try:
+        p = subprocess.Popen(["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=16m tmpfs '
+                              '"$1" || exit 77; shift; exec "$@"', "sh", str(d),
+                              sys.executable, "-c", FULL_DISK_SERVER, str(d), str(port)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    except FileNotFoundError:
+        pytest.skip("no unshare here")
+    if p.stdout.readline().strip() != "started":
+        p.kill()
+        pytest.skip("no tmpfs can be mounted in a private namespace here")
+
+    def say(cmd):
+        p.stdin.write(cmd + "\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "done"
+    try:
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=url, timeout=30) as c:
+            for _ in range(200):
+                try:
+                    c.get("/health")
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            batch = [{"id": f"a{i}", "fingerprint": hexfp(fp_of(i), 64)} for i in range(500)]
+            assert c.post("/add/batch", json={"records": batch}).status_code == 200
+            say("fill")
+            codes = []
+            for n in range(20):
+                more = [{"id": f"b{n}.{i}", "fingerprint": hexfp(fp_of(1000 * n + i + 10**6),
+                                                                  64)} for i in range(2000)]
+                codes.append(c.post("/add/batch", json={"records": more}).status_code)
+                if codes[-1] != 200:
+                    break
+            assert codes[-1] == 507, codes
+            say("free")
+            again = c.post("/add", json={"id": "after", "fingerprint": hexfp(fp_of(7), 64)})
+            assert again.status_code == 200, again.text
+            assert c.get("/records/after").status_code == 200
+            assert all(c.get(f"/records/a{i}").status_code == 200 for i in range(0, 500, 50))
+    finally:
+        p.stdin.close()
+        p.wait(timeout=60)

@@ -59,8 +59,12 @@ class IndexMachine(RuleBasedStateMachine):
 
     @rule(id_=ids, fp=fingerprints)
     def add_unique(self, id_, fp):
-        found = self.idx.add_unique(id_, fp)
         want = brute(self.model, fp, self.k)
+        if not want and id_ in self.model:       # never replaces: refused, nothing written
+            with pytest.raises(simindex.IdExistsError):
+                self.idx.add_unique(id_, fp)
+            return
+        found = self.idx.add_unique(id_, fp)
         assert {m.id: m.distance for m in found} == want
         if not want:
             self._put(id_, fp)

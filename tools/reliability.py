@@ -22,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 import simindex  # noqa: E402
+import dataset_trials  # noqa: E402
 import trials  # noqa: E402
 
 SWEEP = [("fdatasync", "EIO"), ("pwrite64", "ENOSPC"), ("pwrite64", "EIO"),
@@ -117,6 +118,138 @@ def disk_full(work):
         out.append(f"{how}: {r['error'][0]}")
     return {"disk full (12 MiB tmpfs, ulimit -f 6 MiB)": "; ".join(out),
             "disk full trials with loss or a partial batch": bad}
+
+
+def shared(work, n):
+    """Two dedup --index runs at once, and a crawler's add_unique_text beside a run, `n`
+    trials each on their own index."""
+    both = neither = failed = admitted = 0
+    for t in range(n):
+        got = dataset_trials.two_runs(os.path.join(work, f"two-{t}"), 12000, t)
+        both += got["kept by both"]
+        neither += got["kept by neither"]
+        failed += got["failed runs"]
+        got = dataset_trials.crawler_beside_a_run(os.path.join(work, f"crawl-{t}"), 8000, t)
+        admitted += got["kept and admitted"] + got["taken by neither"]
+        failed += got["failed"]
+        shutil.rmtree(os.path.join(work, f"two-{t}"), ignore_errors=True)
+        shutil.rmtree(os.path.join(work, f"crawl-{t}"), ignore_errors=True)
+    return {"trials run": f"{n} pairs of dedup --index runs at once (12,000 texts), {n} "
+                          f"runs beside a crawler's add_unique_text (8,000 texts)",
+            "texts kept by both runs, or by neither": both + neither,
+            "texts both kept by a run and admitted by the crawler, or by neither": admitted,
+            "runs that failed": failed}
+
+
+def publishing(work, stride):
+    """dedup's three outputs on a filling tmpfs (every 4 KiB around what they take), and
+    each fsync, rename, link and every `stride`-th write of a run failing in turn."""
+    src = dataset_trials.publish_inputs(work)
+    complete, kib = dataset_trials.complete_outputs(work, src)
+    sizes = [kib + d for d in range(-64, 16, 4)] + [0, 100, kib // 2, kib * 4]
+    bad, runs, failed, tmpfs = [], 0, 0, True
+    for free in sizes:
+        got = dataset_trials.full_disk_publish(work, src, free, complete)
+        if got is None:
+            tmpfs = False
+            break
+        runs += 1
+        failed += got[1] != 0
+        bad += got[0]
+    swept = []
+    if shutil.which("strace"):
+        counts = dataset_trials.publish_calls(work, src)
+        for syscall in ("fsync", "fdatasync", "rename", "link", "write"):
+            step = stride if syscall == "write" else 1
+            for when in range(1, counts.get(syscall, 0) + 1, step):
+                wrong, rc = dataset_trials.injected_publish(work, src, syscall, when,
+                                                            complete, "EIO" if syscall in (
+                                                                "fsync", "fdatasync") else
+                                                            "ENOSPC")
+                runs += 1
+                failed += rc != 0
+                bad += wrong
+            swept.append(f"{syscall} {counts.get(syscall, 0)}")
+    return {"publishing trials": f"{runs} ({len(sizes) if tmpfs else 0} free-space sizes "
+                                 f"of a 20 MB tmpfs; calls failed in turn: "
+                                 f"{', '.join(swept) or 'no strace'}; {failed} runs failed)",
+            "runs that left outputs half published, changed, or a temporary file": len(bad)
+            }, bad
+
+
+def ray_writes(work, n):
+    """`dedup --ray` runs with one write task killed (kill -9 of its worker) in each: the
+    published outputs hold exactly the parts of an uninterrupted run, and the same command
+    runs again over them."""
+    try:
+        import psutil
+        import ray
+        from simindex.distributed import datasets as ray_dedup
+        from simindex.distributed.sandbox import loopback_only
+    except ImportError as e:
+        return {"Ray write-task kills": f"skipped: {e}"}, []
+    why = loopback_only()
+    if why:
+        return {"Ray write-task kills": f"skipped: {why}"}, []
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    bad, killed = [], 0
+    try:
+        src = os.path.join(work, "in")
+        os.makedirs(src, exist_ok=True)
+        ts = dataset_trials.texts(8000, 5)
+        for f in range(4):
+            dataset_trials.write_jsonl(os.path.join(src, f"{f}.jsonl"),
+                                       [{"id": f"{f}.{i}", "text": t + (" x" if i % 3 else "")}
+                                        for i, t in enumerate(ts[f::4])])
+        want = os.path.join(work, "want")
+        ray_dedup.dedup(src, want, removed=want + ".removed", id_field="id", k=6)
+
+        def read(d):
+            return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
+        for t in range(n):
+            out = os.path.join(work, f"out-{t}")
+            done = []
+
+            def kill_a_writer():
+                end = time.time() + 120
+                while not done and time.time() < end:
+                    for p in psutil.process_iter(["cmdline"]):
+                        if any("ray::_write" in c for c in (p.info["cmdline"] or [])):
+                            os.kill(p.pid, 9)
+                            done.append(p.pid)
+                            return
+                    time.sleep(0.002)
+            import threading
+            th = threading.Thread(target=kill_a_writer)
+            th.start()
+            try:
+                ray_dedup.dedup(src, out, removed=out + ".removed", id_field="id", k=6)
+            except Exception as e:                      # noqa: BLE001 - counted
+                bad.append(f"trial {t}: the run failed: {e}")
+            th.join()
+            killed += bool(done)
+            for suffix in ("", ".removed"):
+                if os.path.isdir(out + suffix) and read(out + suffix) != read(want + suffix):
+                    bad.append(f"trial {t}: {out + suffix} holds {sorted(os.listdir(out + suffix))}")
+            try:
+                ray_dedup.dedup(src, out, removed=out + ".removed", id_field="id", k=6)
+                if read(out) != read(want):
+                    bad.append(f"trial {t}: the run again wrote other parts")
+            except Exception as e:                      # noqa: BLE001 - counted
+                bad.append(f"trial {t}: the run again failed: {e}")
+    finally:
+        ray.shutdown()
+    return {"dedup --ray runs with a write task killed": f"{n} ({killed} kills landed)",
+            "runs whose outputs were wrong or blocked the run again": len(bad)}, bad
+
+
+def put_back(work, n):
+    accepted = []
+    for seed in range(n):
+        accepted += dataset_trials.put_back(work, seed)
+    return {"records/ put back to an older copy (each opened writable, read-only, "
+            "repaired, verified)": f"{n} indexes",
+            "opens that answered from fewer records than were committed": len(accepted)}
 
 
 def corrupt(work, n):
@@ -221,7 +354,8 @@ def bad_inputs(work, n, seed):
             "tracebacks": tracebacks}
 
 
-PARTS = ("crashes", "concurrency", "io", "disk", "corrupt", "bytes", "bad")
+PARTS = ("crashes", "concurrency", "io", "disk", "corrupt", "bytes", "bad", "shared",
+         "publish", "putback", "raywrites")
 
 
 def main():
@@ -236,6 +370,12 @@ def main():
                     help="sweep every Nth call of each syscall (1: all)")
     ap.add_argument("--bad", type=int, default=2000, help="bad API calls and CLI lines each")
     ap.add_argument("--seconds", type=float, default=5, help="readers/writers run time")
+    ap.add_argument("--shared", type=int, default=20,
+                    help="trials of runs racing on one index (each kind)")
+    ap.add_argument("--ray-writes", type=int, default=11,
+                    help="dedup --ray runs with a write task killed")
+    ap.add_argument("--putback", type=int, default=20,
+                    help="indexes whose records are put back to an older copy")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     parts = set(a.parts.split(","))
@@ -266,6 +406,18 @@ def main():
                 bad += b
         if "bad" in parts:
             rows += bad_inputs(work, a.bad, a.seed).items()
+        if "shared" in parts:
+            rows += shared(os.path.join(work, "shared"), a.shared).items()
+        if "publish" in parts:
+            fig, b = publishing(os.path.join(work, "publish"), 8 * a.io_stride)
+            rows += fig.items()
+            bad += b
+        if "putback" in parts:
+            rows += put_back(os.path.join(work, "putback"), a.putback).items()
+        if "raywrites" in parts:
+            fig, b = ray_writes(os.path.join(work, "raywrites"), a.ray_writes)
+            rows += fig.items()
+            bad += b
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("| figure | value |\n|---|---|")

@@ -174,6 +174,14 @@ class Check:
                 return exact
         return sketch
 
+    def sketches(self, mine: tuple, theirs: Optional[tuple]) -> bool:
+        """Whether a row known by the (sketch, set size) its record keeps passes against a
+        record's (sketch, set size), as a later run would judge it (None: unknown,
+        passes)."""
+        if theirs is None:
+            return True
+        return estimate(self.measure, mine[0], mine[1], theirs[0], theirs[1]) >= self.t
+
     def __call__(self, a: Shingles, b: Any, symmetric: bool = False) -> tuple:
         """(passes, similarity, evidence) of row `a` against `b`: Shingles or an exact set
         (exact), a (sketch, size) pair (estimated), or None (unknown: passes). Symmetric

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pickle
 import os
-import tempfile
 from typing import Any, Optional
 
 from .run import Decision
 from ..errors import InputError
+from .publish import distinct, publish, temporary_file
 from .rows import RowWriter
 
 # the columns --annotate appends to every row
@@ -30,6 +30,7 @@ class DedupOutputs:
     def __init__(self, output: str, fmt: str, removed: Optional[str] = None,
                  clusters: Optional[str] = None, annotate: bool = False,
                  summary: Any = None) -> None:
+        distinct({"--output": output, "--removed": removed, "--clusters": clusters})
         self.writers: list = []
         self.summary = summary        # its radius goes into every removed row
         self.annotate = annotate
@@ -41,9 +42,7 @@ class DedupOutputs:
         self.members: list = []       # (id, cluster id) of the removed rows (for clusters)
         self.scratch = None           # annotated rows before their group sizes are known
         if annotate:
-            fd, self.scratch_path = tempfile.mkstemp(
-                prefix=f".{os.path.basename(output)}.", suffix=".annotate",
-                dir=os.path.dirname(os.path.abspath(output)))
+            fd, self.scratch_path = temporary_file(output + ".annotate")
             self.scratch = os.fdopen(fd, "w+b")   # pickled: rows keep their values' types
 
     def _writer(self, path: str, fmt: str) -> RowWriter:
@@ -103,8 +102,9 @@ class DedupOutputs:
                 if _key(id_) != _key(cluster):
                     self.clusters.write({"id": id_, "cluster": cluster,
                                          "size": self._size(cluster)})
-        for w in self.writers:
-            w.commit()
+        for w in self.writers:          # every file written and synced: then all appear
+            w.finish()
+        publish([(w.tmp, w.path) for w in self.writers])
         self.writers = []
         self._drop_scratch()
 

@@ -9,11 +9,11 @@ import gzip
 import io
 import json
 import os
-import tempfile
 import zlib
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from ..errors import BadLine, ParameterError
+from .publish import publish, temporary_file
 
 FORMATS = ("jsonl", "csv", "parquet")
 MAX_FIELD = 64 << 20          # CSV fields up to 64 MiB (documents can be long)
@@ -62,11 +62,28 @@ def _pyarrow():
     return pq
 
 
-def _open_text(path: str):
+def _open_bytes(path: str):
     raw = open(path, "rb")
     head = raw.peek(2)[:2]
-    stream = gzip.GzipFile(fileobj=raw) if head == b"\x1f\x8b" else raw
-    return io.TextIOWrapper(stream, encoding="utf-8", newline="")
+    return gzip.GzipFile(fileobj=raw) if head == b"\x1f\x8b" else raw
+
+
+def _open_text(path: str):
+    """A file's text; a byte that is not UTF-8 reads as a surrogate escape, for the reader
+    to report with its row (never an error that stops the file)."""
+    return io.TextIOWrapper(_open_bytes(path), encoding="utf-8", errors="surrogateescape",
+                            newline="")
+
+
+def _not_utf8(cells: Any) -> Optional[str]:
+    """Why a row's text cells hold bytes that are not UTF-8 (surrogate escapes), or None."""
+    for c in cells:
+        if not c.isascii():
+            try:
+                c.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return f"invalid UTF-8: byte 0x{ord(c[e.start]) - 0xDC00:02x}"
+    return None
 
 
 def read_rows(path: str, fmt: Optional[str] = None,
@@ -97,14 +114,20 @@ def read_rows(path: str, fmt: Optional[str] = None,
 
 
 def _jsonl_rows(path, name):
-    with _open_text(path) as f:
+    with _open_bytes(path) as f:
         n = 0
-        for n, line in enumerate(f, 1):
+        for n, raw in enumerate(f, 1):
+            where = f"{name}:{n}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield BadLine(where, f"invalid UTF-8: byte 0x{raw[e.start]:02x} at byte "
+                                     f"{e.start} of the line")
+                continue
             if n == 1 and line.startswith("\ufeff"):
                 line = line[1:]
             if not line.strip():
                 continue
-            where = f"{name}:{n}"
             try:
                 obj = json.loads(line)
             except (ValueError, RecursionError) as e:
@@ -121,7 +144,9 @@ def _jsonl_rows(path, name):
 def _csv_rows(path, name):
     csv.field_size_limit(MAX_FIELD)
     with _open_text(path) as f:
-        reader = csv.reader(f)
+        # strict: a quote left open is an error at the line where it runs out, never
+        # the rows after it read as part of its field
+        reader = csv.reader(f, strict=True)
         try:
             header = next(reader)
         except StopIteration:
@@ -132,6 +157,9 @@ def _csv_rows(path, name):
             header[0] = header[0][1:]
         if len(set(header)) != len(header):
             raise BadLine(f"{name}:1", f"the header repeats a column: {header}")
+        bad = _not_utf8(header)
+        if bad:
+            raise BadLine(f"{name}:1", f"the header: {bad}")
         while True:
             n = reader.line_num + 1
             try:
@@ -139,13 +167,20 @@ def _csv_rows(path, name):
             except StopIteration:
                 return
             except csv.Error as e:
-                yield BadLine(f"{name}:{n}", f"not valid CSV: {e}")
+                end = reader.line_num
+                yield BadLine(f"{name}:{n}", f"not valid CSV: {e}" + (
+                    f" at line {end} (a quoted field opened in this row runs on; lines {n} "
+                    f"to {end} are one bad row)" if end > n else ""))
                 continue
             if not cells:
                 continue
             if len(cells) != len(header):
                 yield BadLine(f"{name}:{n}", f"{len(cells)} fields, the header has "
                                              f"{len(header)}")
+                continue
+            bad = _not_utf8(cells)
+            if bad:
+                yield BadLine(f"{name}:{n}", bad)
                 continue
             yield Row(dict(zip(header, cells)), n, f"{name}:{n}")
 
@@ -165,9 +200,11 @@ def _parquet_rows(path, name):
 
 class RowWriter:
     """Rows written to `path` in a format, through a temporary file in the same directory
-    that commit() renames into place (fsynced first); abort() removes it. `columns`: the
-    CSV header (default: the first row's keys); `schema`: a Parquet file's Arrow schema
-    (default: what Arrow infers from the first rows)."""
+    (publish.temporary_file) that commit() renames into place (fsynced first); finish()
+    and publish.publish() do the same in two steps, for outputs published together;
+    abort() removes it. `columns`: the CSV header (default: the first row's keys);
+    `schema`: a Parquet file's Arrow schema (default: what Arrow infers from the first
+    rows)."""
 
     def __init__(self, path: str, fmt: str, columns: Optional[list] = None,
                  schema: Any = None) -> None:
@@ -176,9 +213,7 @@ class RowWriter:
         self.columns = columns
         self.schema = schema
         self.count = 0
-        d = os.path.dirname(os.path.abspath(path))
-        fd, self.tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                                        dir=d)
+        fd, self.tmp = temporary_file(path)
         self._raw = os.fdopen(fd, "wb")
         self._rows: list = []           # Parquet: buffered into row groups
         self._pq_writer: Any = None
@@ -222,6 +257,11 @@ class RowWriter:
 
     def commit(self) -> None:
         """Finish the file, fsync it and rename it to its path."""
+        self.finish()
+        publish([(self.tmp, self.path)])
+
+    def finish(self) -> None:
+        """Finish the file at its temporary name: written, fsynced and closed."""
         if self.fmt == "parquet":
             if self._rows:
                 self._flush_parquet()
@@ -238,7 +278,6 @@ class RowWriter:
         self._raw.flush()
         os.fsync(self._raw.fileno())
         self._raw.close()
-        os.replace(self.tmp, self.path)
 
     def _empty_parquet(self):
         import pyarrow as pa

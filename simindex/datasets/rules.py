@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 
 from ..engine.codec import unpack_sketched
 from ..engine.results import Match
+from ..errors import IdExistsError
 from ..index import Index
 from .check import Check, is_mine
 
@@ -17,10 +18,16 @@ def matches(index: Index, fps: list, k: int, check: Optional[Check]) -> list:
     sketches kept with the records' meta (by dedup's kept rows and the text calls)."""
     if check is None:
         return [[(m, None) for m in ms] for ms in index.query_many(fps, k=k)]
+    return sketched(index._hits_many(fps, k=k))
+
+
+def sketched(hits: list) -> list:
+    """The core's hits of each query (distance, fingerprint, seq, id, meta bytes) as
+    matches() gives them: (Match, stored sketch or None)."""
     out = []
-    for hits in index._hits_many(fps, k=k):
+    for row_hits in hits:
         row = []
-        for dist, fp, _seq, id_, mb in hits:
+        for dist, fp, _seq, id_, mb in row_hits:
             meta, sketch = unpack_sketched(mb)
             row.append((Match(id_, fp, dist, meta), sketch))
         out.append(row)
@@ -142,6 +149,15 @@ def outside_verdict(best: tuple) -> tuple:
     (components_outside's best)."""
     d, mid, _, isref, sim, how, _ = best
     return mid, d, isref, mid, sim, how
+
+
+def id_taken(where: str, id_: Any, twice: bool) -> IdExistsError:
+    """The error of a row to keep whose id an earlier kept row holds (`twice`), or a record
+    of the index: adding it would replace that record."""
+    why = "is given twice (an earlier row to keep has it)" if twice else \
+        "already names a record of the index"
+    return IdExistsError(f"{where}: the id {id_!r:.80} of a row to keep {why}: ids must be "
+                         f"unique, across runs too", id_)
 
 
 def distance(a: int, b: int) -> int:

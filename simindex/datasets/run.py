@@ -34,20 +34,24 @@ from typing import (
     Any, Callable, Generator, Iterable, Iterator, NamedTuple, Optional, Union,
 )
 
+import numpy as np
+
 from ..signatures import _text
 from ..engine import manifest
 from ..radius import MEASURES, Calibration
-from ..engine.codec import Packed, pack_meta
+from ..engine.codec import Packed, encode_ids, pack_meta
 from ..values import check_fp, check_wide_fp
-from ..errors import BadLine, Error, InputError, ParameterError
+from ..errors import BadLine, Error, InputError
 from ..signatures.fingerprints import DEFAULT_SCHEME, WORD_SCHEMES, scheme_name
 from ..index import Index
-from ..inputs import parse_fp
+from ..inputs import check_id, parse_fp
 from ..engine.pairs import find_all
 from .check import Check, Shingles, batch_signatures
+from .publish import temporary_dir
 from .rows import Row, read_rows
 from .rules import (
-    components_outside, distance, greedy_outside, greedy_verdict, matches, verdict_of_group,
+    components_outside, distance, greedy_outside, greedy_verdict, id_taken, matches,
+    sketched, verdict_of_group,
 )
 from .settings import (
     check_options, choose_radius, input_files, judging, open_indexes, run_token,
@@ -126,17 +130,40 @@ class _Judge:
         return Packed(pack_meta([self.token, pos], None, (sh.sketch, len(sh.set))))
 
     def batch(self, rows: list, ids: list, fps: list, positions: list,
-              sh: Optional[list] = None) -> list:
-        """Decisions for one batch, its kept rows added to the index (atomically). `sh`:
-        the rows' Shingles (with a check)."""
+              sh: Optional[list] = None, places: Optional[list] = None) -> list:
+        """Decisions for one batch, its kept rows added to the index in the transaction
+        that judged them against it: a row is kept only when nothing any writer admitted
+        before is a near-copy. `sh`: the rows' Shingles (with a check); `places`: their
+        "file:row" (for errors)."""
         check = self.check
         sh = sh if sh is not None else [None] * len(rows)
-        k, token = self.k, self.token
-        stored = matches(self.idx, fps, k, check)
+        k = self.k
         refs = matches(self.ref, fps, k, check) if self.ref is not None else None
         earlier: dict = {}
         for a, b in (find_all(fps, k=k, width=self.idx.width) if len(fps) > 1 else []):
             earlier.setdefault(b, []).append(a)
+        idkeys = encode_ids(ids)
+
+        def decide(adm: Any) -> list:
+            stored = sketched(adm.hits(self.idx.queries(fps), k))
+            out, adds = self.greedy(rows, ids, fps, positions, sh, stored, refs, earlier)
+            given: set = set()
+            for i in adds:
+                if idkeys[i] in given or adm.stored(idkeys[i]):
+                    raise id_taken(places[i] if places is not None else f"row {i}", ids[i],
+                                   idkeys[i] in given)
+                given.add(idkeys[i])
+            adm.put([idkeys[i] for i in adds], self.idx.queries([fps[i] for i in adds]),
+                    [pack_meta(self.meta(positions[i], sh[i]), ids[i]) for i in adds])
+            return out
+        return self.idx._admit(decide)
+
+    def greedy(self, rows: list, ids: list, fps: list, positions: list, sh: list,
+               stored: list, refs: Optional[list], earlier: dict) -> tuple:
+        """(decisions, the batch positions of the kept rows to add) of a batch under the
+        greedy rule: `stored` and `refs`, each row's (Match, sketch) in the index and the
+        reference; `earlier`, each row's earlier rows of the batch within k."""
+        check, token = self.check, self.token
         out: list = []
         kept_here: dict = {}           # batch position -> True for kept rows
         adds = []
@@ -155,24 +182,13 @@ class _Judge:
             if best is None:
                 kept_here[i] = True
                 if not mine:
-                    adds.append((id_, fp, self.meta(pos, sh[i])))
+                    adds.append(i)
                 if check is not None and sh[i] is not None:
-                    check.keep(pos, sh[i].set)
+                    check.keep(pos, sh[i].set)     # (kept again by a retry: the same set)
                 out.append(Decision(row, id_, "", fp, True, cluster=id_))
             else:
                 out.append(Decision(row, id_, "", fp, False, *greedy_verdict(best)))
-        if adds:
-            self.add(adds)
-        return out
-
-    def add(self, adds: list) -> None:
-        """Add kept rows' records, refusing an id that already names a record: adding it
-        would replace (and so lose) that record."""
-        try:
-            self.idx.add_many(adds, replace=False)
-        except InputError as e:
-            raise ParameterError(f"a kept row's {e}: ids must be unique, across runs "
-                                 f"too") from None
+        return out, adds
 
 
 def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
@@ -184,8 +200,10 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
               recall: Optional[float] = None, containment: bool = False,
               time_budget: Optional[float] = None, fmt: Optional[str] = None, jobs: int = 1,
               on_error: Union[str, Callable[[BadLine], None]] = "stop",
-              summary: Optional[Summary] = None) -> Iterator[Decision]:
-    """A Decision for every row of `inputs`, in input order (see `dedup`)."""
+              summary: Optional[Summary] = None, reserved: tuple = ()) -> Iterator[Decision]:
+    """A Decision for every row of `inputs`, in input order (see `dedup`). `reserved`:
+    columns no row may hold (those the caller adds to its output): a row that holds one
+    is a bad row."""
     paths = input_files(inputs)
     mode = check_options(mode, keep, drop_all, jobs, min_similarity, recall, on_error)
     if scheme is not None:
@@ -193,16 +211,20 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
     measure = MEASURES[1] if containment else MEASURES[0]
     summary = summary if summary is not None else Summary()
     pool: Any = None
-    scratch = ref = idx = check = None
+    scratch = ref = idx = check = lock = None
     try:
-        scratch = tempfile.mkdtemp(prefix="simindex-dedup-")
+        # the run's scratch folder (its index without --index, the shingle sets waiting
+        # for checks); what killed runs left there is removed
+        scratch, lock = temporary_dir(tempfile.gettempdir(), "simindex-dedup-")
         if index is None:
             index = os.path.join(scratch, "index")
         new = not os.path.exists(os.path.join(index, manifest.NAME))
-        cal, made, scheme, width = choose_radius(
+        cal, made, scheme, width, empty = choose_radius(
             paths, new, k=k, scheme=scheme, width=width, min_similarity=min_similarity,
             recall=recall, measure=measure, fmt=fmt, text_field=text_field,
             fingerprint_field=fingerprint_field, time_budget=time_budget, summary=summary)
+        if empty:                      # no row: judged against a scratch index, not kept
+            index = os.path.join(scratch, "index")
         if jobs > 1 and (fingerprint_field is None or min_similarity is not None):
             word = (scheme or DEFAULT_SCHEME) in WORD_SCHEMES if new else None
             if word is False or (word is None and not _index_reads_words(index)):
@@ -218,7 +240,7 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
         if min_similarity is not None:
             check = Check(float(min_similarity), measure, token, scratch)
         run = BatchReader(paths, fmt, text_field, id_field, fingerprint_field, keep, pool,
-                          on_error, summary, idx, check is not None, made)
+                          on_error, summary, idx, check is not None, made, reserved)
         judge = _Judge(idx, ref, kk, token, check)
         if mode == "greedy":
             with closing(run.batches()) as batches:      # its reader stops before the pool
@@ -238,6 +260,8 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
             idx.close()
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+        if lock is not None:
+            os.close(lock)
 
 
 def _index_reads_words(index: str) -> bool:
@@ -266,7 +290,8 @@ class BatchReader:
     def __init__(self, paths: list, fmt: Optional[str], text_field: str,
                  id_field: Optional[str], fingerprint_field: Optional[str], keep: str,
                  pool: Any, on_error: Any, summary: Summary, idx: Any,
-                 shingled: bool = False, made: Optional[dict] = None) -> None:
+                 shingled: bool = False, made: Optional[dict] = None,
+                 reserved: tuple = ()) -> None:
         self.paths, self.fmt = paths, fmt
         self.text_field, self.id_field, self.fingerprint_field = \
             text_field, id_field, fingerprint_field
@@ -274,6 +299,7 @@ class BatchReader:
         self.width, self.scheme = idx.width, idx.scheme or DEFAULT_SCHEME
         self.shingled = shingled      # shingle sets too (min_similarity needs the texts)
         self.made = made or {}        # minhash-v1 rows a calibration read: shingle sets
+        self.reserved = reserved      # columns a row may not hold (--annotate adds them)
         self.events: Optional[list] = None   # rows read and rejected on the reader thread
         # (file number, path, name shown in rows' places) of the files it reads
         self.files = [(p, path, path) for p, path in enumerate(paths)]
@@ -390,6 +416,10 @@ class BatchReader:
         for i, (p, row) in enumerate(rows):
             self.counted()
             try:
+                clash = [c for c in self.reserved if c in row.data]
+                if clash:
+                    raise BadLine(row.where, f"the row already has the column {clash[0]!r} "
+                                             f"that --annotate adds")
                 id_ = _row_id(row, self.id_field)
                 text = None
                 fp = None
@@ -471,7 +501,7 @@ class BatchReader:
             return
         out = judge.batch([g.row.data for g in good], [g.id for g in good],
                           [g.fp for g in good], [[g.p, g.row.number] for g in good],
-                          [g.sh for g in good])
+                          [g.sh for g in good], [g.row.where for g in good])
         for g, d in zip(good, out):
             d = d._replace(where=g.row.where)
             self.count(d)
@@ -520,8 +550,9 @@ def _components(run: BatchReader, judge: _Judge, drop_all: bool) -> Iterator[Dec
 
     Three passes: read and fingerprint every row (keeping its id, position, fingerprint and
     rank in memory, its shingle set in the check's spill) and query the index and the
-    reference; join the rows (find_all) and group them; read the rows again and decide.
-    Kept rows are then added to the index.
+    reference; join the rows (find_all) and group them; then, in one records write
+    transaction, judge the groups again against what other writers admitted to the index
+    since the first query and add the kept rows; finally read the rows again and decide.
     """
     idx, ref, k, token, check = judge.idx, judge.ref, judge.k, judge.token, judge.check
     ids: list = []
@@ -531,6 +562,7 @@ def _components(run: BatchReader, judge: _Judge, drop_all: bool) -> Iterator[Dec
     earlier: dict = {}        # row -> (distance, id, fingerprint, reference, similarity,
                               #         evidence, the record's shingles for the check)
     present: set = set()      # rows this run's killed process already added
+    since = idx._admit(lambda adm: adm.last_seq)   # what the first query sees, at least
     with closing(run.batches()) as batches:
         for good in batches:
             if not good:
@@ -562,7 +594,33 @@ def _components(run: BatchReader, judge: _Judge, drop_all: bool) -> Iterator[Dec
         if len(group) > 1 or group[0] in earlier:
             verdict_of_group(group, earlier, ids, fps, ranks, run.keep, drop_all, check,
                              shingles, verdict)
-    adds: list = []
+
+    def admit(adm: Any) -> list:
+        """The verdicts judged again with the records other writers admitted since the
+        first query, and the kept rows added, in one records write transaction."""
+        final = verdict
+        grew = _outside_since(adm, since, idx, fps, pos, earlier, k, token, check, shingles,
+                              run.width)
+        if grew:
+            final = list(verdict)
+            for root in {find(i) for i in grew}:
+                group = members[root]
+                for i in group:
+                    final[i] = None
+                verdict_of_group(group, grew, ids, fps, ranks, run.keep, drop_all, check,
+                                 shingles, final)
+        given: set = set()
+        adds: list = []
+        for i in range(n):
+            v = final[i]
+            if (v is None or not isinstance(v, tuple)) and i not in present:
+                adds.append(i)
+                if len(adds) >= BATCH:
+                    _put_kept(adm, adds, ids, fps, pos, given, judge, run, shingles)
+                    adds = []
+        _put_kept(adm, adds, ids, fps, pos, given, judge, run, shingles)
+        return final
+    verdict = idx._admit(admit)
     i = 0
     for p, row in run.rows(again=True):
         if i >= n or [p, row.number] != pos[i]:
@@ -570,19 +628,55 @@ def _components(run: BatchReader, judge: _Judge, drop_all: bool) -> Iterator[Dec
         v = verdict[i]
         if v is None or not isinstance(v, tuple):
             d = Decision(row.data, ids[i], row.where, fps[i], True, cluster=ids[i])
-            if i not in present:
-                adds.append((ids[i], fps[i], judge.meta(pos[i], shingles(i) if check
-                                                        is not None else None)))
-                if len(adds) >= BATCH:
-                    judge.add(adds)
-                    adds = []
         else:
             d = Decision(row.data, ids[i], row.where, fps[i], False, *v)
         run.count(d)
         yield d
         i += 1
-    if adds:
-        judge.add(adds)
+
+
+def _outside_since(adm: Any, since: int, idx: Index, fps: list, pos: list, earlier: dict,
+                   k: int, token: bytes, check: Optional[Check], shingles: Callable,
+                   width: int) -> Optional[dict]:
+    """`earlier` with each row's nearest record among those other writers admitted after
+    seq `since` (when nearer), or None when none of them is within k of a row."""
+    seqs, others = adm.since(since)
+    if not len(seqs) or not fps:
+        return None
+    mine = idx.queries(fps)
+    n = len(mine)
+    near = sorted({a for a, b in find_all(np.concatenate([mine, others]), k=k, width=width)
+                   if a < n <= b})
+    if not near:
+        return None
+    out = dict(earlier)
+    grew = False
+    for i, hits in zip(near, adm.hits(mine[near], k)):
+        fresh = sketched([[h for h in hits if h[2] > since]])[0]
+        best, _ = components_outside(fresh, [], shingles(i) if check is not None else None,
+                                     pos[i], token, check)
+        if best is not None and (i not in out or best[0] < out[i][0]):
+            out[i] = best
+            grew = True
+    return out if grew else None
+
+
+def _put_kept(adm: Any, adds: list, ids: list, fps: list, pos: list, given: set,
+              judge: _Judge, run: BatchReader, shingles: Callable) -> None:
+    """Add the records of kept rows (positions `adds` of the run) in an admission; an id
+    already stored, or kept twice, is an error naming the row."""
+    if not adds:
+        return
+    idkeys = encode_ids([ids[i] for i in adds])
+    for i, idk in zip(adds, idkeys):
+        if idk in given or adm.stored(idk):
+            p, number = pos[i]
+            raise id_taken(f"{run.files[p][2]}:{number}", ids[i], idk in given)
+        given.add(idk)
+    check = judge.check
+    adm.put(idkeys, judge.idx.queries([fps[i] for i in adds]),
+            [pack_meta(judge.meta(pos[i], shingles(i) if check is not None else None), ids[i])
+             for i in adds])
 
 
 def _bad(e: BadLine, on_error, summary) -> None:
@@ -600,9 +694,10 @@ def _row_id(row: Row, id_field: Optional[str]):
     if isinstance(v, bool) or not isinstance(v, (str, int)):
         raise BadLine(row.where, f'id field "{id_field}" is missing or not a string or an '
                                  f'integer (got {v!r:.40})')
-    if isinstance(v, int) and not 0 <= v < 1 << 64:
-        raise BadLine(row.where, f"id {v} is out of range: int ids must be in [0, 2**64)")
-    return v
+    try:
+        return check_id(v)
+    except InputError as e:
+        raise BadLine(row.where, str(e)) from None
 
 
 def _row_fp(row: Row, field: str, width: int) -> int:

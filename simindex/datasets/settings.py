@@ -9,6 +9,7 @@ import os
 import time
 from typing import Any, Iterable, Optional, Union
 
+from ..engine._layout import MANIFEST
 from ..errors import InputError, ParameterError
 from ..index import Index
 from ..radius import DEFAULT_RECALL, SAMPLE_ROWS, Calibration, calibrate
@@ -96,9 +97,11 @@ def choose_radius(paths: list, new: bool, *, k: Optional[int], scheme: Optional[
                   recall: Optional[float], measure: str, fmt: Optional[str],
                   text_field: str, fingerprint_field: Optional[str],
                   time_budget: Optional[float], summary: Any) -> tuple:
-    """(calibration or None, the shingle sets it made, scheme, width) of a run: for a new
-    index with a similarity threshold and no k, the radius calibrated on the input's first
-    rows (RUN_SAMPLE_ROWS or RUN_SAMPLE_BYTES)."""
+    """(calibration or None, the shingle sets it made, scheme, width, empty) of a run: for
+    a new index with a similarity threshold and no k, the radius calibrated on the input's
+    first rows (RUN_SAMPLE_ROWS or RUN_SAMPLE_BYTES); `empty` when there is none to
+    calibrate on because the input holds no row (the run then judges nothing, and must
+    not make the index at a radius it never chose)."""
     cal = None
     made: dict = {}           # rows the calibration already read: their shingle sets
     if new:
@@ -109,9 +112,11 @@ def choose_radius(paths: list, new: bool, *, k: Optional[int], scheme: Optional[
                 paths, min_similarity, fmt=fmt, text_field=text_field, recall=recall,
                 scheme=scheme, width=width, measure=measure, sample=RUN_SAMPLE_ROWS,
                 sample_bytes=RUN_SAMPLE_BYTES, sample_truth=False, time_budget=time_budget)
+            if cal is None:
+                return None, made, scheme, width, True
             summary.calibration = cal
             scheme, width = cal.scheme, cal.width
-    return cal, made, scheme, width
+    return cal, made, scheme, width, False
 
 
 def open_indexes(index: str, against: Optional[str], new: bool, cal: Optional[Calibration], *,
@@ -137,6 +142,9 @@ def open_indexes(index: str, against: Optional[str], new: bool, cal: Optional[Ca
                     f"run judges as the earlier ones did")
             min_similarity, measure = stored["min_similarity"], stored["measure"]
         if against is not None:
+            if not os.path.exists(os.path.join(against, MANIFEST)):
+                raise ParameterError(f"the reference index {against} does not exist (no "
+                                     f"simindex index there)")
             ref = Index(against, readonly=True)
             if ref.width != idx.width:
                 raise ParameterError(f"the reference index {against} holds {ref.width}-bit "
@@ -175,10 +183,13 @@ def calibrate_inputs(paths: list, t: float, *, fmt: Optional[str] = None,
     """The calibration (`simindex.calibrate`) of input files from their first `sample`
     texts (and at most `sample_bytes` of text, if given), for the rows the files hold
     (estimated; rows without a text are left to the run itself to report)."""
-    return calibrate_with_sets(paths, t, fmt=fmt, text_field=text_field, recall=recall,
-                             scheme=scheme, width=width, measure=measure, sample=sample,
-                             sample_bytes=sample_bytes, sample_truth=sample_truth,
-                             time_budget=time_budget)[0]
+    cal = calibrate_with_sets(paths, t, fmt=fmt, text_field=text_field, recall=recall,
+                              scheme=scheme, width=width, measure=measure, sample=sample,
+                              sample_bytes=sample_bytes, sample_truth=sample_truth,
+                              time_budget=time_budget)[0]
+    if cal is None:
+        raise ParameterError("the input holds no row to calibrate on")
+    return cal
 
 
 def calibrate_with_sets(paths: list, t: float, *, fmt: Optional[str], text_field: str,
@@ -186,15 +197,17 @@ def calibrate_with_sets(paths: list, t: float, *, fmt: Optional[str], text_field
                       measure: str, sample: int, sample_bytes: Optional[int],
                       sample_truth: bool, time_budget: Optional[float] = None) -> tuple:
     """calibrate_inputs, and for minhash-v1 the shingle set its pass made of each sampled
-    row, by position, which the run need not make again."""
+    row, by position, which the run need not make again; (None, {}) when the input holds
+    no row at all."""
     if isinstance(sample, bool) or not isinstance(sample, int) or sample < 2:
         raise ParameterError(f"sample must be an int >= 2, got {sample!r}")
     texts: list = []
     where: list = []
-    read = 0
+    read = rows_read = 0
     limit = sample_bytes if sample_bytes is not None else float("inf")
     for p, path in enumerate(paths):
         for row in read_rows(path, fmt, lambda e: None):
+            rows_read += 1
             text = row.data.get(text_field)
             if isinstance(text, str):
                 texts.append(text)
@@ -204,9 +217,12 @@ def calibrate_with_sets(paths: list, t: float, *, fmt: Optional[str], text_field
                 break
         if len(texts) >= sample or (read >= limit and len(texts) >= 2):
             break
+    if not texts and not rows_read:
+        return None, {}                  # no row at all: nothing to judge
     if not texts:
-        raise ParameterError(f"no row of the input has a text in \"{text_field}\" to "
-                             f"calibrate on; give k")
+        raise ParameterError(f"no row of the input has a text in the column "
+                             f"\"{text_field}\" to calibrate on: name the column that holds "
+                             f"the texts (--text-field), or give k (--k)")
     rows = estimate_rows(paths, len(texts), read)
     made: dict = {}
     sets = seconds = None

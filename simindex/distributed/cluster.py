@@ -48,7 +48,8 @@ _ray_users = 0          # Clusters and calls using a Ray that this process start
 
 def connect(address: Optional[str] = None) -> bool:
     """Join the Ray cluster at `address`, or start a local one; True if this process started
-    it (then release() shuts it down when its last user is done)."""
+    it (then release() shuts it down when its last user is done). ConnectionError when Ray
+    does not start or cannot be joined (whatever Ray raised)."""
     global _ray_users
     with _ray_lock:
         if ray.is_initialized():
@@ -56,10 +57,15 @@ def connect(address: Optional[str] = None) -> bool:
                 _ray_users += 1
                 return True
             return False
-        if address in (None, "local"):
-            ray.init(include_dashboard=False, logging_level=logging.WARNING)
-        else:
-            ray.init(address=address, logging_level=logging.WARNING)
+        try:
+            if address in (None, "local"):
+                ray.init(include_dashboard=False, logging_level=logging.WARNING)
+            else:
+                ray.init(address=address, logging_level=logging.WARNING)
+        except Exception as e:             # noqa: BLE001 - Ray raises plain Exceptions too
+            if ray.is_initialized():
+                ray.shutdown()
+            raise ConnectionError(f"{type(e).__name__}: {e}") from e
         _ray_users = 1
         return True
 
@@ -139,7 +145,8 @@ class Cluster:
                 self._manifest, s, self.readonly) for s in range(self.plan.shards)]
             self._read_applied()
             check_kept(self.path, self._applied,
-                               fetch([ledger.last.remote() for ledger in self.ledgers]))
+                       fetch([ledger.last.remote() for ledger in self.ledgers]),
+                       fetch([s.durable.remote() for s in self.shards]) if n == 1 else None)
             # per ledger and shard, (lo, hi): that ledger's seqs with nothing for the shard
             self._clean = [[(0, -1)] * self.plan.shards for _ in range(n)]
             if not self.readonly:

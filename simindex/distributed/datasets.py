@@ -17,12 +17,11 @@ a directory of part files renamed into place whole: a run's output is complete o
 
 from __future__ import annotations
 
-import ctypes
 import os
+import re
 import shutil
 import tempfile
 import time
-import uuid
 import zlib
 from types import SimpleNamespace
 from typing import Any, Iterable, Optional, Union
@@ -31,18 +30,20 @@ import numpy as np
 import ray
 
 from ..datasets.check import Check, Shingles
+from ..datasets.publish import distinct, publish, temporary_dir
 from ..datasets.reports import ANNOTATIONS, _key
 from ..datasets.rows import RowWriter, format_of, read_rows
 from ..datasets.rules import (
-    components_outside, greedy_outside, greedy_verdict, matches, outside_verdict,
-    verdict_of_group,
+    components_outside, greedy_outside, greedy_verdict, id_taken, matches, outside_verdict,
+    sketched, verdict_of_group,
 )
 from ..datasets.run import BATCH, BatchReader, Summary
 from ..datasets.settings import (
     check_options, choose_radius, input_files, judging, open_indexes, run_token,
 )
 from ..engine import manifest
-from ..engine.codec import Packed, pack_meta
+from ..engine.codec import Packed, encode_ids, pack_meta, stored_sketch, unpack_sketched
+from ..engine.pairs import find_all
 from ..engine.plan import Plan, default_plan
 from ..errors import BadLine, InputError, ParameterError
 from ..index import Index
@@ -57,6 +58,8 @@ from .route import fetch
 _U64 = np.uint64
 _PARQUET_GROUP = 65536            # rows the one-machine Parquet writer infers its schema from
 _EVIDENCE = (None, "exact", "sketch")
+# what an output folder holds: part files, and the temporary files of killed write tasks
+_PART = re.compile(r"part-\d{5}\.\w+|\.part-\d{5}\.\w+\.\w+\.tmp")
 
 
 class _Job(SimpleNamespace):
@@ -96,7 +99,7 @@ def _read(job: _Job, p: int, path: str, shown: str) -> tuple:
     run = BatchReader([path], job.fmt, job.text_field, job.id_field, job.fingerprint_field,
                       job.keep, None, "stop" if job.stop else bad.append, summary,
                       SimpleNamespace(width=job.width, scheme=job.scheme),
-                      job.check is not None)
+                      job.check is not None, reserved=ANNOTATIONS if job.annotate else ())
     run.files = [(p, path, shown)]
     fps: list = []
     rest: dict = {"numbers": [], "ids": [], "ranks": [], "best": [], "mine": []}
@@ -556,48 +559,34 @@ def _refs(got: Any, n: int) -> list:
     return list(got) if n > 1 else [got]
 
 
-def _prepare_dir(path: str, what: str) -> str:
-    """The temporary directory a run writes `path`'s parts into; `path` must be a new
-    directory or an earlier run's parts."""
+def _prepare_dir(path: str, what: str) -> tuple:
+    """(the temporary folder a run writes `path`'s parts into, its lock fd); `path` must be
+    a new folder or an earlier run's parts (with what killed write tasks of that run may
+    have left beside them)."""
     path = os.path.abspath(path)
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise ParameterError(f"{what} {path} is a file: with Ray, the outputs are "
                                  f"directories of part files")
-        other = [n for n in os.listdir(path) if not n.startswith("part-")]
+        other = [n for n in os.listdir(path) if not _PART.fullmatch(n)]
         if other:
             raise ParameterError(f"{what} {path} holds {other[0]!r}, not only part files "
                                  f"of an earlier run: give a new directory")
     parent, name = os.path.split(path)
-    if os.path.isdir(parent):
-        for old in os.listdir(parent):             # what killed runs left
-            if old.startswith(f".{name}.simindex-partial-"):
-                shutil.rmtree(os.path.join(parent, old), ignore_errors=True)
-    # a name of this run's own: a task of a failed run never writes into a later one's
-    tmp = os.path.join(parent, f".{name}.simindex-partial-{uuid.uuid4().hex[:12]}")
-    os.mkdir(tmp)                              # in an existing directory, as one machine
-    return tmp
+    if not os.path.isdir(parent):
+        raise ParameterError(f"cannot write {what} {path}: the folder {parent} does not "
+                             f"exist")
+    # a name of this run's own: a task of a failed run never writes into a later one's;
+    # what killed runs left is removed
+    return temporary_dir(parent, f".{name}.simindex-partial-")
 
 
-def _publish(tmp: str, path: str) -> None:
-    """Put the directory `tmp` at `path` in one step (an existing one is swapped out
-    atomically, then removed), then sync the parent directory."""
-    path = os.path.abspath(path)
-    if not os.path.exists(path):
-        os.rename(tmp, path)
-    else:
-        libc = ctypes.CDLL(None, use_errno=True)
-        at_fdcwd, rename_exchange = -100, 2
-        if libc.renameat2(at_fdcwd, os.fsencode(tmp), at_fdcwd, os.fsencode(path),
-                          rename_exchange) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"cannot replace {path}: {os.strerror(err)}")
-        shutil.rmtree(tmp, ignore_errors=True)
-    fd = os.open(os.path.dirname(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _tidy(tmp: str) -> None:
+    """Remove from a run's finished part folder what is not a part: its lock, and the
+    temporary files of write tasks killed and run again."""
+    for n in os.listdir(tmp):
+        if not _PART.fullmatch(n) or n.startswith("."):
+            os.unlink(os.path.join(tmp, n))
 
 
 def dedup(inputs: Union[str, Iterable[str]], output: str, *, removed: Optional[str] = None,
@@ -635,22 +624,31 @@ def dedup(inputs: Union[str, Iterable[str]], output: str, *, removed: Optional[s
     out_fmt = format_of(paths[0], output_format or fmt) if paths else "jsonl"
     summary = summary if summary is not None else Summary()
     tmp: dict = {}
+    locks: list = []                # fds of the run's temporary folders' locks
     scratch = idx = ref = None
     started = False
     try:
+        distinct({"--output": output, "--removed": removed, "--clusters": clusters})
         for what, path in (("output", output), ("removed", removed), ("clusters", clusters)):
             if path is not None:
-                tmp[what] = _prepare_dir(path, f"--{what}")
-        scratch = tempfile.mkdtemp(prefix="simindex-dedup-")
+                tmp[what], fd = _prepare_dir(path, f"--{what}")
+                locks.append(fd)
+        scratch, fd = temporary_dir(tempfile.gettempdir(), "simindex-dedup-")
+        locks.append(fd)
         where = index if index is not None else os.path.join(scratch, "index")
         new = not os.path.exists(os.path.join(where, manifest.NAME))
-        cal, _, scheme, width = choose_radius(
+        cal, _, scheme, width, empty = choose_radius(
             paths, new, k=k, scheme=scheme, width=width, min_similarity=min_similarity,
             recall=recall, measure=measure, fmt=fmt, text_field=text_field,
             fingerprint_field=fingerprint_field, time_budget=time_budget, summary=summary)
+        if empty:                      # no row: judged against a scratch index, not kept
+            index, where = None, os.path.join(scratch, "index")
         idx, ref, kk, min_similarity, measure = open_indexes(
             where, against, new, cal, k=k, scheme=scheme, width=width,
             min_similarity=min_similarity, measure=measure, summary=summary)
+        # the newest record the tasks' queries see, at least: what other writers admit
+        # after it is checked when the kept rows are added
+        since = idx._admit(lambda adm: adm.last_seq) if index is not None else 0
         token = run_token(paths, text_field, id_field, fingerprint_field,
                           judging(mode, kk, measure, min_similarity))
         started = connect(address)
@@ -666,12 +664,16 @@ def dedup(inputs: Union[str, Iterable[str]], output: str, *, removed: Optional[s
                    annotate=annotate, sizes=annotate or clusters is not None,
                    adding=index is not None,
                    reduces=parts, radius=summary.radius, tmp=tmp, out_fmt=out_fmt)
-        _run(job, paths, parts, idx if index is not None else None, summary, on_error,
-             _Stages(timings))
+        _run(job, paths, parts, idx if index is not None else None, since, summary,
+             on_error, _Stages(timings))
         idx.flush()
-        for what, path in (("removed", removed), ("clusters", clusters), ("output", output)):
-            if path is not None:
-                _publish(tmp.pop(what), path)
+        moves = [(tmp[what], os.path.abspath(path)) for what, path in
+                 (("output", output), ("removed", removed), ("clusters", clusters))
+                 if path is not None]
+        for d, _ in moves:
+            _tidy(d)
+        publish(moves)              # every output folder at its path, or none
+        tmp.clear()
         return summary
     finally:
         for d in tmp.values():
@@ -681,13 +683,15 @@ def dedup(inputs: Union[str, Iterable[str]], output: str, *, removed: Optional[s
                 x.close()
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+        for fd in locks:
+            os.close(fd)
         release(started)
 
 
-def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summary,
-         on_error: Any, stages: _Stages) -> None:
+def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], since: int,
+         summary: Summary, on_error: Any, stages: _Stages) -> None:
     """Every stage of a run on Ray; the kept rows added to `idx` (the run's --index, or
-    None)."""
+    None) unless another writer admitted a near-copy of one after seq `since`."""
     files = len(paths)
     # tasks run in other working directories: absolute paths, rows named as given
     reads: Any = [_read.remote(job, p, os.path.abspath(path), path)
@@ -759,9 +763,10 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summ
     stages.done("assemble", assembled + sizes + repeats)
     twice = [r for r in fetch(repeats) if r is not None]
     if twice:
-        id_ = min(twice, key=lambda r: r[0])[1]
-        raise ParameterError(f"a kept row's id {id_!r} is given twice (replace=False): ids "
-                             f"must be unique, across runs too")
+        at, id_ = min(twice, key=lambda r: r[0])
+        f = int(_block_of(offsets, np.array([at], dtype=_U64))[0])
+        number = int(fetch(rest[f])["numbers"][at - int(offsets[f])])
+        raise id_taken(f"{paths[f]}:{number}", id_, True)
     columns, schema = _first_rows(job, paths, assembled, rest)
     writes = [_write.remote(job, f, os.path.abspath(paths[f]), paths[f], int(offsets[f]),
                             assembled[f][0], rest[f], columns, schema,
@@ -775,12 +780,12 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], summary: Summ
         ray.wait(writes, num_returns=len(writes), timeout=60)
         raise
     stages.done("write", writes)
+    if idx is not None:
+        _admit(idx, since, job, paths, [assembled[f][1] for f in range(files)])
     for f in range(files):
         got = fetch(assembled[f][1])
         summary.kept += got["kept"]
         summary.removed += got["removed"]
-        if idx is not None and got["adds"]:
-            _add(idx, got["adds"])
     stages.done("index", [])
 
 
@@ -806,11 +811,57 @@ def _first_rows(job: _Job, paths: list, assembled: list, rest: list) -> tuple:
     return columns, pa.unify_schemas(schemas, promote_options="permissive")
 
 
-def _add(idx: Index, adds: list) -> None:
-    """Add kept rows' records, refusing an id that already names a record."""
-    for s in range(0, len(adds), BATCH):
-        try:
-            idx.add_many(adds[s:s + BATCH], replace=False)
-        except InputError as e:
-            raise ParameterError(f"a kept row's {e}: ids must be unique, across runs "
-                                 f"too") from None
+def _admit(idx: Index, since: int, job: _Job, paths: list, counted: list) -> None:
+    """Add the kept rows' records (each file's, from its counts `counted`) in one records
+    write transaction, after making sure no other writer admitted a near-copy of one of
+    them since the run's queries (records after seq `since`): a run that would keep such a
+    row adds nothing and raises, as its outputs are already written."""
+    check = _check_of(job)
+
+    def admit(adm: Any) -> None:
+        seqs, others = adm.since(since)
+        given: set = set()
+        for ref in counted:
+            adds = fetch(ref)["adds"]
+            for s in range(0, len(adds), BATCH):
+                part = adds[s:s + BATCH]
+                fps = idx.queries([a[1] for a in part])
+                if len(seqs):
+                    _refuse_admitted(adm, idx, since, part, fps, others, job, check, paths)
+                idkeys = encode_ids([a[0] for a in part])
+                for a, idk in zip(part, idkeys):
+                    if idk in given or adm.stored(idk):
+                        raise id_taken(_place(a[2], paths), a[0], idk in given)
+                    given.add(idk)
+                adm.put(idkeys, fps, [pack_meta(a[2], a[0]) for a in part])
+    idx._admit(admit)
+
+
+def _refuse_admitted(adm: Any, idx: Index, since: int, part: list, fps: np.ndarray,
+                     others: np.ndarray, job: _Job, check: Optional[Check],
+                     paths: list) -> None:
+    """Raise when a record admitted after seq `since` by another writer is a near-copy of
+    one of `part`'s kept rows (within k, and passing the check by the sketches)."""
+    n = len(fps)
+    near = sorted({a for a, b in find_all(np.concatenate([fps, others]), k=job.k,
+                                          width=job.width) if a < n <= b})
+    if not near:
+        return
+    for i, hits in zip(near, adm.hits(fps[near], job.k)):
+        mine = stored_sketch(pack_meta(part[i][2])) if check is not None else None
+        for m, sketch in sketched([[h for h in hits if h[2] > since]])[0]:
+            if check is None or mine is None or check.sketches(mine, sketch):
+                raise ParameterError(
+                    f"{_place(part[i][2], paths)}: another writer added {m.id!r:.80} to the "
+                    f"index while this run ran, a near-copy of this row, which the run "
+                    f"would keep: nothing was added to the index and no output was "
+                    f"published; run it again to judge the rows against it")
+
+
+def _place(meta: Any, paths: list) -> str:
+    """The "file:row" of a kept row from the meta its record keeps (the run's token and
+    the row's position)."""
+    if isinstance(meta, Packed):
+        meta = unpack_sketched(bytes(meta))[0]
+    p, number = meta[1]
+    return f"{paths[p]}:{number}"

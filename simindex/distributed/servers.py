@@ -23,7 +23,7 @@ from ..engine.codec import pack, unpack
 from ..engine.manifest import Manifest
 from ..values import words_array
 from ..errors import Error
-from ..engine.shard import load_state, scan as scan_shard
+from ..engine.shard import durable_seq, load_state, scan as scan_shard
 from ..engine.transactions import TxnRunner
 from . import route
 
@@ -114,6 +114,10 @@ class ShardServer(_Server):
         """Per ledger, the local seq up to which this shard applied its records."""
         return self.txns.read_txn(self.env, self._applied)
 
+    def durable(self):
+        """The seq up to which this shard saw records/ on disk (shard.durable_seq)."""
+        return self.txns.read_txn(self.env, durable_seq)
+
     def apply(self, parts):
         """Store this shard's part of committed records in one transaction: `parts` is
         [(ledger, seqs, fps, since, last)], the records of `ledger` committed after its
@@ -127,7 +131,7 @@ class ShardServer(_Server):
             entries = protocol.Entries(plan, seqs, fps, shards=(shard, shard + 1))
             return [self.txns.write(
                 self.env, lambda txn: protocol.apply(txn, plan, shard, entries, last,
-                                                     since=since),
+                                                     since=since, durable=True),
                 then=protocol.SHARD_WRITE_FAILED)]
         return self.txns.write(
             self.env, lambda txn: ledgers.apply(txn, plan, shard, self.nledgers,
@@ -166,6 +170,8 @@ class LedgerServer(_Server):
                                              sums=m.record_sums, ledger=ledger)
         self.txns = TxnRunner(path, [self.env], what=f"ledger {ledger} of index {path}",
                               contexts=True)
+        self.txns.read_txn(self.env, lambda txn: ledgers.check_home(
+            txn, path, ledger, self.nledgers, self.plan.words))
 
     def _once(self, request, fn):
         """fn(txn) in a write transaction, at most once per request id.
@@ -193,12 +199,13 @@ class LedgerServer(_Server):
         """The newest seq given out (0 for none)."""
         return self.txns.read_txn(self.env, records.last_seq)
 
-    def commit(self, request, idkeys, fps, metas):
+    def commit(self, request, idkeys, fps, metas, replace=True):
         """Commit records atomically and durably; returns (prev, seqs): the newest local
-        seq before them and the global seqs they got."""
+        seq before them and the global seqs they got. replace=False: an id already stored
+        raises IdExistsError and nothing is written."""
         def fn(txn):
             prev = records.last_seq(txn)
-            seq0 = records.put(txn, idkeys, fps, metas)
+            seq0 = records.put(txn, idkeys, fps, metas, replace)
             return prev, ledgers.to_global(
                 np.arange(seq0, seq0 + len(idkeys), dtype=np.uint64), self.ledger,
                 self.nledgers)
@@ -266,7 +273,9 @@ class LedgerServer(_Server):
             if hits:
                 return None, hits
             if home != self.ledger:
-                return route.fetch(servers[home].commit.remote(request, [idk], q, [meta])), []
+                return route.fetch(servers[home].commit.remote(request, [idk], q, [meta],
+                                                               False)), []
+            records.refuse_replacing(txn, idk)
             prev = records.last_seq(txn)
             seq0 = records.put(txn, [idk], q, [meta])
             return (prev, ledgers.to_global(np.array([seq0], dtype=np.uint64), self.ledger,

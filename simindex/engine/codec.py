@@ -136,8 +136,13 @@ def pack_meta(meta, id_=None, sketch=None):
     """The stored bytes of a meta value; `sketch`: (sketch bytes, shingle count) kept with
     it (see SKETCH_EXT)."""
     if type(meta) is Packed:
-        return bytes(meta)
-    if type(meta) is msgpack.ExtType and meta.code == SKETCH_EXT:
+        b = bytes(meta)
+        try:
+            unpack_sketched(b)             # made by text_record; checked all the same
+        except CorruptError as e:
+            raise InputError(f"a packed meta value is not one simindex made: {e}") from None
+        return b
+    if isinstance(meta, msgpack.ExtType) and meta.code == SKETCH_EXT:
         raise InputError(f"meta may not be a msgpack extension of type {SKETCH_EXT}: "
                          f"simindex keeps text sketches in it")
     if meta is None and sketch is None:

@@ -27,6 +27,7 @@ from . import environments, records
 from ._layout import DB_STATE, STATE_LEDGERS, ledger_dir
 from ._lmdb import Env, Txn
 from ._query import scan_shard
+from .codec import encode_id
 from .manifest import Manifest
 from .pairs import join_table
 from .protocol import Entries
@@ -34,7 +35,7 @@ from .results import match_of
 from .shard import ShardWriter
 from .transactions import TxnRunner
 from .writebuffer import Replay
-from ..errors import CorruptError, ReadOnlyError
+from ..errors import CorruptError, ReadOnlyError, RecordsLostError
 from ..values import words_array
 
 __all__ = ["ledger_dir", "ledger_of", "to_global", "global_seq", "to_local", "load_applied",
@@ -139,18 +140,39 @@ def compaction_keep(live: np.ndarray, newest: Sequence[int], ledgers: int):
     return keep
 
 
-def check_kept(path: str, applied: np.ndarray, lasts: Sequence[int]) -> None:
-    """Refuse a ledger that never gave out a seq (`lasts`: each ledger's last seq) while a
-    shard applied some of its records (`applied`: (ledgers, shards)): its records were lost
-    (the file emptied or replaced), and an index open on it would answer without them."""
+def check_kept(path: str, applied: np.ndarray, lasts: Sequence[int],
+               durable: Optional[Sequence[int]] = None) -> None:
+    """Refuse a ledger that holds fewer records than the shards applied of it
+    (records.lost): `lasts`, each ledger's last seq; `applied`, (ledgers, shards). A
+    ledger's commits are synced, so what a shard applied of it was on disk; an index of
+    one ledger may have been written by sync=False writers too, so there `durable`, its
+    shards' durable seqs, counts instead."""
     for j, last in enumerate(lasts):
-        top = int(np.max(applied[j])) if len(applied[j]) else 0
-        if top and not last:
-            shard = int(np.argmax(applied[j]))
-            raise CorruptError(
-                f"{path}: {ledger_dir(j)}/ holds no record, but shard {shard} applied its "
-                f"records up to seq {top}: the index's records are lost and cannot be "
-                f"rebuilt; restore {ledger_dir(j)}/ from a backup (nothing was changed)")
+        marks = list(durable) if durable is not None and len(lasts) == 1 else \
+            [int(a) for a in applied[j]]
+        why = records.lost(path, ledger_dir(j), int(last) or None,
+                           [int(a) for a in applied[j]], marks)
+        if why:
+            raise RecordsLostError(why)
+
+
+def check_home(txn: Txn, path: str, ledger: int, ledgers: int, words: int) -> None:
+    """Refuse a ledger environment that holds another ledger's records (its first live
+    record's id belongs elsewhere): ledger directories swapped, or copied from another
+    index, would answer lookups from the wrong records."""
+    if ledgers == 1:
+        return
+    seqs, _ = records.tail(txn, 0, 1, words)
+    if not len(seqs):
+        return
+    id_ = records.live_ids(txn, seqs, words)[0]
+    home = int(ledger_of([encode_id(id_)], ledgers)[0])
+    if home != ledger:
+        raise CorruptError(
+            f"{path}: {ledger_dir(ledger)}/ holds the records of {ledger_dir(home)}/ (its "
+            f"record of {id_!r:.60} belongs there): ledger directories swapped, or copied "
+            f"from another index; put each ledger back in its own directory (nothing was "
+            f"changed)")
 
 
 # ---------------------------------------------------------------- queries
@@ -260,6 +282,8 @@ class LedgerReader:
                                 for env in self.shard_envs]).T
             check_kept(path, applied, [r.read_txn(env, records.last_seq) for r, env in
                                        zip(self.runners, self.ledger_envs)])
+            for j, (r, env) in enumerate(zip(self.runners, self.ledger_envs)):
+                r.read_txn(env, lambda txn: check_home(txn, path, j, n, self.plan.words))
         except BaseException:
             self.close()
             raise

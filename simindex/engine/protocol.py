@@ -32,7 +32,7 @@ from ._slabs import sort_entries
 from ._lmdb import Env, Txn
 from ._permute import Permuter
 from .plan import Plan
-from .shard import ShardWriter, applied_seqs, sorted_entries
+from .shard import ShardWriter, applied_seqs, durable_seqs, mark_durable, sorted_entries
 from .transactions import TxnRunner
 
 # records per records/ transaction of a large add. LMDB gives a transaction's pages in the
@@ -271,7 +271,7 @@ def _shard_starts(plan: Plan) -> np.ndarray:
 
 
 def apply(txn: Txn, plan: Plan, shard: int, entries: Entries, last: int,
-          since: Optional[int] = None) -> int:
+          since: Optional[int] = None, durable: bool = False) -> int:
     """Apply a batch of records (those with seqs up to `last`; `entries` holds at least
     every one with an entry in this shard) to `shard` in its write transaction `txn`, and
     advance its applied seq to `last`. Returns the shard's applied seq after it.
@@ -279,7 +279,9 @@ def apply(txn: Txn, plan: Plan, shard: int, entries: Entries, last: int,
     A shard that already applied `last` is left as it is (another writer got there first);
     entries it already holds are skipped. With `since` (the newest seq below the batch), a
     shard that has not applied `since` missed earlier records and is left alone too: the
-    caller must catch it up first (its applied seq, below `since`, says so).
+    caller must catch it up first (its applied seq, below `since`, says so). `durable`:
+    records/ syncs its commits, so the shard marks every record up to `last` as on disk
+    there (mark_durable: an open refuses records/ that hold fewer).
     """
     w = ShardWriter(txn, plan.ntables, plan.words - 1)
     if w.applied >= last or (since is not None and w.applied < since):
@@ -293,11 +295,13 @@ def apply(txn: Txn, plan: Plan, shard: int, entries: Entries, last: int,
         w.add_run(t, np.ascontiguousarray(k), np.ascontiguousarray(q),
                   None if tl is None else np.ascontiguousarray(tl))
     w.save(applied=last)
+    if durable:
+        mark_durable(txn, last)
     return last
 
 
 def catch_up(txns: TxnRunner, plan: Plan, lag: int = 0, jobs: int = 1,
-             prepared: Optional[Prepared] = None) -> None:
+             prepared: Optional[Prepared] = None, durable: bool = False) -> None:
     """Bring the shards of a store (txns.envs: records, then each shard) up to the last
     committed record, in passes of APPLY_CHUNK records (a pass over more than SORT_ENTRIES
     table entries goes a group of shards at a time).
@@ -307,7 +311,7 @@ def catch_up(txns: TxnRunner, plan: Plan, lag: int = 0, jobs: int = 1,
     merges (GROUP_LIMIT, LAG_LIMIT). `jobs` shards are written at once (each its own
     environment and write lock; the slab writes and commits release the GIL).
     `prepared`: commit_prepared's first pass, taken as it is when every shard still stands
-    right below its records.
+    right below its records. `durable`: records/ syncs its commits (see apply).
     """
     txns.check_open()
     rec, shards = txns.envs[0], txns.envs[1:]
@@ -319,7 +323,7 @@ def catch_up(txns: TxnRunner, plan: Plan, lag: int = 0, jobs: int = 1,
             ready, prepared = prepared, None
             if start == ready.entries.first and max(applied) == start - 1:
                 _apply_pass(txns, plan, shards, applied, ready.seqs, ready.fps, lag, jobs,
-                            ready)
+                            durable, ready)
                 del ready
                 continue
         if lag and txns.read_txn(rec, records.last_seq) - min(applied) < lag:
@@ -328,14 +332,14 @@ def catch_up(txns: TxnRunner, plan: Plan, lag: int = 0, jobs: int = 1,
             *records.tail(txn, start, chunk, plan.words), records.last_seq(txn)))
         if len(seqs) == 0:
             if not lag and last >= start:
-                _advance(txns, plan, shards, applied, last)   # only removed records above
+                _advance(txns, plan, shards, applied, last, durable)   # only removed above
             return
-        _apply_pass(txns, plan, shards, applied, seqs, fps, lag, jobs)
+        _apply_pass(txns, plan, shards, applied, seqs, fps, lag, jobs, durable)
         if len(seqs) < chunk and not (not lag and int(seqs[-1]) < last):
             return
 
 
-def _apply_pass(txns, plan, shards, applied, seqs, fps, lag, jobs, ready=None):
+def _apply_pass(txns, plan, shards, applied, seqs, fps, lag, jobs, durable, ready=None):
     """Apply one pass of records (seqs ascending, fps theirs) to the shards, a group of
     shards at a time; `ready`: the pass as commit_prepared made it."""
     top = int(seqs[-1])
@@ -364,14 +368,14 @@ def _apply_pass(txns, plan, shards, applied, seqs, fps, lag, jobs, ready=None):
                 entries = ahead.result() if ahead is not None else make(i)
             ahead = pool.submit(make, i + 1) if pool and i + 1 < len(ranges) else None
             todo = [s for s in range(lo, hi) if top - applied[s] >= lag]
-            _apply_shards(txns, plan, shards, entries, top, todo, jobs)
+            _apply_shards(txns, plan, shards, entries, top, todo, jobs, durable)
             del entries              # before the next group's are made
 
 
-def _apply_shards(txns, plan, shards, entries, top, todo, jobs):
+def _apply_shards(txns, plan, shards, entries, top, todo, jobs, durable):
     """Apply `entries` (up to seq `top`) to the shards `todo`, `jobs` at once."""
     def one(s):
-        txns.write(shards[s], lambda txn: apply(txn, plan, s, entries, top),
+        txns.write(shards[s], lambda txn: apply(txn, plan, s, entries, top, durable=durable),
                    then=SHARD_WRITE_FAILED)
     if jobs > 1 and len(todo) > 1:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -381,7 +385,7 @@ def _apply_shards(txns, plan, shards, entries, top, todo, jobs):
             one(s)
 
 
-def _advance(txns, plan, shards, applied, last):
+def _advance(txns, plan, shards, applied, last, durable):
     """Move lagging shards' applied seq up to `last` when no live record lies between."""
     for s, a in enumerate(applied):
         if a < last:
@@ -389,7 +393,18 @@ def _advance(txns, plan, shards, applied, last):
                 w = ShardWriter(txn, plan.ntables, plan.words - 1)
                 if w.applied < last:
                     w.save(applied=last)
+                    if durable:
+                        mark_durable(txn, last)
             txns.write(shards[s], bump, then=SHARD_WRITE_FAILED)
+
+
+def mark_synced(txns: TxnRunner, last: int) -> None:
+    """After records/ was synced up to seq `last` (a sync=False store's flush or close):
+    mark it in every shard (mark_durable), so an open refuses records/ that hold fewer."""
+    if min(durable_seqs(txns), default=last) >= last:
+        return
+    for env in txns.envs[1:]:
+        txns.write(env, lambda txn: mark_durable(txn, last), then=SHARD_WRITE_FAILED)
 
 
 def compact(txns: TxnRunner, plan: Plan) -> None:

@@ -18,7 +18,7 @@ from ._layout import (
 from ._lmdb import Txn
 from ._records import read_tail, record_get, records_lookup, records_put
 from .codec import decode_id, encode_ids
-from ..errors import CorruptError, InputError
+from ..errors import CorruptError, IdExistsError
 
 
 def _be(n: int) -> bytes:
@@ -34,6 +34,35 @@ def next_seq(txn: Txn) -> int:
 def last_seq(txn: Txn) -> int:
     """The newest seq given out (0 for none)."""
     return next_seq(txn) - 1
+
+
+def last_seq_of(next_seq_value: bytes) -> int:
+    """last_seq from the stored next-seq value."""
+    return int.from_bytes(next_seq_value, "big") - 1
+
+
+def lost(path: str, where: str, last: Optional[int], applied: list,
+         durable: list) -> Optional[str]:
+    """Why the records environment `where`/ of the index at `path` holds fewer records
+    than its shards say were committed, or None. `last`: its newest seq (None: it never
+    gave one out); `applied` and `durable`: each shard's applied seq of it and the seq up
+    to which the shard saw it on disk (a sync=False writer's records above its last flush
+    may be lost in an OS crash, and are not counted)."""
+    if last is None and max(applied, default=0):
+        shard = int(np.argmax(applied))
+        why = f"holds no record, but shard {shard} applied records up to seq {max(applied)}"
+    elif durable and (last or 0) < max(durable):
+        shard = int(np.argmax(durable))
+        top = max(durable)
+        why = (f"ends at seq {last or 0}, but shard {shard} recorded that it held every "
+               f"record up to seq {top} on disk: up to {top - (last or 0)} committed records "
+               f"are missing (a copy restored from before they were added, another "
+               f"index's file, or a damaged one)")
+    else:
+        return None
+    return (f"{path}: {where}/ {why}; restore {where}/ from a backup that holds them "
+            f"(nothing was changed), or run `simindex repair --accept-loss` to rebuild the "
+            f"tables from the records that remain")
 
 
 def raise_next_seq(txn: Txn, top: int) -> None:
@@ -58,15 +87,16 @@ def put(txn: Txn, idkeys: Union[list, np.ndarray], fps: np.ndarray, metas: list,
     """Write records (id keys, or a uint64 array of int ids; uint64 fingerprints; packed
     metas) in a records/ write
     transaction; returns the first seq given out: record i gets seq0 + i. An id stored
-    before loses its older record, or with replace=False raises InputError (the
+    before loses its older record, or with replace=False raises IdExistsError (the
     transaction then writes nothing), as does an id given twice."""
     if not replace:
         seen = set()
         for idk in (idkeys if isinstance(idkeys, list) else encode_ids(idkeys.tolist())):
             if idk in seen or txn.get(DB_IDS, idk) is not None:
-                raise InputError(f"id {decode_id(idk)!r:.80} is "
-                                 f"{'given twice' if idk in seen else 'already stored'} "
-                                 f"(replace=False)")
+                id_ = decode_id(idk)
+                raise IdExistsError(f"id {id_!r:.80} is "
+                                    f"{'given twice' if idk in seen else 'already stored'}",
+                                    id_)
             seen.add(idk)
     seq0 = next_seq(txn)
     seq, replaced = records_put(txn, DB_IDS, DB_SEQS, idkeys, fps, metas, seq0)
@@ -74,6 +104,16 @@ def put(txn: Txn, idkeys: Union[list, np.ndarray], fps: np.ndarray, metas: list,
     if replaced:
         add_stale(txn, replaced)
     return seq0
+
+
+def refuse_replacing(txn: Txn, idkey: bytes) -> None:
+    """Raise IdExistsError when `idkey` names a stored record: an insert-if-new
+    (add_unique) found no near-copy, but adding would replace that record."""
+    if txn.get(DB_IDS, idkey) is not None:
+        id_ = decode_id(idkey)
+        raise IdExistsError(f"id {id_!r:.80} is already stored, and its record is not a "
+                            f"near-copy: add_unique never replaces a record (remove() it "
+                            f"first, or add() to replace it)", id_)
 
 
 def remove(txn: Txn, idkey: bytes) -> bool:
@@ -117,6 +157,11 @@ def live(txn: Txn, words: int = 1) -> tuple:
     (fingerprints (n, words) for wide ones)."""
     seqs, fps = tail(txn, 0, 0, words)
     return seqs, fps, records_lookup(txn, DB_SEQS, seqs, words)[1]
+
+
+def live_ids(txn: Txn, seqs: np.ndarray, words: int = 1) -> list:
+    """The ids of the live records of `seqs` (a uint64 array)."""
+    return records_lookup(txn, DB_SEQS, seqs, words)[1]
 
 
 def request(txn: Txn, client: bytes) -> Optional[bytes]:

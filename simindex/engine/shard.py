@@ -17,13 +17,13 @@ from ._slabs import (
 )
 from ._query import scan_shard
 from ._layout import (
-    DB_SLABS, DB_STATE, SLAB_ENTRIES, STATE_APPLIED, STATE_NEXT_RUN, STATE_RUNS,
+    DB_SLABS, DB_STATE, SLAB_ENTRIES, STATE_APPLIED, STATE_DURABLE, STATE_NEXT_RUN, STATE_RUNS,
 )
 from ._lmdb import Txn
 from .transactions import TxnRunner
 
-__all__ = ["ShardWriter", "applied_seqs", "entry_order", "load_state", "runs_of", "scan",
-           "sorted_entries", "RUN_DTYPE"]
+__all__ = ["ShardWriter", "applied_seqs", "durable_seq", "durable_seqs", "entry_order",
+           "load_state", "mark_durable", "runs_of", "scan", "sorted_entries", "RUN_DTYPE"]
 
 
 def entry_order(keys: np.ndarray, seqs: np.ndarray) -> np.ndarray:
@@ -66,6 +66,25 @@ def applied_seqs(txns: TxnRunner, ntables: int) -> list:
     the shards), each from its own read transaction: what the write protocol reads of the
     shard state, without the query engine's read contexts."""
     return txns.gated(read_applied, txns.envs[1:], ntables)
+
+
+def durable_seq(txn: Txn) -> int:
+    """The seq up to which records/ held every record on disk when the shard `txn` reads
+    last wrote its state (0: never known): records/ may never hold fewer."""
+    v = txn.get(DB_STATE, STATE_DURABLE)
+    return int.from_bytes(v, "little") if v is not None and len(v) == 8 else 0
+
+
+def durable_seqs(txns: TxnRunner) -> list:
+    """durable_seq of every shard of a store (`txns`: records, then the shards)."""
+    return [txns.read_txn(env, durable_seq) for env in txns.envs[1:]]
+
+
+def mark_durable(txn: Txn, seq: int) -> None:
+    """Record in a shard's write transaction that records/ holds every record up to `seq`
+    on disk (the mark only grows)."""
+    if durable_seq(txn) < seq:
+        txn.put(DB_STATE, STATE_DURABLE, int(seq).to_bytes(8, "little"))
 
 
 def runs_of(runs: np.ndarray, table: int) -> list:

@@ -16,16 +16,16 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from . import environments, manifest, protocol, records, writebuffer
-from ._layout import DB_INFO, INFO_NEXT_SEQ, MANIFEST, RECORDS_DIR
+from ._layout import DB_IDS, DB_INFO, INFO_NEXT_SEQ, MANIFEST, RECORDS_DIR
 from ._lmdb import current_pid
 from ._permute import Permuter
 from ._query import SingleQuery
 from ..values import words_array
 from ..errors import (
-    CorruptError, Error, MissingIndexError, NotAnIndexError, ReadOnlyError, StorageError,
+    Error, MissingIndexError, NotAnIndexError, ReadOnlyError, RecordsLostError, StorageError,
 )
 from .plan import DEFAULT_K, DEFAULT_SHARDS, Plan
-from .shard import applied_seqs
+from .shard import applied_seqs, durable_seqs
 from .transactions import TxnRunner, space_error
 
 
@@ -111,7 +111,7 @@ class Store:
                 protocol.raise_seq_floor(self.txns, self.records, top)
                 self.replayed = writebuffer.replay_logs(path, self.txns, self.records,
                                                         self.plan.width)
-                protocol.catch_up(self.txns, self.plan)
+                protocol.catch_up(self.txns, self.plan, durable=sync)
                 if not sync:
                     self.buffer = writebuffer.WriteBuffer(
                         path, self.txns, self.records, self.write_lock,
@@ -123,17 +123,16 @@ class Store:
             raise
 
     def _check_records_kept(self) -> None:
-        """Refuse records/ that never held a record while a shard applied some: its records
-        were lost (the file emptied or replaced), and an index open on it would answer as
-        an empty one."""
-        applied = applied_seqs(self.txns, self.plan.ntables)
-        if max(applied) and self.read_records(
-                lambda txn: txn.get(DB_INFO, INFO_NEXT_SEQ)) is None:
-            shard = int(np.argmax(applied))
-            raise CorruptError(
-                f"{self.path}: {RECORDS_DIR}/ holds no record, but shard {shard} applied "
-                f"records up to seq {max(applied)}: the index's records are lost and cannot "
-                f"be rebuilt; restore {RECORDS_DIR}/ from a backup (nothing was changed)")
+        """Refuse records/ that hold fewer records than the shards saw on disk there (see
+        records_lost): a records/ emptied, replaced, or restored from an older copy would
+        answer without the records it lost."""
+        given = self.read_records(lambda txn: txn.get(DB_INFO, INFO_NEXT_SEQ))
+        lost = records.lost(self.path, RECORDS_DIR,
+                            None if given is None else records.last_seq_of(given),
+                            applied_seqs(self.txns, self.plan.ntables),
+                            durable_seqs(self.txns))
+        if lost:
+            raise RecordsLostError(lost)
 
     # ------------------------------------------------------------ lifetime
     @property
@@ -184,7 +183,9 @@ class Store:
             if not self.readonly and not self.failed and error is None:
                 try:
                     # what group commit left behind: readers then check no unapplied tail
-                    protocol.catch_up(self.txns, self.plan)
+                    protocol.catch_up(self.txns, self.plan, durable=self.sync)
+                    if not self.sync:
+                        self._synced()
                 except Error as e:
                     error = e
             try:
@@ -268,7 +269,9 @@ class Store:
         """Insert unless a stored record is within k bits (and, with `passing`, among the
         hits it returns); the core's hits of those that are. The records write transaction
         is held while the index is queried and the hits judged, so of two near-identical
-        records added at once by any processes exactly one goes in."""
+        records added at once by any processes exactly one goes in. A record stored under
+        the same id that does not block the insert raises IdExistsError: an insert never
+        replaces."""
         self.check_writable()
         q = np.array([fp], dtype=np.uint64) if self.plan.width == 64 else \
             words_array([fp], self.plan.width)
@@ -278,6 +281,7 @@ class Store:
             if hits and passing is not None:
                 hits = passing(hits)
             if not hits:
+                records.refuse_replacing(txn, idkey)
                 records.put(txn, [idkey], q, [meta])
             return hits
         with self.write_lock:
@@ -285,6 +289,24 @@ class Store:
             if not found:
                 self.catch_up(lag=protocol.LAG_LIMIT)
         return found
+
+    def admit(self, fn: Callable[["Admission"], Any]) -> Any:
+        """fn(admission) inside one records write transaction: what it reads through the
+        Admission (the hits of queries, the records committed since a seq) holds every
+        record any writer committed before, and what it puts commits with them or not at
+        all, so of two admissions made at once by any processes, the later sees the
+        earlier's records (as add_unique does). fn may run again from the start when the
+        map must grow: it must not change anything outside before it returns."""
+        self.check_writable()
+
+        def run(txn):
+            adm = Admission(self, txn)
+            return fn(adm), adm.added
+        with self.write_lock:
+            result, added = self.txns.write(self.records, run)
+            if added:
+                self.catch_up(lag=protocol.GROUP_LIMIT)
+        return result
 
     def remove(self, idkey: bytes) -> bool:
         self.check_writable()
@@ -296,7 +318,8 @@ class Store:
         """Bring the shards up to the last committed record, or within `lag` records of it
         (protocol.catch_up)."""
         with self.write_lock:
-            protocol.catch_up(self.txns, self.plan, lag=lag, jobs=jobs, prepared=prepared)
+            protocol.catch_up(self.txns, self.plan, lag=lag, jobs=jobs, prepared=prepared,
+                              durable=self.sync)
 
     def compact(self) -> None:
         """Merge each table's runs in each shard into one, dropping removed entries
@@ -311,3 +334,42 @@ class Store:
         with self.write_lock:
             self.catch_up()
             self.txns.sync()
+            if not self.sync:
+                self._synced()
+
+    def _synced(self) -> None:
+        """Mark in every shard that records/ is on disk up to its last record (a sync=False
+        store's flush or close: its commits are not synced one by one)."""
+        self.txns.envs[0].sync()
+        protocol.mark_synced(self.txns, self.read_records(records.last_seq))
+
+
+class Admission:
+    """The reads and writes of one Store.admit: queries answered from its records write
+    transaction (records no shard has applied yet included), and records put in it."""
+
+    def __init__(self, store: Store, txn: Any) -> None:
+        self._store, self._txn = store, txn
+        self.added = 0
+        self.last_seq = records.last_seq(txn)     # the newest seq given out before it
+
+    def hits(self, queries: np.ndarray, k: int) -> list:
+        """For each query, the core's hits (distance, fingerprint, seq, id, meta bytes)
+        within k bits, sorted by (distance, seq)."""
+        st, txn = self._store, self._txn
+        return st.read(lambda ctx: ctx.query(st.plan.permuter, queries, k, txn))
+
+    def since(self, seq: int) -> tuple:
+        """(seqs, fingerprints) of the live records with a seq above `seq`, in seq order."""
+        return records.tail(self._txn, seq + 1, 0, self._store.plan.words)
+
+    def stored(self, idkey: bytes) -> bool:
+        """Whether a record is stored under `idkey`."""
+        return self._txn.get(DB_IDS, idkey) is not None
+
+    def put(self, idkeys: list, fps: np.ndarray, metas: list) -> None:
+        """Add records, none replacing a stored one (records.put with replace=False:
+        IdExistsError names an id already stored or given twice)."""
+        if idkeys:
+            records.put(self._txn, idkeys, fps, metas, replace=False)
+            self.added += len(idkeys)

@@ -17,10 +17,12 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from urllib.parse import unquote_to_bytes
 from typing import Any, Callable, Optional, Union
 
 from ..errors import (
-    ClosedError, CorruptError, DiskFullError, Error, InputError, ParameterError, StorageError,
+    ClosedError, CorruptError, DiskFullError, Error, IdExistsError, InputError, ParameterError,
+    StorageError,
 )
 from ..index import Index
 from ..engine.results import Match, json_id
@@ -173,6 +175,8 @@ class Api:
             return error(500, f"the index is damaged: {e}")
         if isinstance(e, (StorageError, ClosedError)):
             return error(503, str(e))
+        if isinstance(e, IdExistsError):     # an insert-if-new or replace=false: the id
+            return error(409, str(e), "id")      # names another record
         if isinstance(e, (InputError, ParameterError)):   # a rule the checks did not foresee
             return error(400, str(e))
         if isinstance(e, Error):
@@ -211,9 +215,20 @@ class Api:
             raise BadRequest(str(e), f"{where}.text" if where else "text", status=422) \
                 from None
 
-    async def write(self, fn: Callable[[], Any]) -> Any:
-        """Run a write in this worker's writer thread (its commit fsyncs; the loop goes on)."""
-        return await asyncio.get_running_loop().run_in_executor(self.writer, fn)
+    async def write(self, fn: Callable[[Index], Any]) -> Any:
+        """fn(index) in this worker's writer thread (its commit fsyncs; the loop goes on)."""
+        return await asyncio.get_running_loop().run_in_executor(self.writer, self._write, fn)
+
+    def _write(self, fn: Callable[[Index], Any]) -> Any:
+        """fn(index); a handle that refuses writes since a write to disk failed (a full
+        disk) is opened again first, so writes resume once the disk has room (the reopen
+        replays what was committed)."""
+        idx = self.idx
+        if idx.failed:
+            idx.close()
+            self.index = idx = Index(self.settings.path, create=False,
+                                     readonly=self.settings.readonly)
+        return fn(idx)
 
     @staticmethod
     async def json(call: Call, required: tuple[str, ...],
@@ -224,6 +239,16 @@ class Api:
         """The id at the end of /records/{id}; ?type=int makes it an integer id. A path
         that no id can have names no record: 404, saying why."""
         raw = call.tail
+        given = call.scope.get("raw_path")
+        if given is not None and b"/records/" in given:
+            # the server decodes %-escapes leniently ("%ff" reads as U+FFFD): a path whose
+            # bytes are not UTF-8 names no id
+            try:
+                unquote_to_bytes(given.split(b"/records/", 1)[1]).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise BadRequest(f"no record has this id: it is not valid UTF-8 once its "
+                                 f"%-escapes are decoded ({e.reason} at byte {e.start})",
+                                 "id", status=404) from None
         kind = call.param("type")
         kind = "str" if kind is None else kind
         if kind not in ("str", "int"):
@@ -242,17 +267,20 @@ class Api:
                 from None
 
     # -------------------------------------------------------------- reads
-    def text_call(self, obj: dict[str, Any], call: Callable[..., Any], k: Optional[int],
-                  *args: Any) -> Callable[[], Any]:
-        """A text body's call to the index's text method (which judges by a similarity
-        threshold: the body's min_similarity, or the index's calibration)."""
+    def text_call(self, obj: dict[str, Any], method: Callable[..., Any], k: Optional[int],
+                  *args: Any) -> Callable[[Index], Any]:
+        """A text body's call to an Index text method, of the index it is given (which
+        judges by a similarity threshold: the body's min_similarity, or the index's
+        calibration)."""
         ms = bodies.similarity(obj.get("min_similarity"))
 
-        def run() -> Any:
+        def run(idx: Index) -> Any:
             try:
-                return call(*args, k=k, min_similarity=ms)
+                return method(idx, *args, k=k, min_similarity=ms)
             except ParameterError as e:
                 raise BadRequest(str(e), "min_similarity" if ms is not None else "k") from None
+            except IdExistsError:
+                raise                            # 409, as failure() answers it
             except InputError as e:
                 raise BadRequest(str(e), "text", status=422) from None
         return run
@@ -269,7 +297,7 @@ class Api:
         fp, text = self.source_of(obj)
         k = bodies.radius(obj.get("k"), self.k)
         if text is not None:
-            fp, found = self.text_call(obj, idx._query_text, k, text)()
+            fp, found = self.text_call(obj, Index._query_text, k, text)(idx)
         else:
             found = idx.query(fp, k)
         return {"fingerprint": format(fp, self.hexes), "matches": self.matches(found)}
@@ -334,7 +362,7 @@ class Api:
         meta = bodies.meta(obj.get("meta"), "meta")
         if text is not None:   # its sketch is kept as add_text keeps it
             fp, meta = self.text_record(text, meta, rid)
-        await self.write(partial(self.idx.add, rid, fp, meta))
+        await self.write(lambda idx: idx.add(rid, fp, meta))
         return {"id": rid, "fingerprint": format(fp, self.hexes)}
 
     async def add_batch(self, call: Call) -> Any:
@@ -353,33 +381,30 @@ class Api:
             items.append((rid, fp, meta))
         if items:
             try:
-                await self.write(partial(self.idx.add_many, items, replace=replace))
-            except InputError as e:
-                if replace:
-                    raise
-                return error(409, str(e), "records")      # replace=false and the id exists
+                await self.write(lambda idx: idx.add_many(items, replace=replace))
+            except IdExistsError as e:       # replace=false and the id exists
+                return error(409, str(e), "records")
         return {"added": len(items)}
 
     async def add_unique(self, call: Call) -> Any:
         obj = await self.json(call, ("id",), ("fingerprint", "text", "meta", "k",
                                               "min_similarity"))
-        idx = self.idx
         self.check_similarity(obj)
         rid = bodies.record_id(obj["id"], "id")
         fp, text = self.source_of(obj)
         meta = bodies.meta(obj.get("meta"), "meta")
         k = bodies.radius(obj.get("k"), self.k)
         if text is not None:
-            fp, found = await self.write(self.text_call(obj, idx._add_unique_text, k, rid,
+            fp, found = await self.write(self.text_call(obj, Index._add_unique_text, k, rid,
                                                         text, meta))
         else:
-            found = await self.write(partial(idx.add_unique, rid, fp, meta, k))
+            found = await self.write(lambda idx: idx.add_unique(rid, fp, meta, k))
         return {"added": not found, "id": rid, "fingerprint": format(fp, self.hexes),
                 "matches": self.matches(found)}
 
     async def remove(self, call: Call) -> Any:
         rid = self.path_id(call)
-        if not await self.write(partial(self.idx.remove, rid)):
+        if not await self.write(lambda idx: idx.remove(rid)):
             return error(404, f"no record has id {rid!r}", "id")
         return {"removed": True, "id": rid}
 

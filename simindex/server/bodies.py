@@ -10,9 +10,9 @@ import decimal
 import json
 from typing import Any, Optional
 
-from ..engine.codec import encode_id, pack_meta
+from ..engine.codec import pack_meta
 from ..errors import InputError
-from ..inputs import hex_fp
+from ..inputs import check_id, hex_fp
 
 
 
@@ -112,6 +112,8 @@ def _kind(v: Any) -> str:
         return "null"
     if type(v) is HugeInteger:
         return f"an integer of {v.digits} digits"
+    if type(v) is Number:
+        return f"the number {v.text}"
     return {bool: "a boolean", int: "a number", float: "a number", str: "a string",
             list: "an array", dict: "an object"}.get(type(v), type(v).__name__)
 
@@ -171,10 +173,9 @@ def record_id(v: Any, field: str) -> Any:
     if isinstance(v, str) and not v:
         raise BadRequest("is empty", field)
     try:
-        encode_id(v)
+        return check_id(v)
     except InputError as e:
         raise BadRequest(str(e), field) from None
-    return v
 
 
 META_INTEGERS = (-(1 << 63), (1 << 64) - 1)   # what msgpack stores as an integer

@@ -49,7 +49,10 @@ def document(width: int, k: int, auth: bool, scheme: Optional[str] = None,
     hexfp = {"type": "string", "pattern": f"^(0[xX])?[0-9a-fA-F]{{1,{digits}}}$",
              "description": f"1-{digits} hex digits"}
     fp = {"oneOf": [hexfp, {"type": "integer", "minimum": 0, "maximum": (1 << width) - 1}]}
-    rid = {"oneOf": [{"type": "string", "minLength": 1},
+    rid = {"oneOf": [{"type": "string", "minLength": 1, "maxLength": 510,
+                      "pattern": "^[^\t\n\r]+$",
+                      "description": "at most 510 bytes of UTF-8, without a tab or a line "
+                                     "break"},
                      {"type": "integer", "minimum": 0, "maximum": (1 << 64) - 1}]}
     radius = {"type": "integer", "minimum": 0, "maximum": k,
               "description": "at most the index's k (its default)"}
@@ -158,7 +161,7 @@ def document(width: int, k: int, auth: bool, scheme: Optional[str] = None,
                     "fingerprint": {"type": "string"}, "matches": matches}),
                 _obj(["id"], {"id": ref["Id"], **source, "meta": ref["Meta"], "k": radius,
                               **judging}, **judged),
-                errors=(400, 403, 422, 507))},
+                errors=(400, 403, 409, 422, 507))},
         },
     }
     return doc if auth else _without_auth(doc)

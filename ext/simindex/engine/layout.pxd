@@ -47,6 +47,7 @@ cdef extern from *:
     #define SI_STATE_RUNS "runs"
     #define SI_STATE_NEXT_RUN "next_run"
     #define SI_STATE_LEDGERS "ledgers"
+    #define SI_STATE_DURABLE "durable"
     #define SI_LOG_MAGIC "SIMLOG\\0\\1"
     #define SI_LMDB_META_MAGIC 0xBEEFC0DEu
     """
@@ -85,6 +86,8 @@ cdef extern from *:
     const char *STATE_LEDGERS "SI_STATE_LEDGERS"      # index of several ledgers: per ledger,
                                                       # every record up to this local seq is
                                                       # applied (STATE_APPLIED stays 0)
+    const char *STATE_DURABLE "SI_STATE_DURABLE"      # records/ held every record up to
+                                                      # this seq on disk when it was written
 
     # ---- the write buffer's log: LOG_MAGIC, then per entry length u32 LE | crc32 u32 LE |
     # msgpack [id key, fingerprint, meta bytes]; the crc covers the length bytes and payload
