@@ -256,6 +256,7 @@ def put_back(work, seed):
     the names of the opens (writable, read-only, repair, verify) that did NOT refuse it."""
     import numpy as np
     rng = random.Random(seed)
+    os.makedirs(work, exist_ok=True)
     path = os.path.join(work, f"put-back-{seed}")
     n, at = rng.randint(200, 5000), None
     at = rng.randint(1, n - 1)
@@ -291,10 +292,14 @@ def put_back(work, seed):
 
 
 def publish_calls(work, src):
-    """How many of each syscall a publishing trial's run makes (strace -c)."""
+    """How many of each syscall a publishing trial's run makes (strace -c), two of its
+    outputs already there as in injected_publish."""
     d = os.path.join(work, "count")
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
+    for n in OUTPUTS[:2]:
+        with open(os.path.join(d, n), "w") as f:
+            f.write('{"earlier": true}\n')
     out = os.path.join(work, "calls.txt")
     subprocess.run(["strace", "-f", "-qq", "-c", "-U", "name,calls", "-o", out,
                     sys.executable, "-m", "simindex", "dedup", src, "--id-field", "id", "-q",

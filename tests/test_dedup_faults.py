@@ -75,27 +75,31 @@ def test_invalid_utf8_in_a_row_is_that_row_s_fault_and_can_be_skipped(tmp_path):
         assert f"rows in {rows}," in r.stderr and "skipped 1," in r.stderr
 
 
-@pytest.mark.parametrize("bad_id, why", [
+BAD_IDS = [
     ("x" * 600, "id is 600 bytes long; the limit is 510 bytes"),
     ("\ud800", "id '\\ud800' is not valid Unicode text"),
     ("", "id is empty"),
     ("a\tb", "id 'a\\tb' contains a tab or a line break"),
     ("a\nb", "id 'a\\nb' contains a tab or a line break"),
-])
-def test_an_id_build_refuses_is_a_bad_row_of_dedup_too(tmp_path, bad_id, why):
+]
+
+
+def test_an_id_build_refuses_is_a_bad_row_of_dedup_too(tmp_path):
     src = tmp_path / "in.jsonl"
     with open(src, "w") as f:
         f.write(json.dumps({"id": "ok", "text": TEXT}) + "\n")
-        f.write(json.dumps({"id": bad_id, "text": TEXT + " more words here"}) + "\n")
-    r = run("build", tmp_path / "idx", src)
-    assert r.returncode == 1 and f"in.jsonl:2: {why}" in r.stderr, r.stderr
+        for n, (bad_id, _) in enumerate(BAD_IDS):
+            f.write(json.dumps({"id": bad_id, "text": f"{TEXT} and {n} more words"}) + "\n")
     out = tmp_path / "o.jsonl"
+    r = run("build", tmp_path / "idx", src, "--on-error", "skip")
+    got = run("dedup", src, "-o", out, "--id-field", "id", "--index", tmp_path / "kept",
+              "--on-error", "skip")
+    for line, (_, why) in enumerate(BAD_IDS, 2):
+        assert f"{src}:{line}: {why}" in r.stderr, r.stderr
+        assert f"simindex: skipped {src}:{line}: {why}" in got.stderr, got.stderr
+    assert got.returncode == 0 and [x["id"] for x in lines(out)] == ["ok"]
     r = run("dedup", src, "-o", out, "--id-field", "id", "--index", tmp_path / "kept")
-    assert r.returncode == 1 and f"in.jsonl:2: {why}" in r.stderr, r.stderr
-    r = run("dedup", src, "-o", out, "--id-field", "id", "--index", tmp_path / "kept",
-            "--on-error", "skip")
-    assert r.returncode == 0 and f"simindex: skipped {src}:2: {why}" in r.stderr, r.stderr
-    assert [x["id"] for x in lines(out)] == ["ok"]
+    assert r.returncode == 1 and f"{src}:2: {BAD_IDS[0][1]}" in r.stderr, r.stderr
 
 
 def test_messages_name_the_option_that_fixes_them(tmp_path):
@@ -171,3 +175,39 @@ def test_the_scratch_of_a_killed_run_is_removed_by_the_next(tmp_path):
             [os.path.basename(live)]
     finally:
         holder.kill()
+
+
+def test_a_finished_output_waiting_to_be_published_is_not_taken_for_a_killed_run_s(tmp_path):
+    """Between its last write and its rename, a run's temporary output stays locked: a run
+    that starts then (writing the same path) leaves it alone."""
+    from simindex.datasets.publish import publish
+    from simindex.datasets.rows import RowWriter
+    out = tmp_path / "o.jsonl"
+    w = RowWriter(str(out), "jsonl")
+    w.write({"text": "first run"})
+    w.finish()                                 # written, synced, closed: not yet renamed
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"text": TEXT}) + "\n")
+    r = run("dedup", src, "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert os.path.exists(w.tmp)
+    publish([(w.tmp, w.path)])
+    w.release()
+    assert lines(out) == [{"text": "first run"}]
+
+
+def test_ray_failing_to_start_is_a_message_not_a_traceback(tmp_path, monkeypatch, capsys):
+    ray = pytest.importorskip("ray")
+    from simindex.cli import main
+
+    def fails(*args, **kw):
+        raise Exception("The current node timed out during startup")   # as Ray raises it
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", fails)
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"text": TEXT}) + "\n")
+    assert main(["dedup", str(src), "-o", str(tmp_path / "o"), "--ray"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot start or join the Ray cluster" in err and "timed out during startup" \
+        in err and "Traceback" not in err, err
+    assert not (tmp_path / "o").exists()

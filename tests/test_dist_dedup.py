@@ -19,6 +19,7 @@ import pytest
 import simindex
 from simindex.engine import environments, manifest, records
 from simindex.engine.transactions import TxnRunner
+import dataset_trials
 from trials import ENV
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'simindex[ray]')")
@@ -514,3 +515,34 @@ def test_what_killed_write_tasks_leave_is_neither_published_nor_in_the_way(local
     again = ray_run(tmp_path, src, "ray", id_field="id", k=6)
     assert sorted(os.listdir(out)) == ["part-00000.jsonl", "part-00001.jsonl"]
     assert_same(one, again)
+
+
+def test_a_ray_run_adds_nothing_when_another_writer_admitted_a_near_copy_meanwhile(
+        local_ray, tmp_path):
+    """dedup --ray writes its outputs before it adds its kept rows: a near-copy of one of
+    them that another writer admitted after the run's queries makes it add nothing,
+    publish nothing and say so (here admitted from the on_error call of a bad row, which
+    the driver makes between the queries and the adds)."""
+    t = dataset_trials.texts(20, seed=11)
+    path = tmp_path / "in.jsonl"
+    dataset_trials.write_jsonl(path, [{"id": f"r{i}", "text": x} for i, x in enumerate(t)])
+    with open(path, "a") as f:
+        f.write("not json\n")
+    index = str(tmp_path / "idx")
+    simindex.Index(index, k=3).close()
+    other = simindex.Index(index, sync=False)
+
+    def meanwhile(bad):
+        other.add_text("crawled", t[5])
+    out = tmp_path / "out"
+    with pytest.raises(simindex.ParameterError, match=r"in.jsonl:6: another writer added "
+                       r"'crawled' to the index while this run ran"):
+        dist_dedup.dedup([str(path)], str(out), id_field="id", index=index, on_error=meanwhile)
+    other.close()
+    assert not out.exists()
+    with simindex.Index(index, readonly=True) as idx:
+        assert len(idx) == 1 and "crawled" in idx
+    # run again: the row is judged against it
+    got = dist_dedup.dedup([str(path)], str(out), id_field="id", index=index,
+                          on_error=lambda bad: None)
+    assert (got.kept, got.removed) == (19, 1)

@@ -81,3 +81,37 @@ def test_records_a_sync_false_writer_never_flushed_may_be_lost_without_a_refusal
         idx.add("after", int(FPS[3500]) ^ 1)
         assert [m.id for m in idx.query(int(FPS[3500]))] == ["after"]
         assert idx.verify() == []
+
+
+BYSTANDER = r"""
+import sys, simindex, simindex._testing as hook
+idx = simindex.Index(sys.argv[1])               # sync=True: its open applies what waits
+print("durable", flush=True)
+hook.crash(idx)
+"""
+
+
+def test_a_synced_process_beside_a_sync_false_writer_marks_only_what_is_on_disk(tmp_path):
+    """A sync=True process that applies records a sync=False writer committed but never
+    flushed syncs records/ before it marks them: so an OS crash's loss of nothing but
+    unflushed records is still not refused; and a flush marks only what it synced."""
+    path = tmp_path / "i"
+    idx = simindex.Index(path, k=3, shards=4, sync=False)
+    idx.add_many(IDS[:3000], FPS[:3000])
+    idx.flush()
+    shutil.copytree(path / "records", tmp_path / "flushed")
+    for i in range(3000, 3100):
+        idx.add_unique(IDS[i], int(FPS[i]))
+    trace = ["strace", "-f", "-qq", "-e", "trace=fsync,fdatasync", "-P",
+             str(path / "records" / "data.mdb")] if shutil.which("strace") else []
+    p = subprocess.run([*trace, sys.executable, "-c", BYSTANDER, str(path)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "durable" in p.stdout, p.stderr
+    if trace:                          # it synced records/ (nothing else of its own did)
+        assert "sync(" in p.stderr, p.stderr
+    hook.crash(idx)
+    # the bystander synced records/ before marking: a loss now would be a real rollback
+    shutil.rmtree(path / "records")
+    shutil.copytree(tmp_path / "flushed", path / "records")
+    with pytest.raises(simindex.RecordsLostError, match="up to 100 committed records"):
+        simindex.Index(path)

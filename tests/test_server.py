@@ -753,6 +753,11 @@ def test_writes_resume_once_a_full_disk_has_room_again(tmp_path):
                 if codes[-1] != 200:
                     break
             assert codes[-1] == 507, codes
+            # still full: the reopen fails too (it writes the tables); reads go on
+            more = [{"id": f"c{i}", "fingerprint": hexfp(fp_of(i + 5 * 10**6), 64)}
+                    for i in range(2000)]
+            assert c.post("/add/batch", json={"records": more}).status_code == 507
+            assert c.get("/records/a0").status_code == 200
             say("free")
             again = c.post("/add", json={"id": "after", "fingerprint": hexfp(fp_of(7), 64)})
             assert again.status_code == 200, again.text

@@ -11,6 +11,7 @@ import msgpack
 import pytest
 
 import simindex
+from simindex.engine.codec import Packed
 from simindex import radius
 from simindex.engine.codec import stored_sketch
 from simindex.values import words_array
@@ -124,6 +125,16 @@ def test_meta_is_handed_back_without_the_sketch_everywhere(tmp_path):
         assert idx.get("e").meta == other
         with pytest.raises(simindex.InputError, match="extension of type 83"):
             idx.add("f", 1, msgpack.ExtType(83, b"raw"))
+
+        class Forged(msgpack.ExtType):           # a subclass of the sketch's code too
+            pass
+        forged = Forged(83, b"\x00\x02hi" + bytes(8) + b"\xa2hi")
+        for bad in (forged, Packed(b"\xc7\x03\x53zz"), Packed(b"\xc1")):
+            with pytest.raises(simindex.InputError):
+                idx.add("f", 1, bad)
+            with pytest.raises(simindex.InputError):
+                idx.add_many([("f", 1, bad)])
+        assert "f" not in idx and idx.verify() == []
     # kept across a reopen, and through the write buffer (sync=False)
     with simindex.Index(tmp_path / "i", sync=False) as idx:
         idx.add_text("w", b, meta="buffered")

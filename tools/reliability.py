@@ -124,21 +124,24 @@ def shared(work, n):
     """Two dedup --index runs at once, and a crawler's add_unique_text beside a run, `n`
     trials each on their own index."""
     both = neither = failed = admitted = 0
+    bad = []
     for t in range(n):
         got = dataset_trials.two_runs(os.path.join(work, f"two-{t}"), 12000, t)
         both += got["kept by both"]
         neither += got["kept by neither"]
         failed += got["failed runs"]
+        bad += [f"two runs, trial {t}: {e[-1500:]}" for e in got.get("errors", []) if e]
         got = dataset_trials.crawler_beside_a_run(os.path.join(work, f"crawl-{t}"), 8000, t)
         admitted += got["kept and admitted"] + got["taken by neither"]
         failed += got["failed"]
+        bad += [f"crawler, trial {t}: {e[-1500:]}" for e in got.get("errors", []) if e]
         shutil.rmtree(os.path.join(work, f"two-{t}"), ignore_errors=True)
         shutil.rmtree(os.path.join(work, f"crawl-{t}"), ignore_errors=True)
     return {"trials run": f"{n} pairs of dedup --index runs at once (12,000 texts), {n} "
                           f"runs beside a crawler's add_unique_text (8,000 texts)",
             "texts kept by both runs, or by neither": both + neither,
             "texts both kept by a run and admitted by the crawler, or by neither": admitted,
-            "runs that failed": failed}
+            "runs that failed": failed}, bad
 
 
 def publishing(work, stride):
@@ -182,8 +185,8 @@ def ray_writes(work, n):
     published outputs hold exactly the parts of an uninterrupted run, and the same command
     runs again over them."""
     try:
-        import psutil
         import ray
+        import psutil                   # (Ray's own copy, importable once Ray is)
         from simindex.distributed import datasets as ray_dedup
         from simindex.distributed.sandbox import loopback_only
     except ImportError as e:
@@ -407,7 +410,9 @@ def main():
         if "bad" in parts:
             rows += bad_inputs(work, a.bad, a.seed).items()
         if "shared" in parts:
-            rows += shared(os.path.join(work, "shared"), a.shared).items()
+            fig, b = shared(os.path.join(work, "shared"), a.shared)
+            rows += fig.items()
+            bad += b
         if "publish" in parts:
             fig, b = publishing(os.path.join(work, "publish"), 8 * a.io_stride)
             rows += fig.items()

@@ -122,6 +122,13 @@ class Spill:
         self.entries += 1
         self.last = key
 
+    def mark(self) -> tuple:
+        """Where the spill stands: rewind() to it forgets every set put since."""
+        return self.end, self.entries, self.last
+
+    def rewind(self, mark: tuple) -> None:
+        self.end, self.entries, self.last = mark
+
     def get(self, pos: Any) -> Optional[np.ndarray]:
         """The set put at `pos`, or None."""
         try:
@@ -163,6 +170,15 @@ class Check:
         with a spill)."""
         assert self.spill is not None
         self.spill.put(pos, exact)
+
+    def mark(self) -> Optional[tuple]:
+        """A mark of the spill (see Spill.mark), or None without one."""
+        return self.spill.mark() if self.spill is not None else None
+
+    def rewind(self, mark: Optional[tuple]) -> None:
+        """Forget the sets kept since `mark` (a decision made again from its start)."""
+        if self.spill is not None and mark is not None:
+            self.spill.rewind(mark)
 
     def recall(self, meta: Any, sketch: Optional[tuple]) -> Any:
         """A stored record's shingles: its exact set when this run judged its row, else the

@@ -59,23 +59,38 @@ def _umask() -> int:
 
 def temporary_file(path: str) -> tuple:
     """(fd, name) of a new file beside `path` (".NAME.XXXXXXXX.tmp"), with the mode
-    `path` will have, locked while this process holds it open; stale ones of killed runs
+    `path` will have, locked while a descriptor of it (this fd, or a dup of it) stays
+    open: hold one until the file is published or removed. Stale ones of killed runs
     (unlocked) are removed first."""
     directory = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
     if not os.path.isdir(directory):
         raise ParameterError(f"cannot write {path}: the folder {directory} does not exist")
-    for old in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(base)}.*.tmp")):
+    # mkstemp's names: the prefix, 8 random characters, the suffix
+    for old in glob.glob(os.path.join(glob.escape(directory),
+                                      f".{glob.escape(base)}.{'?' * 8}.tmp")):
         _remove_if_stale(old)
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
+    while True:
+        fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
+        try:
+            if _locked(fd):
+                os.fchmod(fd, file_mode(path))
+                return fd, tmp
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)                # another run took it for stale before the lock: again
+
+
+def _locked(fd: int) -> bool:
+    """Lock a new temporary (or a folder's new lock file): False when another run found
+    it unlocked first and took it for a killed run's (it then holds it, or removed it)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.fchmod(fd, file_mode(path))
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    return fd, tmp
+    except BlockingIOError:
+        return False
+    return os.fstat(fd).st_nlink > 0
 
 
 def temporary_dir(parent: str, prefix: str) -> tuple:
@@ -85,15 +100,20 @@ def temporary_dir(parent: str, prefix: str) -> tuple:
     for old in glob.glob(os.path.join(glob.escape(parent), glob.escape(prefix) + "*")):
         if os.path.isdir(old) and not os.path.islink(old):
             _remove_if_stale(old)
-    path = os.path.join(parent, prefix + uuid.uuid4().hex[:12])
-    os.mkdir(path)
-    try:
-        fd = os.open(os.path.join(path, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except BaseException:
-        os.rmdir(path)
-        raise
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return path, fd
+    while True:
+        path = os.path.join(parent, prefix + uuid.uuid4().hex[:12])
+        os.mkdir(path)
+        try:
+            fd = os.open(os.path.join(path, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                         0o600)
+        except FileNotFoundError:
+            continue                # removed as stale before its lock file was made
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        if _locked(fd):
+            return path, fd
+        os.close(fd)                # taken for a killed run's: a new one
 
 
 def _remove_if_stale(path: str) -> None:

@@ -105,6 +105,8 @@ class DedupOutputs:
         for w in self.writers:          # every file written and synced: then all appear
             w.finish()
         publish([(w.tmp, w.path) for w in self.writers])
+        for w in self.writers:
+            w.release()
         self.writers = []
         self._drop_scratch()
 

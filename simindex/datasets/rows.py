@@ -214,6 +214,7 @@ class RowWriter:
         self.schema = schema
         self.count = 0
         fd, self.tmp = temporary_file(path)
+        self._lock: Optional[int] = os.dup(fd)     # the file's lock, held until release()
         self._raw = os.fdopen(fd, "wb")
         self._rows: list = []           # Parquet: buffered into row groups
         self._pq_writer: Any = None
@@ -259,6 +260,14 @@ class RowWriter:
         """Finish the file, fsync it and rename it to its path."""
         self.finish()
         publish([(self.tmp, self.path)])
+        self.release()
+
+    def release(self) -> None:
+        """Let go of the temporary file's lock (once it is published or removed: until
+        then, another run would take it for a killed run's)."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     def finish(self) -> None:
         """Finish the file at its temporary name: written, fsynced and closed."""
@@ -295,3 +304,4 @@ class RowWriter:
             os.unlink(self.tmp)
         except OSError:
             pass
+        self.release()

@@ -143,8 +143,11 @@ class _Judge:
         for a, b in (find_all(fps, k=k, width=self.idx.width) if len(fps) > 1 else []):
             earlier.setdefault(b, []).append(a)
         idkeys = encode_ids(ids)
+        mark = check.mark() if check is not None else None
 
         def decide(adm: Any) -> list:
+            if check is not None:
+                check.rewind(mark)         # made again from its start (the map grew)
             stored = sketched(adm.hits(self.idx.queries(fps), k))
             out, adds = self.greedy(rows, ids, fps, positions, sh, stored, refs, earlier)
             given: set = set()
@@ -184,7 +187,7 @@ class _Judge:
                 if not mine:
                     adds.append(i)
                 if check is not None and sh[i] is not None:
-                    check.keep(pos, sh[i].set)     # (kept again by a retry: the same set)
+                    check.keep(pos, sh[i].set)
                 out.append(Decision(row, id_, "", fp, True, cluster=id_))
             else:
                 out.append(Decision(row, id_, "", fp, False, *greedy_verdict(best)))
@@ -652,7 +655,7 @@ def _outside_since(adm: Any, since: int, idx: Index, fps: list, pos: list, earli
     out = dict(earlier)
     grew = False
     for i, hits in zip(near, adm.hits(mine[near], k)):
-        fresh = sketched([[h for h in hits if h[2] > since]])[0]
+        fresh = sketched([[h for h in hits if since < h[2] <= adm.last_seq]])[0]
         best, _ = components_outside(fresh, [], shingles(i) if check is not None else None,
                                      pos[i], token, check)
         if best is not None and (i not in out or best[0] < out[i][0]):

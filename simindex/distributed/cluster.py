@@ -20,7 +20,8 @@ from ..engine.codec import (
     words_array,
 )
 from ..errors import (
-    InputError, MissingIndexError, ParameterError, ReadOnlyError, StorageError, closed_error,
+    Error, InputError, MissingIndexError, ParameterError, ReadOnlyError, StorageError,
+    closed_error,
 )
 from ..signatures.fingerprints import fingerprint
 from ..engine.protocol import LAG_LIMIT
@@ -165,6 +166,14 @@ class Cluster:
         if self._closed:
             return
         self._closed = True
+        if len(self.ledgers) == 1 and not self.readonly and self._failed is None:
+            # what the shards may say records/ holds on disk (an index of several ledgers
+            # counts what they applied: only the ledgers write there, and they sync)
+            try:
+                last = fetch(self.ledger.synced_last.remote())
+                fetch([s.mark_durable.remote(last) for s in self.shards])
+            except (Error, ray.exceptions.RayError):
+                pass
         actors = [*self.ledgers, *self.shards]
         for ref in [a.close.remote() for a in actors]:
             try:

@@ -849,7 +849,8 @@ def _refuse_admitted(adm: Any, idx: Index, since: int, part: list, fps: np.ndarr
         return
     for i, hits in zip(near, adm.hits(fps[near], job.k)):
         mine = stored_sketch(pack_meta(part[i][2])) if check is not None else None
-        for m, sketch in sketched([[h for h in hits if h[2] > since]])[0]:
+        # others' records only: not those this admission put for earlier parts
+        for m, sketch in sketched([[h for h in hits if since < h[2] <= adm.last_seq]])[0]:
             if check is None or mine is None or check.sketches(mine, sketch):
                 raise ParameterError(
                     f"{_place(part[i][2], paths)}: another writer added {m.id!r:.80} to the "

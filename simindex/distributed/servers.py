@@ -23,7 +23,7 @@ from ..engine.codec import pack, unpack
 from ..engine.manifest import Manifest
 from ..values import words_array
 from ..errors import Error
-from ..engine.shard import durable_seq, load_state, scan as scan_shard
+from ..engine.shard import durable_seq, load_state, mark_durable, scan as scan_shard
 from ..engine.transactions import TxnRunner
 from . import route
 
@@ -118,6 +118,11 @@ class ShardServer(_Server):
         """The seq up to which this shard saw records/ on disk (shard.durable_seq)."""
         return self.txns.read_txn(self.env, durable_seq)
 
+    def mark_durable(self, seq):
+        """Record that records/ holds every record up to `seq` on disk (shard.mark_durable)."""
+        self.txns.write(self.env, lambda txn: mark_durable(txn, seq),
+                        then=protocol.SHARD_WRITE_FAILED)
+
     def apply(self, parts):
         """Store this shard's part of committed records in one transaction: `parts` is
         [(ledger, seqs, fps, since, last)], the records of `ledger` committed after its
@@ -131,7 +136,7 @@ class ShardServer(_Server):
             entries = protocol.Entries(plan, seqs, fps, shards=(shard, shard + 1))
             return [self.txns.write(
                 self.env, lambda txn: protocol.apply(txn, plan, shard, entries, last,
-                                                     since=since, durable=True),
+                                                     since=since),
                 then=protocol.SHARD_WRITE_FAILED)]
         return self.txns.write(
             self.env, lambda txn: ledgers.apply(txn, plan, shard, self.nledgers,
@@ -198,6 +203,13 @@ class LedgerServer(_Server):
     def last(self):
         """The newest seq given out (0 for none)."""
         return self.txns.read_txn(self.env, records.last_seq)
+
+    def synced_last(self):
+        """The newest seq given out, read before this ledger's file is synced: every record
+        up to it is then on disk, whoever committed it."""
+        last = self.txns.read_txn(self.env, records.last_seq)
+        self.txns.sync()
+        return last
 
     def commit(self, request, idkeys, fps, metas, replace=True):
         """Commit records atomically and durably; returns (prev, seqs): the newest local

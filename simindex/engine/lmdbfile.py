@@ -78,6 +78,11 @@ def check_size(env_dir: str, readonly: bool = False, existing: bool = False) -> 
     """
     f = os.path.join(env_dir, DATA_MDB)
     try:
+        # the meta page first, then the size: another process's commit writes its pages
+        # (growing the file) before the meta page that names them, so the size read after
+        # holds every page of that meta (read the other way round, a commit in between
+        # would make a sound file look cut short)
+        meta = read_meta(f)
         size = os.path.getsize(f)
     except FileNotFoundError:
         if existing:
@@ -87,7 +92,6 @@ def check_size(env_dir: str, readonly: bool = False, existing: bool = False) -> 
         if existing:
             raise CorruptError(f"{f} is empty (0 bytes)")
         return
-    meta = read_meta(f)
     if meta is None:
         raise CorruptError(f"{f} is damaged or not an LMDB data file (no valid meta page)")
     # LMDB divides by the page size the meta pages claim, and finds the second by the first's

@@ -280,8 +280,8 @@ def apply(txn: Txn, plan: Plan, shard: int, entries: Entries, last: int,
     entries it already holds are skipped. With `since` (the newest seq below the batch), a
     shard that has not applied `since` missed earlier records and is left alone too: the
     caller must catch it up first (its applied seq, below `since`, says so). `durable`:
-    records/ syncs its commits, so the shard marks every record up to `last` as on disk
-    there (mark_durable: an open refuses records/ that hold fewer).
+    records/ was synced after every record up to `last` was committed, so the shard marks
+    them as on disk there (mark_durable: an open refuses records/ that hold fewer).
     """
     w = ShardWriter(txn, plan.ntables, plan.words - 1)
     if w.applied >= last or (since is not None and w.applied < since):
@@ -311,7 +311,9 @@ def catch_up(txns: TxnRunner, plan: Plan, lag: int = 0, jobs: int = 1,
     merges (GROUP_LIMIT, LAG_LIMIT). `jobs` shards are written at once (each its own
     environment and write lock; the slab writes and commits release the GIL).
     `prepared`: commit_prepared's first pass, taken as it is when every shard still stands
-    right below its records. `durable`: records/ syncs its commits (see apply).
+    right below its records. `durable`: records/ syncs its commits, so each pass syncs it
+    (a clean file: nothing to write, unless a sync=False writer's commits wait) and marks
+    the records it applies as on disk (see apply).
     """
     txns.check_open()
     rec, shards = txns.envs[0], txns.envs[1:]
@@ -332,6 +334,8 @@ def catch_up(txns: TxnRunner, plan: Plan, lag: int = 0, jobs: int = 1,
             *records.tail(txn, start, chunk, plan.words), records.last_seq(txn)))
         if len(seqs) == 0:
             if not lag and last >= start:
+                if durable:
+                    txns.sync(envs=txns.envs[:1])
                 _advance(txns, plan, shards, applied, last, durable)   # only removed above
             return
         _apply_pass(txns, plan, shards, applied, seqs, fps, lag, jobs, durable)
@@ -343,6 +347,8 @@ def _apply_pass(txns, plan, shards, applied, seqs, fps, lag, jobs, durable, read
     """Apply one pass of records (seqs ascending, fps theirs) to the shards, a group of
     shards at a time; `ready`: the pass as commit_prepared made it."""
     top = int(seqs[-1])
+    if durable:                    # every record up to top on disk before a shard says so
+        txns.sync(envs=txns.envs[:1])
     group, sets = _grouping(plan, len(seqs), jobs)
     # each record's shard in every table, permuted once for all the groups, and the
     # buffers the groups fill again, taking the sets in turn

@@ -339,9 +339,11 @@ class Store:
 
     def _synced(self) -> None:
         """Mark in every shard that records/ is on disk up to its last record (a sync=False
-        store's flush or close: its commits are not synced one by one)."""
-        self.txns.envs[0].sync()
-        protocol.mark_synced(self.txns, self.read_records(records.last_seq))
+        store's flush or close: its commits are not synced one by one): the last seq is read
+        before the sync, so a record another writer commits meanwhile is not counted."""
+        last = self.read_records(records.last_seq)
+        self.txns.sync(envs=self.txns.envs[:1])
+        protocol.mark_synced(self.txns, last)
 
 
 class Admission:

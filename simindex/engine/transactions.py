@@ -203,11 +203,12 @@ class TxnRunner:
                     return
             self._adopt()
 
-    def sync(self, then: Optional[str] = None) -> None:
-        """Force every environment to disk (a failure makes the handle refuse writes)."""
+    def sync(self, then: Optional[str] = None, envs: Optional[list] = None) -> None:
+        """Force every environment (or those of `envs`) to disk (a failure makes the handle
+        refuse writes)."""
         self.check_open()
         with self.gate.shared():
-            for env in self.envs:
+            for env in self.envs if envs is None else envs:
                 try:
                     env.sync(True)
                 except StorageError as e:

@@ -94,21 +94,33 @@ class Log:
     """
 
     def __init__(self, directory: str) -> None:
-        self.token = secrets.token_hex(LOG_TOKEN_HEX // 2)
-        self.path = log_path(directory, self.token)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            # a new name: this never waits, and holds the log for as long as the process
-            # (any process: a fork's child closes its copy of the descriptor) keeps it open
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _write_all(fd, LOG_MAGIC, 0)
-        except BaseException:
-            os.close(fd)
+        while True:
+            self.token = secrets.token_hex(LOG_TOKEN_HEX // 2)
+            self.path = log_path(directory, self.token)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
-                os.unlink(self.path)
-            except OSError:
-                pass
-            raise
+                # the lock is held for as long as the process (any process: a fork's child
+                # closes its copy of the descriptor) keeps the log open. Between the open and
+                # the lock, another process's open may find it unlocked and replay it as a
+                # dead writer's: it then holds the lock, or has removed the file; a new log
+                # is made, never one that no replay would find
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    taken = os.fstat(fd).st_nlink == 0
+                except BlockingIOError:
+                    taken = True
+                if not taken:
+                    _write_all(fd, LOG_MAGIC, 0)
+            except BaseException:
+                os.close(fd)
+                try:
+                    os.unlink(self.path)
+                except OSError:
+                    pass
+                raise
+            if not taken:
+                break
+            os.close(fd)
         self.fd = fd
         self.end = len(LOG_MAGIC)
 

@@ -223,12 +223,27 @@ class Api:
         """fn(index); a handle that refuses writes since a write to disk failed (a full
         disk) is opened again first, so writes resume once the disk has room (the reopen
         replays what was committed)."""
-        idx = self.idx
-        if idx.failed:
-            idx.close()
-            self.index = idx = Index(self.settings.path, create=False,
-                                     readonly=self.settings.readonly)
-        return fn(idx)
+        idx = self.index       # (None here: a reopen failed; the writer runs while open)
+        if idx is None or idx.failed or idx.readonly != self.settings.readonly:
+            self.reopen()
+        return fn(self.idx)
+
+    def reopen(self) -> None:
+        """Open the index again for writing. When that fails too (the disk still full: the
+        open catches the tables up), the index is opened read-only, so reads go on, and the
+        next write tries again."""
+        old, self.index = self.index, None
+        if old is not None:
+            old.close()
+        s = self.settings
+        try:
+            self.index = Index(s.path, create=False, readonly=s.readonly)
+        except Error:
+            try:
+                self.index = Index(s.path, create=False, readonly=True)
+            except Error:
+                pass                  # 503 until a write opens it
+            raise
 
     @staticmethod
     async def json(call: Call, required: tuple[str, ...],
