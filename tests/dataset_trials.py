@@ -34,6 +34,18 @@ def read_texts(path):
         return [json.loads(line)["text"] for line in f]
 
 
+def mirrored(work, rows, seed, first, second):
+    """(texts, path of `first`.jsonl, path of `second`.jsonl): the same `rows` texts in
+    both files, the second's in reverse order, each row's id its file's name and number."""
+    os.makedirs(work, exist_ok=True)
+    ts = texts(rows, seed)
+    paths = []
+    for name, order in ((first, ts), (second, list(reversed(ts)))):
+        paths.append(os.path.join(work, f"{name}.jsonl"))
+        write_jsonl(paths[-1], [{"id": f"{name}{i}", "text": t} for i, t in enumerate(order)])
+    return ts, paths[0], paths[1]
+
+
 def dedup_cmd(inp, out, index, *extra):
     return [sys.executable, "-m", "simindex", "dedup", str(inp), "--index", str(index),
             "--id-field", "id", "-o", str(out), "-q", *map(str, extra)]
@@ -44,11 +56,7 @@ def two_runs(work, rows, seed, *extra):
     reverse order, under other ids), with the options `extra`: every text must be kept by
     exactly one of them.
     Returns {"kept by both": texts both kept, "kept by neither": ..., "failed runs": ...}."""
-    os.makedirs(work, exist_ok=True)
-    ts = texts(rows, seed)
-    a, b = os.path.join(work, "a.jsonl"), os.path.join(work, "b.jsonl")
-    write_jsonl(a, [{"id": f"a{i}", "text": t} for i, t in enumerate(ts)])
-    write_jsonl(b, [{"id": f"b{i}", "text": t} for i, t in enumerate(reversed(ts))])
+    ts, a, b = mirrored(work, rows, seed, "a", "b")
     index = os.path.join(work, "shared.idx")
     simindex.Index(index, k=3).close()          # made first: both runs open the same one
     procs = [subprocess.Popen(dedup_cmd(inp, os.path.join(work, f"out-{n}.jsonl"), index,
@@ -89,11 +97,7 @@ def crawler_beside_a_run(work, rows, seed):
     on the same calibrated index, over the same texts (the crawler's in reverse order): no
     text may be both kept by the run and admitted by the crawler, and every text must be
     taken by one of them."""
-    os.makedirs(work, exist_ok=True)
-    ts = texts(rows, seed)
-    a, b = os.path.join(work, "run.jsonl"), os.path.join(work, "crawl.jsonl")
-    write_jsonl(a, [{"id": f"run{i}", "text": t} for i, t in enumerate(ts)])
-    write_jsonl(b, [{"id": f"crawl{i}", "text": t} for i, t in enumerate(reversed(ts))])
+    ts, a, b = mirrored(work, rows, seed, "run", "crawl")
     index = os.path.join(work, "crawl.idx")
     simindex.Index(index, calibration=simindex.calibrate([], 0.7)).close()
     got = os.path.join(work, "admitted.json")

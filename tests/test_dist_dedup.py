@@ -232,24 +232,39 @@ def big_corpus(tmp_path):
     return write_shards(tmp_path / "big", rows, 4, "jsonl")
 
 
+def meanwhile(act, run):
+    """(run()'s result, whether `act` succeeded): `act()` tried again and again on another
+    thread while `run()` runs, until it returns True (at most 60 s)."""
+    done = []
+
+    def keep_trying():
+        end = time.time() + 60
+        while not done and time.time() < end:
+            if act():
+                done.append(True)
+                return
+            time.sleep(0.002)
+    t = threading.Thread(target=keep_trying)
+    t.start()
+    try:
+        return run(), bool(done)
+    finally:
+        done.append(False)
+        t.join()
+
+
 def test_a_worker_killed_mid_run_changes_nothing(local_ray, tmp_path):
     src = big_corpus(tmp_path)
     one = one_machine(tmp_path, src, "one", "jsonl", "--id-field", "id", "--k", "6")
-    killed = []
 
-    def kill_a_reader():
-        end = time.time() + 60
-        while not killed and time.time() < end:
-            for p in psutil.process_iter(["cmdline"]):
-                if any("ray::_read" in c for c in (p.info["cmdline"] or [])):
-                    os.kill(p.pid, signal.SIGKILL)
-                    killed.append(p.pid)
-                    return
-            time.sleep(0.005)
-    t = threading.Thread(target=kill_a_reader)
-    t.start()
-    got = ray_run(tmp_path, src, "ray", id_field="id", k=6)
-    t.join()
+    def a_reader():
+        for p in psutil.process_iter(["cmdline"]):
+            if any("ray::_read" in c for c in (p.info["cmdline"] or [])):
+                os.kill(p.pid, signal.SIGKILL)
+                return True
+        return False
+    got, killed = meanwhile(a_reader, lambda: ray_run(tmp_path, src, "ray", id_field="id",
+                                                     k=6))
     assert killed, "no read task was seen running"
     assert_same(one, got)
 
@@ -491,22 +506,15 @@ def test_what_killed_write_tasks_leave_is_neither_published_nor_in_the_way(local
     src = write_shards(tmp_path / "in", rows, 2, "jsonl")
     one = one_machine(tmp_path, src, "one", "jsonl", "--id-field", "id", "--k", "6")
     out = tmp_path / "ray"
-    dropped = []
 
-    def leave_a_leftover():
-        end = time.time() + 60
-        while not dropped and time.time() < end:
-            for n in os.listdir(tmp_path):
-                if n.startswith(".ray.simindex-partial-"):
-                    f = tmp_path / n / ".part-00001.jsonl.x1y2z3w4.tmp"
-                    f.write_text('{"half": ')
-                    dropped.append(f)
-                    return
-            time.sleep(0.001)
-    t = threading.Thread(target=leave_a_leftover)
-    t.start()
-    got = ray_run(tmp_path, src, "ray", id_field="id", k=6)
-    t.join()
+    def a_leftover():
+        for n in os.listdir(tmp_path):
+            if n.startswith(".ray.simindex-partial-"):
+                (tmp_path / n / ".part-00001.jsonl.x1y2z3w4.tmp").write_text('{"half": ')
+                return True
+        return False
+    got, dropped = meanwhile(a_leftover, lambda: ray_run(tmp_path, src, "ray", id_field="id",
+                                                        k=6))
     assert dropped, "the run's folder was never seen"
     assert sorted(os.listdir(out)) == ["part-00000.jsonl", "part-00001.jsonl"]
     assert_same(one, got)
