@@ -523,8 +523,8 @@ def plan(size, k, width, top):
               "each width's k must find.")
 @click.option("--containment", is_flag=True, help="Calibrate for the share of a row's "
               "shingles found in an earlier row, not the Jaccard similarity.")
-@click.option("--scheme", type=SCHEME, default="minhash-v1",
-              show_default=True, help="The fingerprint scheme to calibrate (aliases: "
+@click.option("--scheme", type=SCHEME, help="The fingerprint scheme to calibrate (default: "
+              "minhash-v1 at each width, and the band search of minhash-lsh-v1; aliases: "
               f"{ALIASES}).")
 @click.option("--width", type=click.Choice(["64", "128", "256"]), help="Weigh only this "
               "width (default: every width of the scheme).")
@@ -554,17 +554,19 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
                                measure="containment" if containment else "jaccard",
                                sample=RUN_SAMPLE_ROWS if sample is None else sample,
                                sample_bytes=RUN_SAMPLE_BYTES if sample is None else None,
-                               time_budget=time_budget)
+                               time_budget=time_budget, bands=scheme is None)
     except Error as e:
         _fail(str(e))
-    click.echo("width\tk\tmodel_recall\tsample_pairs\tfound\trecall_low\tcandidates_per_row"
-               "\tquery_us\tseconds\tcapped\tchoice")
+    click.echo("scheme\twidth\tk\tmodel_recall\tsample_pairs\tfound\trecall_low"
+               "\tcandidates_per_row\tquery_us\tseconds\tcapped\tchoice")
     for c in cal.table:
         model = "" if c.model_recall is None else f"{c.model_recall:.4f}"
         low = "" if c.recall_low is None else f"{c.recall_low:.4f}"
-        click.echo(f"{c.width}\t{c.k}\t{model}\t{c.pairs}\t{c.found}\t{low}\t"
-                   f"{c.candidates:.3g}\t{c.query_us:.3g}\t{c.seconds:.3g}\t"
-                   f"{'yes' if c.capped else ''}\t{'<- chosen' if c.width == cal.width else ''}")
+        chosen = c == cal.chosen
+        click.echo(f"{c.scheme or cal.scheme}\t{c.width}\t{c.k}\t{model}\t{c.pairs}\t"
+                   f"{c.found}\t{low}\t{c.candidates:.3g}\t{c.query_us:.3g}\t"
+                   f"{c.seconds:.3g}\t{'yes' if c.capped else ''}\t"
+                   f"{'<- chosen (least estimated time)' if chosen else ''}")
     click.echo(f"simindex calibrate: {cal.sample_rows} rows read, about {cal.expected_rows:,} "
                f"in the input; {cal.describe()}", err=True)
 

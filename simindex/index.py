@@ -17,14 +17,16 @@ from .signatures.fingerprints import DEFAULT_SCHEME, scheme_name, scheme_width
 from .signatures.fingerprints import fingerprint as _fingerprint
 from .engine.pairs import group_pairs, stored_pairs
 from .engine.plan import DEFAULT_K, Plan, default_plan, default_shards
+from .bands import BAND_RADIUS, band_hits, band_plan
 from .radius import Calibration
+from .scheme_names import lsh_rows
 from .engine.records import last_seq, stale
 from .engine.results import (
     Id, Match, Record, kept_where, kept_where_many, match_of, record_of,
 )
 from .engine.shard import load_state
 from .engine.store import Store
-from .values import MAX_FP, check_fp, check_wide_fp, fp_array, words_array
+from .values import MAX_FP, check_fp, check_wide_fp, fp_array, words_array, words_to_ints
 from .textcheck import Hit, TextCheck, keeps_sketches, text_check, text_sketch
 
 Fingerprints = Union[Iterable[int], np.ndarray]
@@ -79,6 +81,9 @@ class Index:
                 expected = calibration.expected_rows    # the rows it was made for
         if isinstance(calibration, Calibration):
             calibration = calibration.stored()
+        if new and lsh_rows(scheme) is not None:
+            width, k, blocks, prefix_blocks = band_plan(scheme, width, k, blocks,
+                                                        prefix_blocks)
         self._readonly = readonly
         self.path: str = os.path.abspath(os.fsdecode(os.fspath(path))) \
             if isinstance(path, (str, bytes, os.PathLike)) else repr(path)
@@ -225,6 +230,13 @@ class Index:
         `simindex.calibrate`), or None: recorded at creation, so later runs judge alike."""
         return self._open_store().manifest.calibration
 
+    @property
+    def bands(self) -> Optional[int]:
+        """Rows per band of an index of MinHash LSH band keys (a minhash-lsh-v1 scheme),
+        else None. Its text calls find the records that share a band's key with the text
+        (see query_text), whatever their distance in bits."""
+        return lsh_rows(self.scheme)
+
     def fingerprint(self, text: str) -> int:
         """The fingerprint of `text` under this index's scheme."""
         return _fingerprint(text, scheme=self.scheme, width=self.width)
@@ -235,6 +247,8 @@ class Index:
             return plan.k
         if isinstance(k, bool) or not isinstance(k, int):
             raise ParameterError(f"k must be an int, got {type(k).__name__} {k!r}")
+        if k == BAND_RADIUS and lsh_rows(self.scheme) is not None:
+            return k                  # a band index's search: every record sharing a band
         if not 0 <= k <= plan.k:
             raise ParameterError(
                 f"k ({k}) must be between 0 and the index's k ({plan.k}): its tables only "
@@ -320,7 +334,8 @@ class Index:
 
     def query(self, fingerprint: int, k: Optional[int] = None,
               where: Optional[Callable[[Match], bool]] = None) -> list[Match]:
-        """Stored records within k bits (default: the index's k) of `fingerprint`.
+        """Stored records within k bits (default: the index's k) of `fingerprint`. An index
+        of band keys (see `bands`) also takes k = 256: the records that share a band's key.
 
         Sorted by distance, then by insertion order (the order of each record's latest add;
         in an index of several ledgers, global seq order: each ledger's own insertion
@@ -343,6 +358,8 @@ class Index:
             st.fold_if_old()
             if buf.n:
                 return kept_where(self._query_buffered(st, fp, k), where)
+        if k > plan.k:
+            return kept_where(band_hits(fp, st.query_one(fp, k)), where)
         if plan.width != 64 or st.nledgers > 1:
             return kept_where(st.query_one(fp, k), where)
         out = st.read(_query_one, plan.permuter, fp, k)
@@ -353,7 +370,8 @@ class Index:
         """query() with records in this process's write buffer (apart, so that the common
         path's closure holds only what its own lambda needs)."""
         assert st.buffer is not None
-        return st.buffer.query(fp, k, lambda: st.query_one(fp, k), Match)
+        out = st.buffer.query(fp, k, lambda: st.query_one(fp, k), Match)
+        return band_hits(fp, out) if k > st.plan.k else out
 
     def query_many(self, fingerprints: Fingerprints, k: Optional[int] = None,
                    where: Optional[Callable[[int, Match], bool]] = None) -> list[list[Match]]:
@@ -366,7 +384,15 @@ class Index:
         q = fp_array(fingerprints) if st.plan.width == 64 else \
             words_array(fingerprints, st.plan.width)
         st.fold()
-        return kept_where_many(st.query(q, k), where)
+        return kept_where_many(self._held(q, st.query(q, k), k, st), where)
+
+    @staticmethod
+    def _held(q: np.ndarray, found: list, k: int, st: Store) -> list:
+        """The answers of a band search (k beyond the plan's) as the tables hold them: the
+        records sharing a band with each query (see simindex/bands.py)."""
+        if k <= st.plan.k:
+            return found
+        return [band_hits(fp, hits) for fp, hits in zip(words_to_ints(q), found)]
 
     def queries(self, fingerprints: Fingerprints) -> np.ndarray:
         """Fingerprints checked against the index's width, as the array its batch calls
@@ -375,12 +401,14 @@ class Index:
         return fp_array(fingerprints) if st.plan.width == 64 else \
             words_array(fingerprints, st.plan.width)
 
-    def _admit(self, fn: Callable[[Any], Any]) -> Any:
+    def _admit(self, fn: Callable[[Any], Any], settle: bool = False) -> Any:
         """fn(admission) with the index's queries and inserts in one records write
-        transaction (Store.admit): what dedup's batches decide and add as one step."""
+        transaction (Store.admit): what dedup's batches decide and add as one step.
+        `settle`: the shards take the new records at once (a band search passes over the
+        records they have not taken one by one), not in groups."""
         st = self._writable_store()
         st.fold()
-        return st.admit(fn)
+        return st.admit(fn, lag=0) if settle else st.admit(fn)
 
     def _hits_many(self, fingerprints: Fingerprints, k: Optional[int] = None) -> list:
         """query_many()'s matches as the core finds them: per fingerprint, (distance,
@@ -391,7 +419,7 @@ class Index:
         q = fp_array(fingerprints) if st.plan.width == 64 else \
             words_array(fingerprints, st.plan.width)
         st.fold()
-        return st.query(q, k, matches=False)
+        return self._held(q, st.query(q, k, matches=False), k, st)
 
     # ------------------------------------------------------------ text
     def text_check(self, min_similarity: Optional[float] = None,
@@ -457,7 +485,8 @@ class Index:
                 lambda id_, f, d, mb: Hit(d, f, 0, id_, mb), raw=True)
         else:
             hits = st.query(q, check.k, matches=False)[0]
-        return fp, kept_where([match_of(h) for h in check.passing(sketch, size, hits)], where)
+        return fp, kept_where([match_of(h) for h in check.passing(sketch, size, hits, fp)],
+                              where)
 
     def add_unique_text(self, id: Id, text: str, meta: Any = None,
                         k: Optional[int] = None,
@@ -489,7 +518,7 @@ class Index:
         if check is None:
             return fp, [match_of(h) for h in st.add_unique(idk, fp, mb, self._k(k, st))]
         hits = st.add_unique(idk, fp, mb, check.k,
-                             lambda found: check.passing(sketch, size, found))
+                             lambda found: check.passing(sketch, size, found, fp))
         return fp, [match_of(h) for h in hits]
 
     # ------------------------------------------------------------ all pairs

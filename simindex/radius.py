@@ -25,8 +25,12 @@ import numpy as np
 
 from .signatures import _text
 from .errors import InputError, ParameterError
-from .signatures.fingerprints import WORD_SCHEMES, pass_args, scheme_name, scheme_width, schemes
-from .engine.plan import default_plan, query_cost
+from .signatures.fingerprints import (
+    LSH_BANDS, WORD_SCHEMES, pass_args, scheme_name, scheme_width, schemes,
+)
+from .engine.plan import SEEK_NS, default_plan, query_cost
+from .bands import BAND_K, BAND_WIDTH, KEY_BITS, band_recall, rows_for
+from .scheme_names import LSH_ROWS, lsh_name, lsh_rows
 from .signatures.similarity import shingle_set
 
 DEFAULT_SCHEME = "minhash-v1"     # the scheme a similarity threshold gets unless told
@@ -49,6 +53,8 @@ class Choice(NamedTuple):
     query_us: float                 # estimated search time per row
     seconds: float                  # estimated time of the whole run
     capped: bool = False            # k lowered below the recall's to fit the time budget
+    scheme: Optional[str] = None    # its scheme: the calibration's, or minhash-lsh-v1's
+                                    # band search (k is then its plan's, see bands.py)
 
     def reached(self, measure: str) -> float:
         """The recall this k is expected to reach: the model's (Jaccard), else the
@@ -74,7 +80,8 @@ class Calibration(NamedTuple):
 
     @property
     def chosen(self) -> Choice:
-        return next(c for c in self.table if c.width == self.width)
+        return next(c for c in self.table if c.width == self.width and
+                    (c.scheme or self.scheme) == self.scheme)
 
     def stored(self) -> dict:
         """What an index keeps of it, so that later runs judge alike."""
@@ -90,8 +97,10 @@ class Calibration(NamedTuple):
                   "no sample pair at the threshold")
         capped = (f"; k is capped by the time budget of {self.time_budget:g} s, below the "
                   f"{self.recall:g} recall asked for" if c.capped else "")
+        search = f"{LSH_BANDS} bands of {lsh_rows(self.scheme)} rows" \
+            if lsh_rows(self.scheme) is not None else f"k={self.k}"
         return (f"{self.measure} >= {self.min_similarity:g}: {self.scheme} {self.width} "
-                f"bits, k={self.k}, expected recall {self.expected_recall:.4f} ({sample}), "
+                f"bits, {search}, expected recall {self.expected_recall:.4f} ({sample}), "
                 f"estimated {c.seconds:.3g} s{capped}")
 
 
@@ -270,7 +279,7 @@ def _sample(texts: list, scheme: str, widths: list, sets: Optional[list] = None,
     by the caller's pass of `seconds`)."""
     from .signatures.fingerprints import fingerprint
     start = time.perf_counter()
-    if sets is not None and scheme == "minhash-v1":
+    if sets is not None and (scheme == "minhash-v1" or lsh_rows(scheme) is not None):
         start -= seconds or 0.0
     elif scheme in WORD_SCHEMES:
         raws = _text.signatures(texts, schemes[scheme].shingle_width, shingles=True)[2]
@@ -299,7 +308,7 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
               widths: Optional[Sequence[int]] = None,
               sample_truth: bool = True, sets: Optional[list] = None,
               pass_seconds: Optional[float] = None,
-              time_budget: Optional[float] = None) -> Calibration:
+              time_budget: Optional[float] = None, bands: bool = True) -> Calibration:
     """The width and k of least estimated time that reach `recall` at `min_similarity`
     (see the module's docstring), from a sample of texts. `expected_rows`: the rows of the
     whole input (default: the sample's), for the cost of the search and the check.
@@ -310,7 +319,10 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
     calibrated from the model alone, for `expected_rows` (default MODEL_ROWS) rows.
     `time_budget`: the seconds the whole run may take; a width whose k would take longer
     gets the largest k that fits (the Choice is then `capped`, its recall below the
-    target), and when every width is capped the one of highest expected recall is chosen."""
+    target), and when every width is capped the one of highest expected recall is chosen.
+    For minhash-v1 and Jaccard, `bands` also weighs the band search of minhash-lsh-v1 (see
+    simindex/bands.py: its rows per band are the most whose S-curve reaches the recall at
+    the threshold), whose cost per row does not grow with the rows."""
     t = _check_threshold(min_similarity)
     recall = _check_recall(recall)
     if time_budget is not None and (isinstance(time_budget, bool) or not isinstance(
@@ -327,13 +339,17 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
     if measure not in MEASURES:
         raise ParameterError(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}")
     texts = [x for x in texts]
+    fixed = lsh_rows(scheme)
+    if fixed is not None:
+        return _band_calibration(texts, fixed, t, recall, measure, expected_rows, widths,
+                                 sample_truth, sets, pass_seconds, time_budget)
     if not texts:
         if scheme != "minhash-v1" or measure != "jaccard":
             raise InputError(f"calibrating {scheme} for {measure} needs a sample of texts; "
                              f"only minhash-v1 and Jaccard have a model to go without")
         return _model_calibration(t, recall, expected_rows or MODEL_ROWS,
                                   list(schemes[scheme].widths if widths is None else widths),
-                                  time_budget)
+                                  time_budget, bands)
     n = len(texts)
     rows = max(n, expected_rows or n)
     widths = list(schemes[scheme].widths if widths is None else widths)
@@ -372,9 +388,126 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
             seconds = rows * (pass_s + query_ns * 1e-9 + candidates * check_s)
             return Choice(w, k, model_recall(w, k, t) if minhash else None, len(true_d),
                           found, recall_lower_bound(found, len(true_d)) if len(true_d)
-                          else None, candidates, query_ns / 1000, seconds, capped)
+                          else None, candidates, query_ns / 1000, seconds, capped, scheme)
         table.append(_within_budget(choice, min(k, w - 1), time_budget))
+    r = rows_for(t, recall) if bands and minhash and measure == "jaccard" and \
+        BAND_WIDTH in widths else None
+    if r is not None:
+        table.append(_band_within_budget(
+            lambda r_, capped: _band_choice(sets, r_, t, pi, pj, rows, pass_s, check_s,
+                                            capped), r, time_budget))
     return _chosen(table, scheme, t, measure, recall, n, rows, time_budget)
+
+
+def _band_within_budget(choice: Any, r: int, budget: Optional[float]) -> Choice:
+    """choice(r, False), or with a budget it exceeds, choice(r', True) of the fewest rows
+    per band r' > r (fewer candidates, less recall) that fits it (the most when none
+    does)."""
+    c = choice(r, False)
+    if budget is None or c.seconds <= budget:
+        return c
+    for more in range(r + 1, LSH_ROWS[-1] + 1):
+        c = choice(more, True)
+        if c.seconds <= budget:
+            break
+    return c if c.capped else choice(r, True)
+
+
+def _band_calibration(texts: list, r: int, t: float, recall: float, measure: str,
+                      expected_rows: Optional[int], widths: Optional[Sequence[int]],
+                      sample_truth: bool, sets: Optional[list], pass_seconds: Optional[float],
+                      budget: Optional[float]) -> Calibration:
+    """calibrate() for a minhash-lsh-v1 scheme the caller named: its one band search, with
+    the rows per band the name gives (its recall is the S-curve's at t, whatever asked)."""
+    scheme = lsh_name(r)
+    if measure != "jaccard":
+        raise ParameterError(f"{scheme} finds candidates at a Jaccard similarity; a "
+                             f"{measure} threshold needs minhash-v1's search by distance")
+    if widths is not None and list(widths) != [BAND_WIDTH]:
+        raise ParameterError(f"{scheme} makes {BAND_WIDTH}-bit fingerprints, not "
+                             f"{', '.join(map(str, widths))}")
+    if not texts:
+        rows = expected_rows or MODEL_ROWS
+        candidates = (rows - 1) / 2 * LSH_BANDS / 2.0 ** KEY_BITS
+        query_ns = LSH_BANDS * SEEK_NS
+        choice = Choice(BAND_WIDTH, BAND_K, band_recall(r, t), 0, 0, None, candidates,
+                        query_ns / 1000, rows * (query_ns + candidates * CHECK_NS) * 1e-9,
+                        False, scheme)
+        return _chosen([choice], scheme, t, measure, recall, 0, rows, budget)
+    n = len(texts)
+    rows = max(n, expected_rows or n)
+    sets, _, pass_s = _sample(texts, scheme, [], sets, pass_seconds)
+    pi, pj = sample_pairs(sets, t, measure) if sample_truth else \
+        (np.empty(0, np.int64), np.empty(0, np.int64))
+    mean_set = float(np.mean([len(x) for x in sets])) if sets else 0.0
+    check_s = (CHECK_NS + 2 * mean_set * CHECK_NS_PER_SHINGLE) * 1e-9
+    choice = _band_choice(sets, r, t, pi, pj, rows, pass_s, check_s)   # its r, as named
+    return _chosen([choice], scheme, t, measure, recall, n, rows, budget)
+
+
+def band_pairs(codes: np.ndarray) -> tuple:
+    """(i, j) arrays of every pair i < j of minhash-lsh-v1 codes ((n, 4) uint64) that share
+    a band's key, each pair once."""
+    found: set = set()
+    for b in range(LSH_BANDS):
+        word = codes[:, b // 2]
+        keys = (word >> np.uint64(32)) if b % 2 == 0 else (word & np.uint64(0xFFFFFFFF))
+        order = np.argsort(keys, kind="stable")
+        ks = keys[order]
+        starts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
+        ends = np.r_[starts[1:], len(ks)]
+        for a, e in zip(starts[ends - starts > 1].tolist(), ends[ends - starts > 1].tolist()):
+            group = sorted(order[a:e].tolist())
+            found.update((x, y) for n_, x in enumerate(group) for y in group[n_ + 1:])
+    pairs = sorted(found)
+    return (np.array([p[0] for p in pairs], dtype=np.int64),
+            np.array([p[1] for p in pairs], dtype=np.int64))
+
+
+RELATED = 0.2       # a sample pair this similar is a near-copy's, not a chance meeting
+
+
+def candidates_per_row(sets: list, i: np.ndarray, j: np.ndarray, rows: int) -> float:
+    """The candidates a row meets among the rows before it in an input of `rows` rows, from
+    the sample pairs (i, j) a search proposes: a pair of related texts (Jaccard >= RELATED)
+    comes with the row's near-copies, whose number per row does not grow with the input;
+    the other pairs are chance meetings, a share of every pair, which does."""
+    n = len(sets)
+    if n < 2 or not len(i):
+        return 0.0
+    related = sum(1 for x, y in zip(i.tolist(), j.tolist())
+                  if _jaccard(sets[x], sets[y]) >= RELATED)
+    chance = (len(i) - related) / (n * (n - 1) / 2)
+    return related / n + chance * (rows - 1) / 2
+
+
+def _jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    inter = _text.intersection_size(a, b)
+    return inter / max(len(a) + len(b) - inter, 1)
+
+
+def shares_band(codes: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """Whether codes i and j (rows of an (n, 4) uint64 array) share a band's key."""
+    x = codes[i] ^ codes[j]
+    lo, hi = x & np.uint64(0xFFFFFFFF), x >> np.uint64(32)
+    return ((lo == 0) | (hi == 0)).any(axis=1)
+
+
+def _band_choice(sets: list, r: int, t: float, pi: np.ndarray, pj: np.ndarray, rows: int,
+                 pass_s: float, check_s: float, capped: bool = False) -> Choice:
+    """The band search's row of a calibration: `r` rows per band, its S-curve's recall at
+    t; its candidates per row are the sample's pairs that share a band (candidates_per_row)
+    and the 32-bit collisions of the rows' keys, its search a lookup per band."""
+    codes = _text.minhash_codes(sets, BAND_WIDTH // 64, r)
+    found = int(shares_band(codes, pi, pj).sum()) if len(pi) else 0
+    bi, bj = band_pairs(codes)
+    candidates = candidates_per_row(sets, bi, bj, rows) + \
+        (rows - 1) / 2 * LSH_BANDS / 2.0 ** KEY_BITS
+    query_ns = LSH_BANDS * SEEK_NS
+    seconds = rows * (pass_s + query_ns * 1e-9 + candidates * check_s)
+    return Choice(BAND_WIDTH, BAND_K, band_recall(r, t), len(pi), found,
+                  recall_lower_bound(found, len(pi)) if len(pi) else None, candidates,
+                  query_ns / 1000, seconds, capped, lsh_name(r))
 
 
 def _within_budget(choice: Any, k: int, budget: Optional[float]) -> Choice:
@@ -395,17 +528,18 @@ def _within_budget(choice: Any, k: int, budget: Optional[float]) -> Choice:
 
 def _chosen(table: list, scheme: str, t: float, measure: str, recall: float, n: int,
             rows: int, budget: Optional[float]) -> Calibration:
-    """The calibration of the width of least estimated time among those whose k reaches
-    the recall (of highest expected recall when the budget capped every width)."""
+    """The calibration of the width (or band search) of least estimated time among those
+    whose k reaches the recall (of highest expected recall when the budget capped every
+    width)."""
     full = [c for c in table if not c.capped]
     best = min(full, key=lambda c: (c.seconds, c.width)) if full else \
         max(table, key=lambda c: (c.reached(measure), -c.seconds, -c.width))
-    return Calibration(scheme, best.width, best.k, t, measure, recall,
+    return Calibration(best.scheme or scheme, best.width, best.k, t, measure, recall,
                        best.reached(measure), n, rows, tuple(table), budget)
 
 
 def _model_calibration(t: float, recall: float, rows: int, widths: list,
-                       budget: Optional[float] = None) -> Calibration:
+                       budget: Optional[float] = None, bands: bool = True) -> Calibration:
     """calibrate() without a sample: minhash-v1's k from the model, and the width of least
     estimated time taking unrelated texts as sharing no shingle (their bits differ with
     probability 1/2) and the pass's time as the same at every width."""
@@ -419,8 +553,15 @@ def _model_calibration(t: float, recall: float, rows: int, widths: list,
             query_ns = query_cost(k, m, max(rows // 2, 1), None, p, w)
             seconds = rows * (query_ns + candidates * CHECK_NS) * 1e-9
             return Choice(w, k, model_recall(w, k, t), 0, 0, None, candidates,
-                          query_ns / 1000, seconds, capped)
+                          query_ns / 1000, seconds, capped, "minhash-v1")
         table.append(_within_budget(choice, model_k(w, t, recall), budget))
+    r = rows_for(t, recall) if bands and BAND_WIDTH in widths else None
+    if r is not None:        # unrelated texts share no band but by a 32-bit collision
+        candidates = (rows - 1) / 2 * LSH_BANDS / 2.0 ** KEY_BITS
+        query_ns = LSH_BANDS * SEEK_NS
+        table.append(Choice(BAND_WIDTH, BAND_K, band_recall(r, t), 0, 0, None, candidates,
+                            query_ns / 1000, rows * (query_ns + candidates * CHECK_NS) * 1e-9,
+                            False, lsh_name(r)))
     return _chosen(table, "minhash-v1", t, "jaccard", recall, 0, rows, budget)
 
 

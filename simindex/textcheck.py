@@ -21,6 +21,9 @@ from .errors import ParameterError
 from .signatures.fingerprints import DEFAULT_SCHEME
 from .radius import DEFAULT_RECALL, DEFAULT_SCHEME as SIMILARITY_SCHEME, model_k
 from .signatures.similarity import estimate, fingerprint_and_set
+from .signatures.fingerprints import LSH_BANDS
+from .bands import BAND_RADIUS, band_hits, band_recall, is_band_scheme
+from .scheme_names import lsh_rows
 
 
 class Hit(NamedTuple):
@@ -33,16 +36,18 @@ class Hit(NamedTuple):
 
 
 class TextCheck(NamedTuple):
-    """A threshold `t` on `measure` ("jaccard" or "containment"), searched at radius `k`."""
+    """A threshold `t` on `measure` ("jaccard" or "containment"), searched at radius `k`
+    (with `bands`, among the records that share a band's key: see simindex/bands.py)."""
     k: int
     t: float
     measure: str
+    bands: bool = False
 
-    def passing(self, sketch: bytes, size: int, hits: list) -> list:
-        """The core's hits (distance, fingerprint, seq, id, meta bytes) whose stored text
-        passes against a text of this sketch and shingle count."""
+    def passing(self, sketch: bytes, size: int, hits: list, fp: int = 0) -> list:
+        """The core's hits (distance, fingerprint, seq, id, meta bytes) of a query `fp`
+        whose stored text passes against a text of this sketch and shingle count."""
         out = []
-        for h in hits:
+        for h in (band_hits(fp, hits) if self.bands else hits):
             theirs = stored_sketch(h[4])
             if theirs is None or estimate(self.measure, sketch, size, theirs[0],
                                           theirs[1]) >= self.t:
@@ -52,8 +57,9 @@ class TextCheck(NamedTuple):
 
 def keeps_sketches(scheme: Optional[str], calibration: Optional[dict]) -> bool:
     """Whether the text calls store each text's sketch with its record: under the
-    similarity scheme, or in an index calibrated for a threshold."""
-    return scheme == SIMILARITY_SCHEME or calibration is not None
+    similarity schemes (minhash-v1, minhash-lsh-v1), or in an index calibrated for a
+    threshold."""
+    return scheme == SIMILARITY_SCHEME or is_band_scheme(scheme) or calibration is not None
 
 
 def sketch_of(shingle_set: Any) -> tuple:
@@ -91,6 +97,17 @@ def text_check(scheme: Optional[str], width: int, index_k: int,
         t = float(min_similarity)
     if k is not None:
         return TextCheck(k, t, measure)
+    rows = lsh_rows(scheme)
+    if rows is not None:
+        recall = calibration["recall"] if calibration is not None else DEFAULT_RECALL
+        if measure == "jaccard" and band_recall(rows, t) < recall and (
+                calibration is None or t < calibration["min_similarity"]):
+            raise ParameterError(
+                f"Jaccard >= {t:g} at recall {recall:g} needs fewer rows per band than this "
+                f"index's {rows} ({LSH_BANDS} bands of {rows} find a pair at {t:g} with "
+                f"probability {band_recall(rows, t):.4f}): pass a k to search by distance, or "
+                f"make an index for this threshold")
+        return TextCheck(BAND_RADIUS, t, measure, True)
     if calibration is not None and t >= calibration["min_similarity"]:
         return TextCheck(min(calibration["k"], index_k), t, measure)
     if scheme == SIMILARITY_SCHEME and measure == "jaccard":

@@ -16,6 +16,7 @@ import pytest
 
 import simindex
 from simindex import radius as cal
+from simindex.bands import band_recall, rows_for
 from simindex.datasets import run as dedup_module
 from textpairs import pair_at, tokens
 from trials import ENV
@@ -126,7 +127,8 @@ def planted_texts(rng, pairs, jaccard):
 
 
 def test_a_calibration_reports_its_table_and_choice():
-    c = cal.calibrate(planted_texts(random.Random(3), 30, 0.8), 0.7)
+    """The search by distance at each width (the band search aside: see test_bands.py)."""
+    c = cal.calibrate(planted_texts(random.Random(3), 30, 0.8), 0.7, bands=False)
     assert c.scheme == "minhash-v1" and c.min_similarity == 0.7 and c.measure == "jaccard"
     assert [row.width for row in c.table] == [64, 128, 256]
     for row in c.table:
@@ -171,7 +173,7 @@ def test_without_a_sample_the_model_alone_decides():
     """No texts: minhash-v1's k is the model's at each width, and the width is the one of
     least modelled time for the rows it is made for."""
     for t in (0.5, 0.7, 0.9):
-        c = cal.calibrate([], t, recall=0.99)
+        c = cal.calibrate([], t, recall=0.99, bands=False)
         assert c.sample_rows == 0 and c.expected_rows == cal.MODEL_ROWS
         for choice in c.table:
             assert choice.k == cal.model_k(choice.width, t, 0.99)
@@ -180,7 +182,7 @@ def test_without_a_sample_the_model_alone_decides():
         assert c.chosen == min(c.table, key=lambda x: (x.seconds, x.width))
         assert c.expected_recall == c.chosen.model_recall
     # unrelated texts (bits differ with probability 1/2) within k make 64 bits costly at 0.5
-    assert cal.calibrate([], 0.5).width > 64
+    assert cal.calibrate([], 0.5, bands=False).width > 64
 
 
 # ---------------------------------------------------------------- recall on planted pairs
@@ -266,18 +268,22 @@ def test_cli_calibrate_prints_the_trade(tmp_path):
     r = run("calibrate", tmp_path / "in.jsonl", "--min-similarity", "0.8")
     assert r.returncode == 0, r.stderr
     lines = [x.split("\t") for x in r.stdout.strip().splitlines()]
-    assert lines[0][:3] == ["width", "k", "model_recall"]
-    table = {int(x[0]): x for x in lines[1:]}
+    assert lines[0][:4] == ["scheme", "width", "k", "model_recall"]
+    table = {int(x[1]): x for x in lines[1:] if x[0] == "minhash-v1"}
     assert sorted(table) == [64, 128, 256]
     for w, x in table.items():
-        assert int(x[1]) == cal.model_k(w, 0.8, 0.99)
-        assert (int(x[3]), int(x[4])) == (40, 40)
-    assert sum(x[-1] == "<- chosen" for x in table.values()) == 1
+        assert int(x[2]) == cal.model_k(w, 0.8, 0.99)
+        assert (int(x[4]), int(x[5])) == (40, 40)
+    bands = [x for x in lines[1:] if x[0] != "minhash-v1"]     # the band search, weighed
+    rows = rows_for(0.8, 0.99)
+    assert [x[:4] for x in bands] == [[f"minhash-lsh-v1-r{rows}", "256", "7",
+                                       f"{band_recall(rows, 0.8):.4f}"]]
+    assert sum(x[-1].startswith("<- chosen") for x in lines[1:]) == 1
     assert "expected recall" in r.stderr
     r = run("calibrate", tmp_path / "in.jsonl", "--min-similarity", "0.8", "--width", "128",
             "--recall", "0.9")
     assert r.returncode == 0 and len(r.stdout.strip().splitlines()) == 2
-    assert r.stdout.splitlines()[1].split("\t")[1] == str(cal.model_k(128, 0.8, 0.9))
+    assert r.stdout.splitlines()[1].split("\t")[2] == str(cal.model_k(128, 0.8, 0.9))
     assert run("calibrate", tmp_path / "in.jsonl").returncode == 2   # the threshold is needed
 
 
@@ -291,32 +297,34 @@ def test_a_time_budget_caps_k_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(cal, "time", types.SimpleNamespace(
         perf_counter=lambda: next(ticks) * 1e-3))
     texts = planted_texts(random.Random(23), 30, 0.8)
-    free = cal.calibrate(texts, 0.6, expected_rows=10**6)
+    free = cal.calibrate(texts, 0.6, expected_rows=10**6, bands=False)
     budget = min(c.seconds for c in free.table) / 4
-    capped = cal.calibrate(texts, 0.6, expected_rows=10**6, time_budget=budget)
+    capped = cal.calibrate(texts, 0.6, expected_rows=10**6, time_budget=budget, bands=False)
     for a, b in zip(free.table, capped.table):
         assert b.capped and b.k < a.k and b.seconds <= budget
         assert cal.calibrate(texts, 0.6, expected_rows=10**6, widths=[a.width],
-                             time_budget=budget).k == b.k
+                             time_budget=budget, bands=False).k == b.k
         if b.k + 1 < a.k:                             # the largest k that fits
             assert cal.calibrate(texts, 0.6, expected_rows=10**6, widths=[a.width],
-                                 time_budget=b.seconds * 0.999).k <= b.k
+                                 time_budget=b.seconds * 0.999, bands=False).k <= b.k
     assert capped.expected_recall == max(c.model_recall for c in capped.table)
     assert capped.expected_recall < 0.99
     assert "capped by the time budget" in capped.describe()
-    roomy = cal.calibrate(texts, 0.6, expected_rows=10**6, time_budget=free.chosen.seconds)
+    roomy = cal.calibrate(texts, 0.6, expected_rows=10**6, time_budget=free.chosen.seconds,
+                          bands=False)
     assert roomy.k == free.k and not roomy.chosen.capped
     with pytest.raises(simindex.ParameterError, match="time_budget"):
         cal.calibrate(texts, 0.6, time_budget=0)
     # through dedup: the run takes the capped calibration, and its summary says so
     corpus(tmp_path, random.Random(24))
     r = run("calibrate", tmp_path / "in.jsonl", "--min-similarity", "0.6",
-            "--time-budget", "1e-9")
+            "--time-budget", "1e-9", "--scheme", "minhash-v1")
     assert r.returncode == 0, r.stderr
-    assert all(x.split("\t")[9] == "yes" for x in r.stdout.splitlines()[1:])
+    assert all(x.split("\t")[10] == "yes" for x in r.stdout.splitlines()[1:])
     assert "capped by the time budget of 1e-09 s" in r.stderr
     r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o.jsonl", "--min-similarity",
-            "0.6", "--time-budget", "1e-9", "--index", tmp_path / "idx")
+            "0.6", "--time-budget", "1e-9", "--index", tmp_path / "idx", "--scheme",
+            "minhash-v1")
     assert r.returncode == 0 and "capped by the time budget" in r.stderr, r.stderr
     with simindex.Index(str(tmp_path / "idx"), readonly=True) as idx:
         assert idx.k == 0 and idx.calibration["expected_recall"] < 0.99

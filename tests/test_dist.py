@@ -142,15 +142,18 @@ def test_cluster_answers_like_the_index(local_ray, tmp_path):
         assert idx.verify() == [] and idx.stats()["unapplied"] == 0
 
 
-def test_cluster_text_calls_judge_as_the_index_does(local_ray, tmp_path):
-    """A calibrated index served by a Cluster: add_text keeps sketches, and query_text and
-    add_unique_text (judged by the ledger under its lock) answer what the Index answers."""
+@pytest.mark.parametrize("bands", [False, True], ids=["radius", "bands"])
+def test_cluster_text_calls_judge_as_the_index_does(local_ray, tmp_path, bands):
+    """A calibrated index served by a Cluster (a radius of minhash-v1 bits, or the band
+    search): add_text keeps sketches, and query_text and add_unique_text (judged by the
+    ledger under its lock) answer what the Index answers."""
     rng = random.Random(3)
-    cal = simindex.calibrate([], 0.7)
+    cal = simindex.calibrate([], 0.7, bands=bands)
     simindex.Index(tmp_path / "i", calibration=cal, shards=4).close()
     pairs = pairs_within(rng, cal, 6, 0.85) + pairs_within(rng, cal, 6, 0.4)
     with dist.Cluster(tmp_path / "i") as c:
-        assert c.text_check() == simindex.TextCheck(cal.k, 0.7, "jaccard")
+        assert c.text_check() == (simindex.TextCheck(256, 0.7, "jaccard", True) if bands
+                                  else simindex.TextCheck(cal.k, 0.7, "jaccard"))
         for n, (a, _b) in enumerate(pairs):
             c.add_text(f"a{n}", a, meta={"n": n})
         assert c.get("a0").meta == {"n": 0}

@@ -120,17 +120,20 @@ def ray_run(tmp, inputs, name, **options):
     return out
 
 
+# a threshold on Ray searches by minhash-v1's radius; one machine may choose the band search
+# (minhash-lsh-v1) instead, so the runs compared here name the scheme
+MH = ["--scheme", "minhash-v1"]
 OPTIONS = [
     ("greedy", ["--k", "8"], dict(k=8)),
     ("components", ["--k", "8", "--mode", "components"], dict(k=8, mode="components")),
-    ("jaccard", ["--min-similarity", "0.7"], dict(min_similarity=0.7)),
-    ("jaccard-components", ["--min-similarity", "0.7", "--mode", "components"],
+    ("jaccard", ["--min-similarity", "0.7", *MH], dict(min_similarity=0.7)),
+    ("jaccard-components", ["--min-similarity", "0.7", "--mode", "components", *MH],
      dict(min_similarity=0.7, mode="components")),
     ("keep-column-annotated", ["--k", "10", "--keep", "score", "--annotate"],
      dict(k=10, keep="score", annotate=True)),
     ("drop-all", ["--k", "10", "--drop-all"], dict(k=10, drop_all=True)),
-    ("containment-longest", ["--min-similarity", "0.6", "--containment", "--keep", "longest"],
-     dict(min_similarity=0.6, containment=True, keep="longest")),
+    ("containment-longest", ["--min-similarity", "0.6", "--containment", "--keep", "longest",
+                             *MH], dict(min_similarity=0.6, containment=True, keep="longest")),
     ("wide", ["--k", "20", "--width", "128"], dict(k=20, width=128)),
 ]
 
@@ -168,7 +171,7 @@ def test_runs_into_a_kept_index_then_against_it_match_one_machine(local_ray, tmp
     rows = corpus(5)
     first = write_shards(tmp_path / "first", rows[:len(rows) // 2], 2, "jsonl")
     later = write_shards(tmp_path / "later", rows[len(rows) // 2:], 3, "jsonl")
-    common = ["--id-field", "id", "--min-similarity", "0.7", "--mode", mode]
+    common = ["--id-field", "id", "--min-similarity", "0.7", "--mode", mode, *MH]
     for run, src in (("a", first), ("b", later)):
         one = one_machine(tmp_path, src, f"one-{run}", "jsonl", *common, "--index",
                           tmp_path / "one-idx")

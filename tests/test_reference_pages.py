@@ -44,7 +44,8 @@ SCHEMES = sections(page("schemes.md"))
 
 
 def test_the_schemes_page_names_every_scheme():
-    assert sorted(SCHEMES) == sorted(simindex.schemes)
+    # the minhash-lsh-v1 family (left out of iteration) by its member of 2 rows per band
+    assert sorted(SCHEMES) == sorted([*simindex.schemes, "minhash-lsh-v1-r2"])
 
 
 def golden_vectors():

@@ -141,7 +141,7 @@ def test_a_calibration_under_an_alias_is_the_scheme_s(tmp_path):
     record(path, scheme="seomoz", calibration=stored)       # as made under the alias
     with simindex.Index(path, calibration=stored) as idx:
         assert idx.calibration == cal.stored()
-        assert idx.text_check() == (cal.k, 0.8, "jaccard")
+        assert idx.text_check() == (cal.k, 0.8, "jaccard", False)
         assert [m.id for m in idx.query_text(DOC)] == ["d"]
     with simindex.Index(path, calibration=cal) as idx:
         assert idx.scheme == "seomoz-simhash"

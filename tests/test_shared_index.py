@@ -210,8 +210,8 @@ def test_a_ray_run_s_own_rows_added_for_an_earlier_part_are_not_another_writer_s
         if bin(xf ^ of).count("1") <= 29 and not check.sketches(sk(xs), sk(os_)) and \
                 not check.sketches(sk(ys), sk(os_)):
             break
-    path = str(tmp_path / "idx")
-    simindex.Index(path, calibration=simindex.calibrate([], 0.7)).close()
+    path = str(tmp_path / "idx")       # a radius of bits, as dedup --ray searches
+    simindex.Index(path, calibration=simindex.calibrate([], 0.7, bands=False)).close()
     with simindex.Index(path, sync=False) as idx:
         since = idx._admit(lambda adm: adm.last_seq)
         with simindex.Index(path, sync=False) as other:

@@ -180,7 +180,7 @@ def test_a_radius_must_be_known_for_the_threshold(tmp_path):
                                                           r"index's tables reach k=6"):
             idx.add_unique_text("a", "a b c d", min_similarity=0.5)
         assert idx.text_check(0.95).k <= 6
-    cal = simindex.calibrate([], 0.7)
+    cal = simindex.calibrate([], 0.7, bands=False)         # minhash-v1's search by distance
     with simindex.Index(tmp_path / "c", calibration=cal) as idx:
         assert idx.text_check(0.9) == simindex.TextCheck(cal.k, 0.9, "jaccard")
         with pytest.raises(simindex.ParameterError, match="needs k="):
@@ -301,7 +301,8 @@ def test_dedup_judges_rows_against_texts_the_online_calls_stored(tmp_path):
     path = str(tmp_path / "i")
     high = [pair_at(rng, 0.85, n=60) for _ in range(20)]
     low = [pair_at(rng, 0.5, n=60) for _ in range(20)]
-    with simindex.Index(path, calibration=simindex.calibrate([], 0.7)) as idx:
+    # a radius of bits (a band index's search is tested in test_bands.py)
+    with simindex.Index(path, calibration=simindex.calibrate([], 0.7, bands=False)) as idx:
         for n, (a, _b, _j) in enumerate(high + low):
             idx.add_unique_text(f"a{n}", a)
         k = idx.k

@@ -23,14 +23,21 @@ def pair_at(rng, jaccard, n=302):
 
 def pairs_within(rng, calibration, count, jaccard, n=60):
     """`count` pairs of texts of n words at (just above) `jaccard` whose fingerprints under
-    the calibration's scheme and width lie within its k: candidates the check must judge."""
+    the calibration's scheme and width lie within its k (under a band scheme, share a
+    band): candidates the check must judge."""
     import simindex
+    from simindex.bands import is_band_scheme, shares_band
 
     def fp(text):
         return simindex.fingerprint(text, scheme=calibration.scheme, width=calibration.width)
+
+    def near(a, b):
+        if is_band_scheme(calibration.scheme):
+            return shares_band(fp(a), fp(b))
+        return simindex.hamming(fp(a), fp(b)) <= calibration.k
     out = []
     while len(out) < count:
         a, b, _ = pair_at(rng, jaccard, n=n)
-        if simindex.hamming(fp(a), fp(b)) <= calibration.k:
+        if near(a, b):
             out.append((a, b))
     return out

@@ -44,11 +44,9 @@ import tempfile
 import time
 import unicodedata
 
-import numpy as np
-
+# numpy and simindex are imported where they are used: a peer's process that takes only
+# the tokenizer from here (tools/scale_bench.py) loads neither
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import simindex  # noqa: E402
 
 NUM_PERM = 128
 THRESHOLDS = (0.5, 0.7, 0.9)
@@ -75,6 +73,7 @@ def jaccard(a: set, b: set) -> float:
 
 def similar_pairs(sets: list, floor: float) -> tuple:
     """(i, j, similarity) of every pair i < j whose Jaccard is at least floor."""
+    import numpy as np
     from scipy import sparse
     vocab: dict = {}
     indptr, indices = [0], []
@@ -156,6 +155,7 @@ def read_jsonl(path: str) -> list:
 # --- the systems: each reads the file and returns the positions it removes -------------------
 
 def run_simindex(path: str, t: float) -> tuple:
+    import simindex
     summary = simindex.datasets.run.Summary()
     removed = {n for n, d in enumerate(simindex.decisions(
         path, id_field="id", min_similarity=t, jobs=1, summary=summary)) if not d.kept}
@@ -245,6 +245,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", help="write every figure here")
     a = ap.parse_args(argv)
+    import numpy as np
     work = tempfile.mkdtemp(prefix="jaccard-bench-")
     if a.jsonl:
         path = a.jsonl

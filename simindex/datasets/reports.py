@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from .run import Decision
 from ..errors import InputError
+from ..signatures.fingerprints import LSH_BANDS
 from .publish import distinct, publish, temporary_file
 from .rows import RowWriter
 
@@ -65,6 +66,8 @@ class DedupOutputs:
                 if radius is not None:
                     out.update(scheme=radius["scheme"], width=radius["width"],
                                k=radius["k"], expected_recall=radius["expected_recall"])
+                    if radius.get("bands"):
+                        out.update(bands=LSH_BANDS, rows_per_band=radius["bands"])
                 self.removed.write(out)
         if self.scratch is not None:
             clash = [c for c in ANNOTATIONS if c in d.row]

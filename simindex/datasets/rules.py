@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from ..bands import band_hits
 from ..engine.codec import unpack_sketched
+from ..engine.pairs import find_all
 from ..engine.results import Match
+from ..values import words_to_ints
 from ..errors import IdExistsError
 from ..index import Index
 from .check import Check, is_mine
@@ -19,6 +22,27 @@ def matches(index: Index, fps: list, k: int, check: Optional[Check]) -> list:
     if check is None:
         return [[(m, None) for m in ms] for ms in index.query_many(fps, k=k)]
     return sketched(index._hits_many(fps, k=k))
+
+
+def near_pairs(index: Index, fps: Any, k: int) -> list:
+    """The pairs (i, j), i < j, of fingerprints (ints, or an (n, words) array) within k as
+    `index` searches: above its k (a band index's search), those sharing a band."""
+    if len(fps) < 2:
+        return []
+    if k > index.k:
+        return find_all(fps, k=index.k, blocks=index.blocks,
+                        prefix_blocks=index.prefix_blocks, width=index.width, radius=k)
+    return find_all(fps, k=k, width=index.width)
+
+
+def held(index: Index, queries: Any, hits: list, k: int) -> list:
+    """The core's hits of each query (an (n, words) array) as `index` searches at k: above
+    its k (a band index's search), those sharing a band (records no shard has applied yet
+    are searched by distance alone)."""
+    if k <= index.k:
+        return hits
+    ints = words_to_ints(queries) if queries.ndim == 2 else queries.tolist()
+    return [band_hits(fp, h) for fp, h in zip(ints, hits)]
 
 
 def sketched(hits: list) -> list:

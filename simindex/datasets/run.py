@@ -42,16 +42,16 @@ from ..radius import MEASURES, Calibration
 from ..engine.codec import Packed, encode_ids, pack_meta
 from ..values import check_fp, check_wide_fp
 from ..errors import BadLine, Error, InputError
-from ..signatures.fingerprints import DEFAULT_SCHEME, WORD_SCHEMES, scheme_name
+from ..signatures.fingerprints import DEFAULT_SCHEME, LSH_BANDS, WORD_SCHEMES, scheme_name
 from ..index import Index
 from ..inputs import check_id, parse_fp
-from ..engine.pairs import find_all
+from ..scheme_names import lsh_rows
 from .check import Check, Shingles, batch_signatures
 from .publish import temporary_dir
 from .rows import Row, read_rows
 from .rules import (
-    components_outside, distance, greedy_outside, greedy_verdict, id_taken, matches,
-    sketched, verdict_of_group,
+    components_outside, distance, greedy_outside, greedy_verdict, held, id_taken, matches,
+    near_pairs, sketched, verdict_of_group,
 )
 from .settings import (
     check_options, choose_radius, input_files, judging, open_indexes, run_token,
@@ -102,7 +102,9 @@ class Summary:
                f"{self.skipped}, in {secs:.2f} s ({rate:,.0f} rows/s)")
         if self.radius is not None:
             r = self.radius
-            out += f"; {r['scheme']} {r['width']} bits, k={r['k']}"
+            search = f"{LSH_BANDS} bands of {r['bands']} rows" if r.get("bands") else \
+                f"k={r['k']}"
+            out += f"; {r['scheme']} {r['width']} bits, {search}"
             if r.get("min_similarity") is not None:
                 out += f", {r['measure']} >= {r['min_similarity']:g}"
             if r.get("expected_recall") is not None:
@@ -140,7 +142,7 @@ class _Judge:
         k = self.k
         refs = matches(self.ref, fps, k, check) if self.ref is not None else None
         earlier: dict = {}
-        for a, b in (find_all(fps, k=k, width=self.idx.width) if len(fps) > 1 else []):
+        for a, b in near_pairs(self.idx, fps, k):
             earlier.setdefault(b, []).append(a)
         idkeys = encode_ids(ids)
         mark = check.mark() if check is not None else None
@@ -148,7 +150,8 @@ class _Judge:
         def decide(adm: Any) -> list:
             if check is not None:
                 check.rewind(mark)         # made again from its start (the map grew)
-            stored = sketched(adm.hits(self.idx.queries(fps), k))
+            q = self.idx.queries(fps)
+            stored = sketched(held(self.idx, q, adm.hits(q, k), k))
             out, adds = self.greedy(rows, ids, fps, positions, sh, stored, refs, earlier)
             given: set = set()
             for i in adds:
@@ -159,7 +162,7 @@ class _Judge:
             adm.put([idkeys[i] for i in adds], self.idx.queries([fps[i] for i in adds]),
                     [pack_meta(self.meta(positions[i], sh[i]), ids[i]) for i in adds])
             return out
-        return self.idx._admit(decide)
+        return self.idx._admit(decide, settle=k > self.idx.k)
 
     def greedy(self, rows: list, ids: list, fps: list, positions: list, sh: list,
                stored: list, refs: Optional[list], earlier: dict) -> tuple:
@@ -470,7 +473,7 @@ class BatchReader:
                                               self.width, self.pool, self.shingled)):
             out[i] = got
         sets = [made.pop(keys[i]) for i in done]
-        codes = _text.minhash_codes(sets, self.width // 64)
+        codes = _text.minhash_codes(sets, self.width // 64, lsh_rows(self.scheme) or 0)
         for i, exact, code in zip(done, sets, codes):
             fp = int.from_bytes(code.astype(">u8").tobytes(), "big")
             out[i] = (fp, Shingles.of_set(exact)) if self.shingled else fp
@@ -583,7 +586,7 @@ def _components(run: BatchReader, judge: _Judge, drop_all: bool) -> Iterator[Dec
 
     def shingles(i: int) -> Shingles:
         return Shingles.of_set(check.spill.get(pos[i]))      # type: ignore[union-attr]
-    for a, b in (find_all(fps, k=k, width=run.width) if n > 1 else []):
+    for a, b in near_pairs(idx, fps, k):
         if check is not None and not check(shingles(a), shingles(b), symmetric=True)[0]:
             continue                       # near in bits, not in shingles
         ra, rb = find(a), find(b)
@@ -602,8 +605,7 @@ def _components(run: BatchReader, judge: _Judge, drop_all: bool) -> Iterator[Dec
         """The verdicts judged again with the records other writers admitted since the
         first query, and the kept rows added, in one records write transaction."""
         final = verdict
-        grew = _outside_since(adm, since, idx, fps, pos, earlier, k, token, check, shingles,
-                              run.width)
+        grew = _outside_since(adm, since, idx, fps, pos, earlier, k, token, check, shingles)
         if grew:
             final = list(verdict)
             for root in {find(i) for i in grew}:
@@ -639,8 +641,8 @@ def _components(run: BatchReader, judge: _Judge, drop_all: bool) -> Iterator[Dec
 
 
 def _outside_since(adm: Any, since: int, idx: Index, fps: list, pos: list, earlier: dict,
-                   k: int, token: bytes, check: Optional[Check], shingles: Callable,
-                   width: int) -> Optional[dict]:
+                   k: int, token: bytes, check: Optional[Check],
+                   shingles: Callable) -> Optional[dict]:
     """`earlier` with each row's nearest record among those other writers admitted after
     seq `since` (when nearer), or None when none of them is within k of a row."""
     seqs, others = adm.since(since)
@@ -648,13 +650,13 @@ def _outside_since(adm: Any, since: int, idx: Index, fps: list, pos: list, earli
         return None
     mine = idx.queries(fps)
     n = len(mine)
-    near = sorted({a for a, b in find_all(np.concatenate([mine, others]), k=k, width=width)
+    near = sorted({a for a, b in near_pairs(idx, np.concatenate([mine, others]), k)
                    if a < n <= b})
     if not near:
         return None
     out = dict(earlier)
     grew = False
-    for i, hits in zip(near, adm.hits(mine[near], k)):
+    for i, hits in zip(near, held(idx, mine[near], adm.hits(mine[near], k), k)):
         fresh = sketched([[h for h in hits if since < h[2] <= adm.last_seq]])[0]
         best, _ = components_outside(fresh, [], shingles(i) if check is not None else None,
                                      pos[i], token, check)

@@ -12,6 +12,8 @@ from typing import Any, Iterable, Optional, Union
 from ..engine._layout import MANIFEST
 from ..errors import InputError, ParameterError
 from ..index import Index
+from ..bands import BAND_RADIUS
+from ..scheme_names import lsh_rows
 from ..radius import DEFAULT_RECALL, SAMPLE_ROWS, Calibration, calibrate
 from ..radius import DEFAULT_SCHEME as SIMILARITY_SCHEME
 from ..signatures import _text
@@ -96,22 +98,25 @@ def choose_radius(paths: list, new: bool, *, k: Optional[int], scheme: Optional[
                   width: Optional[int], min_similarity: Optional[float],
                   recall: Optional[float], measure: str, fmt: Optional[str],
                   text_field: str, fingerprint_field: Optional[str],
-                  time_budget: Optional[float], summary: Any) -> tuple:
+                  time_budget: Optional[float], summary: Any, bands: bool = True) -> tuple:
     """(calibration or None, the shingle sets it made, scheme, width, empty) of a run: for
     a new index with a similarity threshold and no k, the radius calibrated on the input's
-    first rows (RUN_SAMPLE_ROWS or RUN_SAMPLE_BYTES); `empty` when there is none to
-    calibrate on because the input holds no row (the run then judges nothing, and must
-    not make the index at a radius it never chose)."""
+    first rows (RUN_SAMPLE_ROWS or RUN_SAMPLE_BYTES), the band search weighed too unless
+    the run names its scheme or not `bands`; `empty` when there is none to calibrate on
+    because the input holds no row (the run then judges nothing, and must not make the
+    index at a radius it never chose)."""
     cal = None
     made: dict = {}           # rows the calibration already read: their shingle sets
     if new:
+        bands = bands and scheme is None
         if min_similarity is not None and scheme is None and fingerprint_field is None:
             scheme = SIMILARITY_SCHEME      # fingerprints read from a column are not
         if min_similarity is not None and k is None and fingerprint_field is None:
             cal, made = calibrate_with_sets(
                 paths, min_similarity, fmt=fmt, text_field=text_field, recall=recall,
                 scheme=scheme, width=width, measure=measure, sample=RUN_SAMPLE_ROWS,
-                sample_bytes=RUN_SAMPLE_BYTES, sample_truth=False, time_budget=time_budget)
+                sample_bytes=RUN_SAMPLE_BYTES, sample_truth=False, time_budget=time_budget,
+                bands=bands)
             if cal is None:
                 return None, made, scheme, width, True
             summary.calibration = cal
@@ -149,22 +154,35 @@ def open_indexes(index: str, against: Optional[str], new: bool, cal: Optional[Ca
             if ref.width != idx.width:
                 raise ParameterError(f"the reference index {against} holds {ref.width}-bit "
                                      f"fingerprints, this run {idx.width}-bit ones")
+            if (idx.bands or ref.bands) and ref.scheme != idx.scheme:
+                raise ParameterError(f"the reference index {against} holds {ref.scheme} "
+                                     f"fingerprints, this run {idx.scheme} ones: a band "
+                                     f"search compares band keys of one scheme only")
             if ref.k < idx.k:
                 raise ParameterError(f"the reference index {against} finds up to k="
                                      f"{ref.k}, this run needs k={idx.k}")
+        if idx.bands is not None and min_similarity is None:
+            raise ParameterError(f"the index {index} holds {idx.scheme} band keys, which "
+                                 f"find candidates for a similarity check: give "
+                                 f"--min-similarity")
         kk = idx.k if k is None else k
         if kk > idx.k:
             raise ParameterError(f"k ({kk}) is above the index's k ({idx.k})")
+        if idx.bands is not None and k is None:
+            kk = BAND_RADIUS              # every record that shares a band with a row
     except BaseException:
         if ref is not None:
             ref.close()
         if idx is not None:
             idx.close()
         raise
-    summary.radius = {"scheme": idx.scheme or DEFAULT_SCHEME, "width": idx.width, "k": kk,
+    banded = kk == BAND_RADIUS and idx.bands is not None
+    summary.radius = {"scheme": idx.scheme or DEFAULT_SCHEME, "width": idx.width,
+                      "k": None if banded else kk,
                       "min_similarity": min_similarity, "measure": measure,
                       "expected_recall": stored["expected_recall"]
-                      if stored is not None and kk == stored["k"] else None}
+                      if stored is not None and (kk == stored["k"] or banded) else None,
+                      "bands": idx.bands if banded else None}
     return idx, ref, kk, min_similarity, measure
 
 
@@ -179,14 +197,14 @@ def calibrate_inputs(paths: list, t: float, *, fmt: Optional[str] = None,
                      scheme: Optional[str] = None, width: Optional[int] = None,
                      measure: str = "jaccard", sample: int = SAMPLE_ROWS,
                      sample_bytes: Optional[int] = None, sample_truth: bool = True,
-                     time_budget: Optional[float] = None) -> Calibration:
+                     time_budget: Optional[float] = None, bands: bool = True) -> Calibration:
     """The calibration (`simindex.calibrate`) of input files from their first `sample`
     texts (and at most `sample_bytes` of text, if given), for the rows the files hold
     (estimated; rows without a text are left to the run itself to report)."""
     cal = calibrate_with_sets(paths, t, fmt=fmt, text_field=text_field, recall=recall,
                               scheme=scheme, width=width, measure=measure, sample=sample,
                               sample_bytes=sample_bytes, sample_truth=sample_truth,
-                              time_budget=time_budget)[0]
+                              time_budget=time_budget, bands=bands)[0]
     if cal is None:
         raise ParameterError("the input holds no row to calibrate on")
     return cal
@@ -195,7 +213,8 @@ def calibrate_inputs(paths: list, t: float, *, fmt: Optional[str] = None,
 def calibrate_with_sets(paths: list, t: float, *, fmt: Optional[str], text_field: str,
                       recall: Optional[float], scheme: Optional[str], width: Optional[int],
                       measure: str, sample: int, sample_bytes: Optional[int],
-                      sample_truth: bool, time_budget: Optional[float] = None) -> tuple:
+                      sample_truth: bool, time_budget: Optional[float] = None,
+                      bands: bool = True) -> tuple:
     """calibrate_inputs, and for minhash-v1 the shingle set its pass made of each sampled
     row, by position, which the run need not make again; (None, {}) when the input holds
     no row at all."""
@@ -226,7 +245,7 @@ def calibrate_with_sets(paths: list, t: float, *, fmt: Optional[str], text_field
     rows = estimate_rows(paths, len(texts), read)
     made: dict = {}
     sets = seconds = None
-    if (scheme or SIMILARITY_SCHEME) == "minhash-v1":
+    if (scheme or SIMILARITY_SCHEME) == "minhash-v1" or lsh_rows(scheme) is not None:
         start = time.perf_counter()
         _, counts, raws = _text.signatures(texts, 3, shingles=True)
         sets = [_text.sorted_set(r) for r in raws]            # type: ignore[union-attr]
@@ -237,7 +256,7 @@ def calibrate_with_sets(paths: list, t: float, *, fmt: Optional[str], text_field
                         scheme=scheme, measure=measure, expected_rows=rows,
                         widths=None if width is None else [width],
                         sample_truth=sample_truth, sets=sets, pass_seconds=seconds,
-                        time_budget=time_budget)
+                        time_budget=time_budget, bands=bands)
     except InputError as e:
         raise ParameterError(f"cannot calibrate on the input's first rows: {e}") from None
     return cal, made

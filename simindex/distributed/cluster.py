@@ -500,7 +500,7 @@ class Cluster:
         fp, (sketch, size) = text_sketch(text, self.scheme, self.plan.width)
         q = self._fps([fp])
         hits = self._hits(q, check.k)[0]
-        return kept_where([match_of(h) for h in check.passing(sketch, size, hits)], where)
+        return kept_where([match_of(h) for h in check.passing(sketch, size, hits, fp)], where)
 
     def get(self, id: Id) -> Optional[Record]:
         """The stored Record of `id`, or None."""

@@ -640,12 +640,16 @@ def dedup(inputs: Union[str, Iterable[str]], output: str, *, removed: Optional[s
         cal, _, scheme, width, empty = choose_radius(
             paths, new, k=k, scheme=scheme, width=width, min_similarity=min_similarity,
             recall=recall, measure=measure, fmt=fmt, text_field=text_field,
-            fingerprint_field=fingerprint_field, time_budget=time_budget, summary=summary)
+            fingerprint_field=fingerprint_field, time_budget=time_budget, summary=summary,
+            bands=False)
         if empty:                      # no row: judged against a scratch index, not kept
             index, where = None, os.path.join(scratch, "index")
         idx, ref, kk, min_similarity, measure = open_indexes(
             where, against, new, cal, k=k, scheme=scheme, width=width,
             min_similarity=min_similarity, measure=measure, summary=summary)
+        if idx.bands is not None:
+            raise ParameterError(f"the index {index} holds {idx.scheme} band keys, which "
+                                 f"dedup searches on one machine: run it without --ray")
         # the newest record the tasks' queries see, at least: what other writers admit
         # after it is checked when the kept rows are added
         since = idx._admit(lambda adm: adm.last_seq) if index is not None else 0

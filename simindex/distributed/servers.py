@@ -281,7 +281,7 @@ class LedgerServer(_Server):
                 hits = route.resolve(servers, q, qidx, seqs, dists, applied, k, here=self,
                                      txn=txn)[0]
             if hits and check is not None:
-                hits = check.passing(sketch[0], sketch[1], hits)
+                hits = check.passing(sketch[0], sketch[1], hits, fp)
             if hits:
                 return None, hits
             if home != self.ledger:

@@ -58,31 +58,35 @@ def join_table(plan: Plan, table: int, keys: np.ndarray, ids: Optional[np.ndarra
 
 
 def find_all(fingerprints, k: int = DEFAULT_K, blocks: Optional[int] = None,
-             prefix_blocks: Optional[int] = None, width: int = 64) -> list:
+             prefix_blocks: Optional[int] = None, width: int = 64,
+             radius: Optional[int] = None) -> list:
     """Every pair of positions (i, j), i < j, whose fingerprints are within k bits, sorted.
 
     In memory, with the same block-permutation tables as the index (blocks and
     prefix_blocks as Index takes them). Equal fingerprints at different positions are a
     pair. At width 128 or 256 the fingerprints are ints, big-endian bytes or an
     (n, width/64) uint64 array (most significant word first), and a plan not given is
-    the planner's for their number.
+    the planner's for their number. `radius` (default k) above k reports the pairs within
+    radius that the plan's tables hold in one prefix group (within its flips) only: with
+    a block per table and no flips, the pairs that share a block (bands of MinHash LSH).
     """
+    radius = k if radius is None else radius
     if width != 64:
-        return _find_all_wide(fingerprints, k, blocks, prefix_blocks, width)
+        return _find_all_wide(fingerprints, k, blocks, prefix_blocks, width, radius)
     fps = fp_array(fingerprints)
     plan = Plan(k=k, blocks=blocks, shards=1, prefix_blocks=prefix_blocks)
-    parts = [join_table(plan, t, plan.permuter.keys(t, fps), None, k)
+    parts = [join_table(plan, t, plan.permuter.keys(t, fps), None, radius)
              for t in range(plan.ntables)]
     return _sorted_pairs(parts)
 
 
-def _find_all_wide(fingerprints, k, blocks, prefix_blocks, width):
+def _find_all_wide(fingerprints, k, blocks, prefix_blocks, width, radius):
     fps = words_array(fingerprints, width)
     if blocks is None:
         blocks, p = default_plan(k, max(len(fps), 1), width=width)
         prefix_blocks = p if prefix_blocks is None else prefix_blocks
     plan = Plan(k=k, blocks=blocks, shards=1, prefix_blocks=prefix_blocks, width=width)
-    parts = [join_table(plan, t, plan.permuter.keys(t, fps), None, k)
+    parts = [join_table(plan, t, plan.permuter.keys(t, fps), None, radius)
              for t in range(plan.ntables)]
     return _sorted_pairs(parts)
 

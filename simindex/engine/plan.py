@@ -256,7 +256,7 @@ class Plan:
         self.permuter = Permuter(self.widths, self.orders, self.prefix_bits, self.shard_bits,
                                  self.flips) if width == WIDTH else \
             WidePermuter(self.words, self.widths, self.orders, self.prefix_bits,
-                         self.shard_bits, self.flips)
+                         self.shard_bits, self.flips, k)
         starts = [sum(self.widths[:b]) for b in range(blocks)]
         # each table's prefix as a mask over the original (unpermuted) bits: its chosen
         # blocks, as far as a range scan reads them (the first 64 bits of the key)

@@ -290,13 +290,14 @@ class Store:
                 self.catch_up(lag=protocol.LAG_LIMIT)
         return found
 
-    def admit(self, fn: Callable[["Admission"], Any]) -> Any:
+    def admit(self, fn: Callable[["Admission"], Any], lag: int = protocol.GROUP_LIMIT) -> Any:
         """fn(admission) inside one records write transaction: what it reads through the
         Admission (the hits of queries, the records committed since a seq) holds every
         record any writer committed before, and what it puts commits with them or not at
         all, so of two admissions made at once by any processes, the later sees the
         earlier's records (as add_unique does). fn may run again from the start when the
-        map must grow: it must not change anything outside before it returns."""
+        map must grow: it must not change anything outside before it returns. The shards
+        are then brought within `lag` records of the last (catch_up)."""
         self.check_writable()
 
         def run(txn):
@@ -305,7 +306,7 @@ class Store:
         with self.write_lock:
             result, added = self.txns.write(self.records, run)
             if added:
-                self.catch_up(lag=protocol.GROUP_LIMIT)
+                self.catch_up(lag=lag)
         return result
 
     def remove(self, idkey: bytes) -> bool:

@@ -14,6 +14,7 @@ import numbers
 import re
 import unicodedata
 from collections.abc import Mapping
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence, Union
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from . import _fingerprint, _text
 from ..errors import InputError, InputTypeError, ParameterError
-from ..scheme_names import aliases_of
+from ..scheme_names import LSH_PREFIX, LSH_ROWS, aliases_of, lsh_name, lsh_rows
 
 WIDTHS = (64, 128, 256)
 DEFAULT_SCHEME = "simindex-v1"     # what a new index records unless told otherwise
@@ -54,13 +55,18 @@ _WORDS = ("NFKC normalization, then str.casefold(); tokens are runs of word char
 
 class _Schemes(Mapping[str, Scheme]):
     """The read-only mapping name -> Scheme of every scheme under its name; a lookup (`[]`,
-    `in`, `get`) also takes an alias, which iterating and `len` leave out."""
+    `in`, `get`) also takes an alias, and the name of each minhash-lsh-v1 scheme
+    ("minhash-lsh-v1-r1" to "-r32", one per rows per band), which iterating and `len` leave
+    out (the similarity threshold's calibration chooses among them)."""
 
     def __init__(self, *entries: Scheme) -> None:
         self._by_name = MappingProxyType({s.name: s for s in entries})
         self._aliases = MappingProxyType({a: s.name for s in entries for a in s.aliases})
 
     def __getitem__(self, name: str) -> Scheme:
+        rows = lsh_rows(name)
+        if rows is not None:
+            return lsh_scheme(rows)
         return self._by_name[self._aliases.get(name, name)]
 
     def __iter__(self) -> Iterator[str]:
@@ -134,6 +140,51 @@ schemes = _Schemes(
         widths=(128,), aliases=aliases_of("md5-128-notebook")),
 )
 
+LSH_BANDS = 8       # bands of a minhash-lsh-v1 code: 32 bits each at its width, 256
+
+
+@lru_cache(maxsize=None)
+def lsh_scheme(rows: int) -> Scheme:
+    """The minhash-lsh-v1 scheme of `rows` rows per band (1 to 32)."""
+    if rows not in LSH_ROWS:
+        raise ParameterError(f"a minhash-lsh-v1 scheme has 1 to {LSH_ROWS[-1]} rows per band, "
+                             f"not {rows!r}")
+    bins = 1 << (LSH_BANDS * rows - 1).bit_length()
+    return Scheme(
+        name=lsh_name(rows), version=1, tokenizer=_WORDS, shingle_width=3,
+        joiner="single space",
+        hash="xxh3-64 (seed 0) of the UTF-8 shingle, as an unsigned integer x",
+        weighting="none: the set of distinct shingles (a repeat changes nothing)",
+        bit_rule=f"MinHash LSH band keys: the bins of minhash-v1's rule, {bins} of them "
+                 f"(the least power of two that holds {LSH_BANDS} bands of {rows}; each "
+                 f"bin's smallest pair (attempt, value)), cut into {LSH_BANDS} bands of "
+                 f"{rows} bins, band t holding bins t*{rows} to t*{rows}+{rows - 1}; a band's key "
+                 f"is the high 32 bits of h, which starts at (t + 1) * 0x9E3779B97F4A7C15 "
+                 f"and takes each bin in order as h = mix(mix(h ^ value) + attempt) (mix: "
+                 f"splitmix64's output at state + that constant; an empty bin: value and "
+                 f"attempt 2**64 - 1); band 0 is the most significant 32 bits. Two texts "
+                 f"share a band's key with probability J**{rows} (J the Jaccard similarity "
+                 f"of their shingle sets), or by a 32-bit collision",
+        short_text="fewer than 3 tokens: one shingle of all of them; no token: InputError",
+        widths=(256,))
+
+
+class _WordSchemes:
+    """The names of the schemes the compiled text pass makes (`in` takes every name of the
+    minhash-lsh-v1 family)."""
+
+    _names = ("simindex-v1", "minhash-v1")
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names or lsh_rows(name) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __repr__(self) -> str:
+        return f"({', '.join(self._names)}, {LSH_PREFIX}1 .. {LSH_PREFIX}{LSH_ROWS[-1]})"
+
+
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f"
 _V1_TOKEN = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+")
 _PYPI_SIMHASH_TOKEN = re.compile("[\\w\u4e00-\u9fcc]+")
@@ -148,7 +199,7 @@ HASHES = MappingProxyType({
 DEFAULT_HASH = MappingProxyType({64: "xxh3", 128: "xxh3-128", 256: "xxh3-128x2"})
 _MD5, _MD5_FIRST8 = 1, 2                 # hash kinds of the compiled vote loops
 _V1_HASH = {64: 0, 128: 3, 256: 4}
-WORD_SCHEMES = ("simindex-v1", "minhash-v1")   # read by the compiled text pass (_text)
+WORD_SCHEMES = _WordSchemes()     # read by the compiled text pass (_text)
 
 
 def scheme_name(scheme: Union[str, "Scheme"]) -> str:
@@ -174,6 +225,9 @@ def pass_args(scheme: str, width: int) -> dict:
     the schemes in WORD_SCHEMES)."""
     if scheme == "minhash-v1":
         return {"mh_words": width // 64}
+    rows = lsh_rows(scheme)
+    if rows is not None:
+        return {"mh_words": width // 64, "mh_rows": rows}
     return {"vote_kind": _V1_HASH[width], "vote_words": width // 64}
 
 

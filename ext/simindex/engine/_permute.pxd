@@ -16,6 +16,10 @@ cdef struct Tables:
     int flips               # a query probes every prefix within this many bits of its own
     uint64_t *probe         # the XOR masks of those prefixes, table after table...
     uint32_t *probe_start   # ...table t's from probe_start[t] to probe_start[t + 1]
+    uint64_t *omask         # wide plans: ntables x owords, each table's prefix as a mask
+    int owords              # over the fingerprint's own words (NULL, 0 at 64 bits)
+    int guarantee           # the plan's k (-1: unknown): a search beyond it finds the
+                            # records sharing a probed prefix, the unapplied ones alike
 
 
 cdef inline uint64_t rotl64(uint64_t x, unsigned int r) noexcept nogil:
@@ -64,6 +68,7 @@ cdef class WidePermuter:
     cdef uint16_t *seg           # (source bit, destination bit, bits) per segment...
     cdef uint32_t *seg_start     # ...table t's from seg_start[t] to seg_start[t + 1]
     cdef uint64_t *pmask         # the effective prefix of each table over the first word
+    cdef uint64_t *omask         # the same, over the fingerprint's own words (Tables.omask)
     cdef uint64_t *probe
     cdef uint32_t *probe_start
     cdef void permute(self, int t, const uint64_t *fp, uint64_t *out) noexcept nogil

@@ -36,6 +36,9 @@ cdef class Permuter:
         self.c.pmask = NULL
         self.c.probe = NULL
         self.c.probe_start = NULL
+        self.c.omask = NULL
+        self.c.owords = 0
+        self.c.guarantee = -1
         if m < 1 or m > layout.WIDTH or sum(widths) != layout.WIDTH or T < 1 or \
                 not 0 <= shard_bits <= 8 or len(prefix_bits) != T or flips < 0:
             raise ValueError("invalid permutation plan")
@@ -296,13 +299,14 @@ cdef class WidePermuter:
     the key's first word: its prefix there is the first min(prefix bits, 64) bits."""
 
     def __cinit__(self, int words, list widths, list orders, list prefix_bits, int shard_bits,
-                  int flips=0):
+                  int flips=0, int k=-1):
         cdef int m = len(widths), T = len(orders), t, j, b, n, src, dst, cum, take
-        cdef list segs = [], masks = [], starts = []
+        cdef list segs = [], masks = [], starts = [], own = []
         cdef int width = 64 * words, start, eff
         self.seg = NULL
         self.seg_start = NULL
         self.pmask = NULL
+        self.omask = NULL
         self.probe = NULL
         self.probe_start = NULL
         if words not in (2, 4) or m < 1 or m > width or sum(widths) != width or T < 1 or \
@@ -340,6 +344,14 @@ cdef class WidePermuter:
             eff = min(prefix_bits[t], 64)
             self.pmask[t] = 0 if eff == 0 else \
                 (0xFFFFFFFFFFFFFFFF << (64 - eff)) & 0xFFFFFFFFFFFFFFFF
+            mask = 0                    # the prefix's bits where the fingerprint has them
+            for j in range(self.seg_start[t], len(segs) // 3):
+                src, dst, n = segs[3 * j], segs[3 * j + 1], segs[3 * j + 2]
+                if dst < eff:
+                    take = min(n, eff - dst)
+                    mask |= ((1 << <object>take) - 1) << <object>(width - src - take)
+            own += [(mask >> (64 * (words - 1 - j))) & 0xFFFFFFFFFFFFFFFF
+                    for j in range(words)]
             self.probe_start[t] = len(masks)
             for j in range(min(flips, eff) + 1):
                 for pos in combinations(range(64 - eff, 64), j):
@@ -348,8 +360,11 @@ cdef class WidePermuter:
         self.probe_start[T] = len(masks)
         self.seg = <uint16_t *>malloc(len(segs) * sizeof(uint16_t) + 2)
         self.probe = <uint64_t *>malloc(len(masks) * sizeof(uint64_t) + 8)
-        if not (self.seg and self.probe):
+        self.omask = <uint64_t *>malloc(len(own) * sizeof(uint64_t))
+        if not (self.seg and self.probe and self.omask):
             raise MemoryError()
+        for j in range(len(own)):
+            self.omask[j] = own[j]
         for j in range(len(segs)):
             self.seg[j] = segs[j]
         for j in range(len(masks)):
@@ -366,8 +381,12 @@ cdef class WidePermuter:
         self.c.rmask = NULL
         self.c.nrot = NULL
         self.c.shard_shift = NULL
+        self.c.omask = self.omask
+        self.c.owords = words
+        self.c.guarantee = k
 
     def __dealloc__(self):
+        free(self.omask)
         free(self.seg)
         free(self.seg_start)
         free(self.pmask)

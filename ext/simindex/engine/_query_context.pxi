@@ -186,6 +186,9 @@ cdef class ReadContext(Handle):
         call not yet counted). A pass over them; or, on a 64-bit index once the kept tail
         has served enough queries to pay for it, its own tables probed like runs."""
         cdef int rc
+        if words != 1 and tb.omask != NULL and 0 <= tb.guarantee < k and \
+                tb.owords == words:
+            return _tail_hits_held(tail, applied, q, k, tb, hits)
         if tail != &self.ctail or words != 1 or tail.n < _tail_tables_min or tail.n == 0:
             return _tail_hits(tail, applied, q, k, hits)
         if not (self.ttab.ok and self.ttab.tb == tb):

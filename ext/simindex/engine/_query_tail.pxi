@@ -99,6 +99,38 @@ cdef int _probe_tail_tables(TailTables *tt, const Tables *tb, uint64_t applied, 
     return 0
 
 
+cdef int _tail_hits_held(Tail *tail, uint64_t applied, const uint64_t *q, int k,
+                         const Tables *tb, HitBuf *hits) noexcept nogil:
+    """_tail_hits of a search beyond the plan's k (tb.guarantee): the records within k that
+    share some table's prefix with q within its flips, as the tables would hold them."""
+    cdef size_t j, w, rest = tail.words - 1
+    cdef int d, t, c, rc
+    cdef const uint64_t *om
+    cdef uint64_t x
+    for j in range(tail.n):
+        if tail.seq[j] <= applied:
+            continue
+        d = bits.popcount(tail.fp[j] ^ q[0])
+        for w in range(rest):
+            d += bits.popcount(tail.rest[j * rest + w] ^ q[w + 1])
+        if d > k:
+            continue
+        if d > tb.guarantee:
+            for t in range(tb.ntables):
+                om = tb.omask + <size_t>t * tail.words
+                c = bits.popcount((tail.fp[j] ^ q[0]) & om[0])
+                for w in range(rest):
+                    c += bits.popcount((tail.rest[j * rest + w] ^ q[w + 1]) & om[w + 1])
+                if c <= tb.flips:
+                    break
+            else:
+                continue
+        rc = _hit_push(hits, tail.seq[j], d)
+        if rc:
+            return rc
+    return 0
+
+
 cdef int _tail_hits(Tail *tail, uint64_t applied, const uint64_t *q, int k,
                     HitBuf *hits) noexcept nogil:
     """Check the tail records above `applied` (missing from some table) against q directly

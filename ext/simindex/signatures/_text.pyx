@@ -40,12 +40,14 @@ cdef extern from "shingles.h" nogil:
     uint32_t SI_MAP_SEQ
     uint32_t SI_MAP_COMPLEX
     int si_pass_init(si_pass *s, int width, int vote_kind, int vote_words, int mh_words,
-                     int want_all)
+                     int want_all, int mh_bins)
     void si_pass_free(si_pass *s)
     void si_feed(si_pass *s, const si_tables_t *t, int kind, const void *data, size_t n)
     void si_finish(si_pass *s)
     void si_vote_bits(const si_pass *s, uint64_t *out)
     void si_mh_bits(const si_pass *s, uint64_t *out)
+    void si_mh_bands(const si_pass *s, int rows, uint64_t *out)
+    int SI_BANDS
     void si_mh_add(si_pass *s, uint64_t x)
     size_t si_unique64(uint64_t *a, uint64_t *tmp, size_t n)
 
@@ -149,7 +151,10 @@ cdef int _install_tables() except -1:
 
 
 cdef int _check(int width, int vote_kind, int vote_words, int mh_words,
-                bint shingles) except -1:
+                bint shingles, int mh_rows=0) except -1:
+    if mh_rows and not (mh_words == 4 and 1 <= mh_rows <= 256 // SI_BANDS):
+        raise ValueError(f"MinHash band keys take 4 words and 1..{256 // SI_BANDS} rows, not "
+                         f"{mh_words} words and {mh_rows} rows")
     if not 1 <= width <= SI_MAX_SHINGLE:
         raise ValueError(f"shingle width must be 1..{SI_MAX_SHINGLE}, got {width}")
     if vote_kind >= 0 and mh_words > 0:
@@ -221,8 +226,19 @@ def normalize_around(text):
     return "".join(pieces), 2
 
 
+cdef int _bins(int mh_rows) noexcept:
+    """The bins of a band code of `mh_rows` rows per band: the least power of two that
+    holds SI_BANDS bands (0: a minhash-v1 code's, 64 per word)."""
+    cdef int bins = 1
+    if mh_rows == 0:
+        return 0
+    while bins < SI_BANDS * mh_rows:
+        bins *= 2
+    return bins
+
+
 cdef int _run(si_pass *s, text, int width, int vote_kind, int vote_words, int mh_words,
-             bint shingles) except -1:
+             bint shingles, int mh_rows=0) except -1:
     """Initialize a pass and read one text through it. A text with characters above ASCII
     whose NFKC form depends on their neighbours is read again, those stretches normalized
     (see normalize_around)."""
@@ -234,7 +250,7 @@ cdef int _run(si_pass *s, text, int width, int vote_kind, int vote_words, int mh
     if not text.isascii():
         _ensure_tables()
     while True:
-        if si_pass_init(s, width, vote_kind, vote_words, mh_words, shingles):
+        if si_pass_init(s, width, vote_kind, vote_words, mh_words, shingles, _bins(mh_rows)):
             raise MemoryError()
         s.normalized = mode
         kind = PyUnicode_KIND(text)
@@ -258,10 +274,13 @@ cdef int _words(int vote_kind, int vote_words, int mh_words):
     return vote_words if vote_kind >= 0 else mh_words
 
 
-cdef int _bits(si_pass *s, int vote_kind, int mh_words, uint64_t *out) except -1:
+cdef int _bits(si_pass *s, int vote_kind, int mh_words, uint64_t *out,
+               int mh_rows=0) except -1:
     """The pass's code into out (nothing without one)."""
     if vote_kind >= 0:
         si_vote_bits(s, out)
+    elif mh_rows:
+        si_mh_bands(s, mh_rows, out)
     elif mh_words:
         si_mh_bits(s, out)
     return 0
@@ -276,19 +295,20 @@ cdef object _all(si_pass *s):
 
 
 def signature(text, int width, int vote_kind=-1, int vote_words=1, int mh_words=0,
-              bint shingles=False):
+              bint shingles=False, int mh_rows=0):
     """One text's pass: (code as an int or None, shingle count, every shingle's xxh3-64 in
     order or None). The code is the simhash of `vote_kind` at `vote_words` words, or
-    (vote_kind -1) the MinHash code of `mh_words` words, or none (mh_words 0: the shingles
-    alone); a text without tokens has 0 shingles (and code 0)."""
+    (vote_kind -1) the MinHash code of `mh_words` words (with `mh_rows`, the band keys of
+    bands of that many bins instead), or none (mh_words 0: the shingles alone); a text
+    without tokens has 0 shingles (and code 0)."""
     cdef si_pass s
     cdef uint64_t r[4]
     cdef int words = _words(vote_kind, vote_words, mh_words)
-    _check(width, vote_kind, vote_words, mh_words, shingles)
+    _check(width, vote_kind, vote_words, mh_words, shingles, mh_rows)
     s.buf = s.xs = s.all = NULL
     try:
-        _run(&s, text, width, vote_kind, vote_words, mh_words, shingles)
-        _bits(&s, vote_kind, mh_words, r)
+        _run(&s, text, width, vote_kind, vote_words, mh_words, shingles, mh_rows)
+        _bits(&s, vote_kind, mh_words, r, mh_rows)
         return (bits.words_int(r, words) if words else None, s.windows,
                 _all(&s) if shingles else None)
     finally:
@@ -296,7 +316,7 @@ def signature(text, int width, int vote_kind=-1, int vote_words=1, int mh_words=
 
 
 def signatures(list texts, int width, int vote_kind=-1, int vote_words=1, int mh_words=0,
-               bint shingles=False):
+               bint shingles=False, int mh_rows=0):
     """The pass of `signature` over many texts: (codes as an (n, words) uint64 array, most
     significant word first; shingle counts as an int64 array; shingle hash arrays or
     None). The GIL is released while each text is read."""
@@ -304,7 +324,7 @@ def signatures(list texts, int width, int vote_kind=-1, int vote_words=1, int mh
     cdef int words = _words(vote_kind, vote_words, mh_words)
     cdef si_pass s
     cdef uint64_t r[4]
-    _check(width, vote_kind, vote_words, mh_words, shingles)
+    _check(width, vote_kind, vote_words, mh_words, shingles, mh_rows)
     codes = np.zeros((n, words), dtype=np.uint64)
     counts = np.zeros(n, dtype=np.int64)
     cdef uint64_t[:, ::1] c = codes
@@ -313,9 +333,9 @@ def signatures(list texts, int width, int vote_kind=-1, int vote_words=1, int mh
     for i in range(n):
         s.buf = s.xs = s.all = NULL
         try:
-            _run(&s, texts[i], width, vote_kind, vote_words, mh_words, shingles)
+            _run(&s, texts[i], width, vote_kind, vote_words, mh_words, shingles, mh_rows)
             if words:
-                _bits(&s, vote_kind, mh_words, &c[i, 0])
+                _bits(&s, vote_kind, mh_words, &c[i, 0], mh_rows)
             w[i] = s.windows
             if shingles:
                 alls.append(_all(&s))
@@ -379,19 +399,19 @@ def intersection_size(const uint64_t[::1] a not None, const uint64_t[::1] b not 
     return n
 
 
-def minhash_codes(list sets, int words):
+def minhash_codes(list sets, int words, int rows=0):
     """The minhash-v1 code of each shingle set (arrays of xxh3-64 shingle hashes, in any
-    order, repeats allowed) as an (n, words) uint64 array: what `signatures` makes of the
-    texts those sets came from."""
+    order, repeats allowed) as an (n, words) uint64 array, or with `rows` the band keys of
+    minhash-lsh-v1: what `signatures` makes of the texts those sets came from."""
     cdef Py_ssize_t i, j, n = len(sets)
     cdef si_pass s
     cdef const uint64_t[::1] h
-    _check(1, -1, 1, words, False)
+    _check(1, -1, 1, words, False, rows)
     codes = np.zeros((n, words), dtype=np.uint64)
     cdef uint64_t[:, ::1] c = codes
     for i in range(n):
         h = sets[i]
-        if si_pass_init(&s, 1, -1, 1, words, 0):
+        if si_pass_init(&s, 1, -1, 1, words, 0, _bins(rows)):
             raise MemoryError()
         try:
             s.windows = h.shape[0]
@@ -401,7 +421,10 @@ def minhash_codes(list sets, int words):
                 si_finish(&s)
             if s.oom:
                 raise MemoryError()
-            si_mh_bits(&s, &c[i, 0])
+            if rows:
+                si_mh_bands(&s, rows, &c[i, 0])
+            else:
+                si_mh_bits(&s, &c[i, 0])
         finally:
             si_pass_free(&s)
     return codes

@@ -62,6 +62,7 @@ typedef struct {
     int vote_kind;               /* -1: no simhash; 0: xxh3-64; 3: xxh3-128; 4: 2 x xxh3-128 */
     int vote_words;              /* words of the simhash, 1, 2 or 4 */
     int mh_words;                /* words of the MinHash code, 0 (none), 1, 2 or 4 */
+    int mh_bins;                 /* its bins: 64 per word, or fewer for band keys */
     int want_all;
     int normalized;              /* 0: read through `nf`, stopping at a character that needs
                                     its neighbours; 1: the text is NFKC already, `fold`
@@ -133,7 +134,7 @@ static const unsigned char si_ascii[128] = {
 };
 
 static int si_pass_init(si_pass *s, int width, int vote_kind, int vote_words, int mh_words,
-                        int want_all) {
+                        int want_all, int mh_bins) {
     memset(s, 0, sizeof(*s));
     s->width = width;
     s->vote_kind = vote_kind;
@@ -144,7 +145,8 @@ static int si_pass_init(si_pass *s, int width, int vote_kind, int vote_words, in
     s->buf = (char *)malloc(s->cap);
     if (!s->buf) return -1;
     if (mh_words) {
-        int bins = 64 * mh_words, lg = 0;
+        int bins = mh_bins > 0 ? mh_bins : 64 * mh_words, lg = 0;
+        s->mh_bins = bins;
         while ((1 << lg) < bins) lg++;
         s->mh_shift = 64 - lg;
         for (int b = 0; b < bins; b++) s->mh_attempt[b] = -1;
@@ -207,7 +209,7 @@ static inline void si_mh_offer(si_pass *s, uint64_t g, int32_t attempt) {
  * the later attempts that fill empty bins need the shingle only while a bin is empty. */
 static inline void si_mh_add(si_pass *s, uint64_t x) {
     si_mh_offer(s, si_mh_mix(x), 0);
-    if (s->mh_filled < 64 * s->mh_words && si_push64(&s->xs, &s->nxs, &s->capxs, x))
+    if (s->mh_filled < s->mh_bins && si_push64(&s->xs, &s->nxs, &s->capxs, x))
         s->oom = 1;
 }
 
@@ -429,8 +431,8 @@ static void si_finish(si_pass *s) {
         si_emit(s, s->buf + a, s->end[(s->ntok - 1) % SI_MAX_SHINGLE] - a);
     }
     if (s->vote_kind >= 0) si_vote_flush(s);
-    if (s->mh_words && s->windows && s->mh_filled < 64 * s->mh_words) {
-        int bins = 64 * s->mh_words;
+    if (s->mh_words && s->windows && s->mh_filled < s->mh_bins) {
+        int bins = s->mh_bins;
         /* the attempts read every distinct shingle once (a text of few distinct shingles
          * repeated would otherwise have every repeat read in every attempt) */
         uint64_t *tmp = (uint64_t *)malloc((s->nxs ? s->nxs : 1) * sizeof(uint64_t));
@@ -471,6 +473,30 @@ static void si_mh_bits(const si_pass *s, uint64_t *out) {
     for (int b = 0; b < 64 * words; b++)
         if (s->mh_attempt[b] >= 0 && (s->mh_val[b] & 1))
             out[words - 1 - b / 64] |= 1ULL << (b % 64);
+}
+
+/* MinHash LSH band keys (minhash-lsh-v1): the bins of a MinHash code (as minhash-v1's, but
+ * as many as the least power of two >= SI_BANDS * rows) cut into SI_BANDS bands of `rows`
+ * bins each (bins t * rows .. t * rows + rows - 1 for band t); a band's key is the
+ * high 32 bits of h, where h starts at (t + 1) * golden and takes each of its bins in order
+ * as h = mix(mix(h ^ value) + attempt), value and attempt those of the bin's smallest pair
+ * (an empty bin: value 2**64 - 1, attempt -1 as an unsigned 64-bit integer), mix being
+ * si_mh_mix. Two texts share a band's key when they share its bins' minima, each with
+ * probability J, so a band with probability J ** rows (and a 32-bit collision besides).
+ * Band 0 is the most significant 32 bits of out[0]. */
+#define SI_BANDS 8
+static void si_mh_bands(const si_pass *s, int rows, uint64_t *out) {
+    for (int q = 0; q < SI_BANDS / 2; q++) out[q] = 0;
+    for (int t = 0; t < SI_BANDS; t++) {
+        uint64_t h = (uint64_t)(t + 1) * SI_GOLDEN;
+        for (int j = 0; j < rows; j++) {
+            int b = t * rows + j;
+            int32_t a = s->mh_attempt[b];
+            uint64_t v = a >= 0 ? s->mh_val[b] : ~0ULL;
+            h = si_mh_mix(si_mh_mix(h ^ v) + (uint64_t)(int64_t)a);
+        }
+        out[t / 2] |= (h >> 32) << (t % 2 ? 0 : 32);
+    }
 }
 
 #endif

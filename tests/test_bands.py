@@ -1,0 +1,339 @@
+"""The band search of minhash-lsh-v1: band keys by the scheme's documented rule, an index
+that finds exactly the records sharing a band (applied to the shards or not), the
+calibration that weighs it, and dedup and the text calls judging as a brute-force oracle
+over bands and exact similarities judges."""
+
+import json
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import simindex
+from simindex import radius as cal
+from simindex.bands import BAND_RADIUS, band_recall, rows_for, shares_band
+from simindex.datasets import run as dedup_module
+from simindex.engine.codec import encode_id, pack_meta
+from simindex.signatures.similarity import jaccard, shingle_set, sketch, sketch_jaccard
+from test_minhash_scheme import GOLDEN, M64, ref_shingles, splitmix
+from textpairs import tokens
+from trials import ENV
+
+BANDS = 8
+
+
+def ref_bins(xs, bins):
+    """minhash-v1's rule with `bins` bins over a shingle set: each bin's smallest (attempt,
+    value)."""
+    shift = 64 - (bins.bit_length() - 1)
+    best: dict = {}
+    r = 0
+    while xs and len(best) < bins and r < 64 * bins:
+        for x in xs:
+            g = splitmix((x + r * GOLDEN) & M64)
+            b, v = g >> shift, g & ((1 << shift) - 1)
+            if b not in best or (r, v) < best[b]:
+                best[b] = (r, v)
+        r += 1
+    return best
+
+
+def ref_bands(text, rows):
+    """The documented rule of minhash-lsh-v1-r<rows>, in Python."""
+    bins = 1 << (BANDS * rows - 1).bit_length()      # the least power of two >= 8 rows
+    best = ref_bins(sorted(ref_shingles(text)), bins)
+    out = 0
+    for t in range(BANDS):
+        h = (t + 1) * GOLDEN & M64
+        for j in range(rows):
+            attempt, value = best.get(t * rows + j, (-1, M64))
+            h = splitmix((splitmix(h ^ value) + (attempt & M64)) & M64)
+        out |= (h >> 32) << (32 * (BANDS - 1 - t))
+    return out
+
+
+GOLDEN_VECTORS = {   # frozen: a change here is a new scheme
+    ("The quick brown fox jumps over the lazy dog.", 1):
+        0xacabaa811014dbe369660c0a967348cc778fb2a9124de3b5d1ffc59e37f8fa96,
+    ("The quick brown fox jumps over the lazy dog.", 3):
+        0x4c7163934970d47a468723a4dfbc770d6e80ba041328313898f6ae056443ae9a,
+}
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "simindex", *map(str, args)],
+                          capture_output=True, text=True, env=ENV, timeout=300)
+
+
+def scheme(rows):
+    return f"minhash-lsh-v1-r{rows}"
+
+
+# ---------------------------------------------------------------- the scheme
+def test_band_keys_follow_the_documented_rule():
+    texts = ["The quick brown fox jumps over the lazy dog.",
+             "the QUICK brown fox   jumps over the lazy dog", "Straße STRASSE strasse",
+             "你好世界，这是一个测试。", "a b", "x",
+             " ".join(tokens(random.Random(1), 400))]
+    for (text, rows), fp in GOLDEN_VECTORS.items():
+        assert simindex.fingerprint(text, scheme=scheme(rows)) == fp
+    for text in texts:
+        for rows in (1, 2, 5, 32):
+            assert simindex.fingerprint(text, scheme=scheme(rows), width=256) == \
+                ref_bands(text, rows), (text, rows)
+
+
+def test_the_family_has_a_name_per_rows_and_no_other():
+    assert simindex.schemes[scheme(7)].widths == (256,)
+    assert scheme(7) not in list(simindex.schemes)       # chosen by the calibration
+    for bad in ("minhash-lsh-v1-r0", "minhash-lsh-v1-r33", "minhash-lsh-v1-r01",
+                "minhash-lsh-v1-r\u00b2", "minhash-lsh-v1-r", "minhash-lsh-v1"):
+        with pytest.raises(simindex.ParameterError, match="unknown fingerprint scheme"):
+            simindex.fingerprint("a b c", scheme=bad)
+    with pytest.raises(simindex.ParameterError, match="256-bit"):
+        simindex.fingerprint("a b c", scheme=scheme(2), width=128)
+
+
+def test_a_band_is_shared_at_the_rate_of_the_s_curve():
+    """Pairs at Jaccard J share each band with probability J**rows, so at least one of 8
+    with 1 - (1 - J**rows)**8: over 300 pairs the rate lies within 4 standard errors."""
+    rng = random.Random(5)
+    from textpairs import pair_at
+    for rows, j in ((1, 0.3), (2, 0.5), (4, 0.8)):
+        hits = n = 0
+        for _ in range(300):
+            a, b, exact = pair_at(rng, j, n=120)
+            fa = simindex.fingerprint(a, scheme=scheme(rows))
+            fb = simindex.fingerprint(b, scheme=scheme(rows))
+            hits += shares_band(fa, fb)
+            n += 1
+        p = band_recall(rows, j)
+        assert abs(hits / n - p) <= 4 * (p * (1 - p) / n) ** 0.5 + 0.01, (rows, j, hits)
+
+
+# ---------------------------------------------------------------- the index
+def planted_codes(rng, n):
+    """n random 256-bit codes, each after the first sharing 0 to 8 bands (first and last
+    included) with an earlier one."""
+    codes = [rng.getrandbits(256) for _ in range(n)]
+    for i in range(1, n):
+        j = rng.randrange(i)
+        for t in rng.sample(range(BANDS), rng.choice([0, 0, 1, 1, 2, 8])):
+            m = ((1 << 32) - 1) << (32 * t)
+            codes[i] = (codes[i] & ~m) | (codes[j] & m)
+    return codes
+
+
+def oracle(codes, q):
+    return sorted(i for i, c in enumerate(codes) if shares_band(c, q))
+
+
+def test_a_band_index_finds_exactly_the_records_sharing_a_band(tmp_path):
+    """Records the shards have not taken yet (added through an admission, which leaves
+    them to a later group) are found as the tables would find them, then the same once
+    applied, and the same after a reopen."""
+    rng = random.Random(7)
+    codes = planted_codes(rng, 600)
+    queries = codes[::7] + planted_codes(rng, 40)
+    with simindex.Index(str(tmp_path / "idx"), scheme=scheme(3)) as idx:
+        assert (idx.width, idx.k, idx.blocks, idx.prefix_blocks, idx.bands) == (256, 7, 8, 1, 3)
+        idx._admit(lambda adm: adm.put([encode_id(i) for i in range(len(codes))],
+                                       idx.queries(codes),
+                                       [pack_meta(None, i) for i in range(len(codes))]))
+        assert idx.stats()["unapplied"] > 0
+        for answer in (lambda q: [m.id for m in idx.query(q, k=BAND_RADIUS)],
+                       lambda q: [m.id for m in idx.query_many([q], k=BAND_RADIUS)[0]]):
+            for q in queries:
+                assert sorted(answer(q)) == oracle(codes, q)
+        idx.flush()
+        assert idx.stats()["unapplied"] == 0
+        for q in queries:
+            assert sorted(m.id for m in idx.query(q, k=BAND_RADIUS)) == oracle(codes, q)
+    with simindex.Index(str(tmp_path / "idx"), readonly=True) as idx:
+        assert idx.bands == 3 and idx.scheme == scheme(3)
+        got = idx.query_many(queries, k=BAND_RADIUS)
+        assert [sorted(m.id for m in ms) for ms in got] == [oracle(codes, q) for q in queries]
+        with pytest.raises(simindex.ParameterError, match="index's k"):
+            idx.query(queries[0], k=100)              # a radius between: not a search
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32), st.integers(2, 120))
+def test_the_join_pairs_the_codes_that_share_a_band(seed, n):
+    codes = planted_codes(random.Random(seed), n)
+    got = simindex.find_all(codes, k=7, blocks=8, prefix_blocks=1, width=256,
+                            radius=BAND_RADIUS)
+    want = [(i, j) for j in range(n) for i in range(j) if shares_band(codes[i], codes[j])]
+    assert got == sorted(want)
+
+
+def test_a_band_index_has_one_plan(tmp_path):
+    for bad in ({"k": 3}, {"width": 128}, {"blocks": 4}, {"prefix_blocks": 2}):
+        with pytest.raises(simindex.ParameterError, match="a table per band"):
+            simindex.Index(str(tmp_path / "x"), scheme=scheme(2), **bad)
+    with simindex.Index(str(tmp_path / "y"), scheme=scheme(2), k=7, width=256) as idx:
+        assert idx.bands == 2
+
+
+# ---------------------------------------------------------------- the calibration
+def family_texts(rng, families, size=60):
+    """Texts in families: a base text of `size` random words, then variants with a share
+    of their words replaced (Jaccard from about 0.2 to 1), exact copies and strangers."""
+    out = []
+    for _ in range(families):
+        base = tokens(rng, size)
+        out.append(" ".join(base))
+        for _ in range(rng.randrange(1, 5)):
+            words = list(base)
+            for i in rng.sample(range(size), rng.choice([0, 1, 2, 4, 8, 15])):
+                words[i] = tokens(rng, 1)[0]
+            out.append(" ".join(words))
+        out.append(" ".join(tokens(rng, size)))
+    rng.shuffle(out)
+    return out
+
+
+def test_the_calibration_weighs_the_band_search():
+    texts = family_texts(random.Random(3), 60)
+    for t in (0.5, 0.7, 0.9):
+        c = cal.calibrate(texts, t, expected_rows=10**6)
+        band = [x for x in c.table if x.scheme != "minhash-v1"]
+        rows = rows_for(t, 0.99)
+        assert [(x.scheme, x.width, x.k) for x in band] == [(scheme(rows), 256, 7)]
+        assert band[0].model_recall == band_recall(rows, t) >= 0.99
+        assert band[0].query_us < min(x.query_us for x in c.table if x.scheme == "minhash-v1")
+        assert c.chosen == min(c.table, key=lambda x: (x.seconds, x.width))
+    c = cal.calibrate(texts, 0.7, expected_rows=10**6)
+    assert c.scheme == scheme(rows_for(0.7, 0.99)) and "8 bands of 2 rows" in c.describe()
+    assert cal.calibrate(texts, 0.7, expected_rows=10**6, bands=False).scheme == "minhash-v1"
+    assert all(x.scheme == "minhash-v1" for x in
+               cal.calibrate(texts, 0.7, widths=[128]).table)
+    # a named band scheme: its own rows, whatever the recall asked
+    named = cal.calibrate(texts, 0.7, scheme=scheme(5), recall=0.9)
+    assert [x.scheme for x in named.table] == [scheme(5)]
+    assert named.expected_recall == band_recall(5, 0.7)
+    with pytest.raises(simindex.ParameterError, match="containment"):
+        cal.calibrate(texts, 0.7, scheme=scheme(5), measure="containment")
+    # no sample: the model alone, unrelated texts meeting only by 32-bit collisions
+    model = cal.calibrate([], 0.8, expected_rows=10**8)
+    assert model.scheme == scheme(rows_for(0.8, 0.99))
+    # a budget below the band search's estimate: more rows per band, less recall
+    free = cal.calibrate(texts, 0.5, expected_rows=10**6)
+    [b] = [x for x in free.table if x.scheme != "minhash-v1"]
+    capped = cal.calibrate(texts, 0.5, expected_rows=10**6, time_budget=b.seconds * 0.5)
+    [cb] = [x for x in capped.table if x.scheme != "minhash-v1"]
+    assert cb.capped and cb.scheme != b.scheme and cb.model_recall < b.model_recall
+
+
+# ---------------------------------------------------------------- dedup
+def write_rows(path, texts, start=0):
+    with open(path, "w") as f:
+        for i, text in enumerate(texts, start):
+            f.write(json.dumps({"id": i, "text": text}) + "\n")
+
+
+def greedy_oracle(texts, rows, t):
+    """The ids greedy dedup keeps when a candidate is a kept row sharing a band and the
+    check is the exact Jaccard similarity of the two rows' shingles."""
+    fps = [simindex.fingerprint(x, scheme=scheme(rows)) for x in texts]
+    sets = [shingle_set(x, "minhash-v1") for x in texts]
+    kept = []
+    for i in range(len(texts)):
+        if not any(shares_band(fps[i], fps[j]) and jaccard(sets[i], sets[j]) >= t
+                   for j in kept):
+            kept.append(i)
+    return kept
+
+
+@pytest.mark.parametrize("t", [0.5, 0.7, 0.9])
+def test_dedup_by_bands_keeps_what_the_oracle_keeps(tmp_path, monkeypatch, t):
+    """Small batches, so that rows meet their near-copies in the same batch, in earlier
+    batches (applied or not), and in an earlier run's kept index."""
+    monkeypatch.setattr(dedup_module, "BATCH", 37)
+    texts = family_texts(random.Random(int(t * 10)), 70)
+    rows = rows_for(t, 0.99)
+    want = greedy_oracle(texts, rows, t)
+    assert 0 < len(want) < len(texts)
+    write_rows(tmp_path / "all.jsonl", texts)
+    got = [d.id for d in simindex.decisions(str(tmp_path / "all.jsonl"), id_field="id",
+                                            min_similarity=t, scheme=scheme(rows))
+           if d.kept]
+    assert got == want
+    # the same in two runs that keep an index between them
+    half = len(texts) // 2
+    write_rows(tmp_path / "a.jsonl", texts[:half])
+    write_rows(tmp_path / "b.jsonl", texts[half:], half)
+    idx = str(tmp_path / "idx")
+    first = [d.id for d in simindex.decisions(str(tmp_path / "a.jsonl"), id_field="id",
+                                              min_similarity=t, scheme=scheme(rows),
+                                              index=idx) if d.kept]
+    second = [d.id for d in simindex.decisions(str(tmp_path / "b.jsonl"), id_field="id",
+                                               index=idx) if d.kept]
+    assert first + second == want
+    with simindex.Index(idx, readonly=True) as i:
+        assert i.bands == rows and len(i) == len(want)
+
+
+def test_dedup_by_bands_says_so_and_refuses_what_it_cannot_judge(tmp_path):
+    texts = family_texts(random.Random(9), 150)
+    write_rows(tmp_path / "in.jsonl", texts)
+    rows = rows_for(0.7, 0.99)
+    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o.jsonl", "--id-field", "id",
+            "--min-similarity", "0.7", "--removed", tmp_path / "rm.jsonl",
+            "--index", tmp_path / "idx", "--scheme", scheme(rows))
+    assert r.returncode == 0, r.stderr
+    assert f"{scheme(rows)} 256 bits, 8 bands of {rows} rows" in r.stderr
+    kept = [json.loads(x)["id"] for x in open(tmp_path / "o.jsonl")]
+    assert kept == greedy_oracle(texts, rows, 0.7)
+    removed = [json.loads(x) for x in open(tmp_path / "rm.jsonl")]
+    assert removed and all(x["scheme"] == scheme(rows) and x["k"] is None and
+                           x["bands"] == 8 and x["rows_per_band"] == rows and
+                           x["similarity"] >= 0.7 for x in removed)
+    # a band index judges by similarity only, and compares band keys of its own scheme
+    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o2.jsonl", "--index",
+            tmp_path / "idx", "--min-similarity", "0.5")
+    assert r.returncode == 1 and "calibrated for jaccard >= 0.7" in r.stderr
+    with simindex.Index(str(tmp_path / "plain"), scheme=scheme(rows)):
+        pass
+    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o3.jsonl", "--index",
+            tmp_path / "plain")
+    assert r.returncode == 1 and "give --min-similarity" in r.stderr
+    with simindex.Index(str(tmp_path / "other"), scheme=scheme(rows + 1)):
+        pass
+    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o4.jsonl", "--against",
+            tmp_path / "other", "--min-similarity", "0.7")
+    assert r.returncode == 1 and "band keys of one scheme only" in r.stderr, r.stderr
+    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o5", "--index",
+            tmp_path / "idx", "--ray")
+    assert r.returncode == 1 and "without --ray" in r.stderr, r.stderr
+    for name in ("o2.jsonl", "o3.jsonl", "o4.jsonl", "o5"):
+        assert not (tmp_path / name).exists()
+
+
+# ---------------------------------------------------------------- the text calls
+def test_text_calls_on_a_band_index_judge_the_records_sharing_a_band(tmp_path):
+    """query_text is the records that share a band and whose stored sketch passes;
+    add_unique_text admits a text only when none does."""
+    rng = random.Random(12)
+    texts = family_texts(rng, 40)
+    rows = rows_for(0.7, 0.99)
+    fps = [simindex.fingerprint(x, scheme=scheme(rows)) for x in texts]
+    sks = [sketch(shingle_set(x, "minhash-v1")) for x in texts]
+    with simindex.Index(str(tmp_path / "idx"), scheme=scheme(rows)) as idx:
+        admitted = []
+        for i, text in enumerate(texts):
+            blocked = idx.add_unique_text(i, text, min_similarity=0.7)
+            want = [j for j in admitted if shares_band(fps[i], fps[j]) and
+                    sketch_jaccard(sks[i], sks[j]) >= 0.7]
+            assert sorted(m.id for m in blocked) == want
+            if not want:
+                admitted.append(i)
+        for i, text in enumerate(texts):
+            got = sorted(m.id for m in idx.query_text(text, min_similarity=0.8))
+            assert got == [j for j in admitted if shares_band(fps[i], fps[j]) and
+                           sketch_jaccard(sks[i], sks[j]) >= 0.8]
+        with pytest.raises(simindex.ParameterError, match="fewer rows per band"):
+            idx.query_text(texts[0], min_similarity=0.3)
