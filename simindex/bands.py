@@ -14,7 +14,7 @@ and at least one of 8 with 1 - (1 - J**r)**8 (the S-curve), for every corpus.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from .engine.results import Match
 from .errors import ParameterError
@@ -60,6 +60,13 @@ def rows_for(t: float, recall: float) -> Optional[int]:
 def is_band_scheme(scheme: Optional[str]) -> bool:
     """Whether `scheme` names a minhash-lsh-v1 scheme."""
     return lsh_rows(scheme) is not None
+
+
+def is_band_index(scheme: Optional[str], plan: Any) -> bool:
+    """Whether an index of this scheme and plan searches by bands: a minhash-lsh-v1 scheme
+    under the plan of a table per band."""
+    return is_band_scheme(scheme) and (plan.width, plan.k, plan.blocks, plan.prefix_blocks,
+                                       plan.flips) == (BAND_WIDTH, BAND_K, LSH_BANDS, 1, 0)
 
 
 _KEY_MASK = (1 << KEY_BITS) - 1

@@ -17,7 +17,7 @@ from .signatures.fingerprints import DEFAULT_SCHEME, scheme_name, scheme_width
 from .signatures.fingerprints import fingerprint as _fingerprint
 from .engine.pairs import group_pairs, stored_pairs
 from .engine.plan import DEFAULT_K, Plan, default_plan, default_shards
-from .bands import BAND_RADIUS, band_hits, band_plan
+from .bands import BAND_RADIUS, band_hits, band_plan, is_band_index
 from .radius import Calibration
 from .scheme_names import lsh_rows
 from .engine.records import last_seq, stale
@@ -81,8 +81,8 @@ class Index:
                 expected = calibration.expected_rows    # the rows it was made for
         if isinstance(calibration, Calibration):
             calibration = calibration.stored()
-        if new and lsh_rows(scheme) is not None:
-            width, k, blocks, prefix_blocks = band_plan(scheme, width, k, blocks,
+        if new and scheme is not None and lsh_rows(scheme_name(scheme)) is not None:
+            width, k, blocks, prefix_blocks = band_plan(scheme_name(scheme), width, k, blocks,
                                                         prefix_blocks)
         self._readonly = readonly
         self.path: str = os.path.abspath(os.fsdecode(os.fspath(path))) \
@@ -247,7 +247,7 @@ class Index:
             return plan.k
         if isinstance(k, bool) or not isinstance(k, int):
             raise ParameterError(f"k must be an int, got {type(k).__name__} {k!r}")
-        if k == BAND_RADIUS and lsh_rows(self.scheme) is not None:
+        if k == BAND_RADIUS and is_band_index(self.scheme, plan):
             return k                  # a band index's search: every record sharing a band
         if not 0 <= k <= plan.k:
             raise ParameterError(

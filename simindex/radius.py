@@ -320,9 +320,9 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
     `time_budget`: the seconds the whole run may take; a width whose k would take longer
     gets the largest k that fits (the Choice is then `capped`, its recall below the
     target), and when every width is capped the one of highest expected recall is chosen.
-    For minhash-v1 and Jaccard, `bands` also weighs the band search of minhash-lsh-v1 (see
-    simindex/bands.py: its rows per band are the most whose S-curve reaches the recall at
-    the threshold), whose cost per row does not grow with the rows."""
+    With no scheme named and Jaccard, `bands` also weighs the band search of
+    minhash-lsh-v1 (see simindex/bands.py: its rows per band are the most whose S-curve
+    reaches the recall at the threshold), whose cost per row does not grow with the rows."""
     t = _check_threshold(min_similarity)
     recall = _check_recall(recall)
     if time_budget is not None and (isinstance(time_budget, bool) or not isinstance(
@@ -335,6 +335,7 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
                              f"{expected_rows!r}")
     if widths is not None and not list(widths):
         raise ParameterError("widths must name at least one width")
+    bands = bands and scheme is None          # a scheme named is the one searched with
     scheme = scheme_name(DEFAULT_SCHEME if scheme is None else scheme)
     if measure not in MEASURES:
         raise ParameterError(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}")
@@ -378,11 +379,13 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
         else:
             k = _sample_k(true_d, recall) if len(true_d) else 0
 
+        related_d = _related_distances(sets, dist, k)
+
         def choice(k: int, capped: bool = False) -> Choice:
             found = int(np.searchsorted(true_d, k, side="right"))
-            within = float(np.searchsorted(within_d, k, side="right"))
-            share = within / max(len(within_d), 1)
-            candidates = share * (rows - 1) / 2          # against the rows kept before it
+            within = int(np.searchsorted(within_d, k, side="right"))
+            related = int(np.searchsorted(related_d, k, side="right"))
+            candidates = _per_row(related, within - related, n, rows)
             m, p = default_plan(k, expected=max(rows // 2, 1), width=w)
             query_ns = query_cost(k, m, max(rows // 2, 1), None, p, w)
             seconds = rows * (pass_s + query_ns * 1e-9 + candidates * check_s)
@@ -445,10 +448,15 @@ def _band_calibration(texts: list, r: int, t: float, recall: float, measure: str
     return _chosen([choice], scheme, t, measure, recall, n, rows, budget)
 
 
+GROUP_PAIRS = 64    # rows of one band key whose pairs are listed one by one
+
+
 def band_pairs(codes: np.ndarray) -> tuple:
-    """(i, j) arrays of every pair i < j of minhash-lsh-v1 codes ((n, 4) uint64) that share
-    a band's key, each pair once."""
+    """(i, j, more) of minhash-lsh-v1 codes ((n, 4) uint64): the arrays of the pairs i < j
+    that share a band's key, each pair once, and `more`, the pairs of keys shared by more
+    than GROUP_PAIRS rows, counted (once per band) but not listed."""
     found: set = set()
+    more = 0
     for b in range(LSH_BANDS):
         word = codes[:, b // 2]
         keys = (word >> np.uint64(32)) if b % 2 == 0 else (word & np.uint64(0xFFFFFFFF))
@@ -457,28 +465,44 @@ def band_pairs(codes: np.ndarray) -> tuple:
         starts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
         ends = np.r_[starts[1:], len(ks)]
         for a, e in zip(starts[ends - starts > 1].tolist(), ends[ends - starts > 1].tolist()):
+            if e - a > GROUP_PAIRS:
+                more += (e - a) * (e - a - 1) // 2
+                continue
             group = sorted(order[a:e].tolist())
             found.update((x, y) for n_, x in enumerate(group) for y in group[n_ + 1:])
     pairs = sorted(found)
     return (np.array([p[0] for p in pairs], dtype=np.int64),
-            np.array([p[1] for p in pairs], dtype=np.int64))
+            np.array([p[1] for p in pairs], dtype=np.int64), more)
 
 
 RELATED = 0.2       # a sample pair this similar is a near-copy's, not a chance meeting
 
 
-def candidates_per_row(sets: list, i: np.ndarray, j: np.ndarray, rows: int) -> float:
+def _per_row(related: int, chance: int, n: int, rows: int) -> float:
     """The candidates a row meets among the rows before it in an input of `rows` rows, from
-    the sample pairs (i, j) a search proposes: a pair of related texts (Jaccard >= RELATED)
-    comes with the row's near-copies, whose number per row does not grow with the input;
-    the other pairs are chance meetings, a share of every pair, which does."""
-    n = len(sets)
-    if n < 2 or not len(i):
+    the sample's (n rows) pairs a search proposes: pairs of related texts (Jaccard >=
+    RELATED) come with a row's near-copies, whose number per row does not grow with the
+    input; the others are chance meetings, a share of every pair, which does."""
+    if n < 2:
         return 0.0
+    return related / n + chance / (n * (n - 1) / 2) * (rows - 1) / 2
+
+
+def _related_distances(sets: list, dist: np.ndarray, k: int) -> np.ndarray:
+    """The sorted distances of the sample's related pairs (Jaccard >= RELATED) within k."""
+    i, j = np.nonzero(np.triu(dist <= k, 1))
+    return np.sort(np.array([dist[x, y] for x, y in zip(i.tolist(), j.tolist())
+                             if _jaccard(sets[x], sets[y]) >= RELATED], dtype=np.int64))
+
+
+def candidates_per_row(sets: list, i: np.ndarray, j: np.ndarray, rows: int,
+                       more: int = 0) -> float:
+    """_per_row of the sample pairs (i, j) a search proposes, and `more` pairs of one band
+    key shared by many rows, counted as related (copies: a band key is R MinHash values
+    the rows share), as the search by distance counts such rows' pairs."""
     related = sum(1 for x, y in zip(i.tolist(), j.tolist())
                   if _jaccard(sets[x], sets[y]) >= RELATED)
-    chance = (len(i) - related) / (n * (n - 1) / 2)
-    return related / n + chance * (rows - 1) / 2
+    return _per_row(related + more, len(i) - related, len(sets), rows)
 
 
 def _jaccard(a: np.ndarray, b: np.ndarray) -> float:
@@ -500,8 +524,8 @@ def _band_choice(sets: list, r: int, t: float, pi: np.ndarray, pj: np.ndarray, r
     and the 32-bit collisions of the rows' keys, its search a lookup per band."""
     codes = _text.minhash_codes(sets, BAND_WIDTH // 64, r)
     found = int(shares_band(codes, pi, pj).sum()) if len(pi) else 0
-    bi, bj = band_pairs(codes)
-    candidates = candidates_per_row(sets, bi, bj, rows) + \
+    bi, bj, more = band_pairs(codes)
+    candidates = candidates_per_row(sets, bi, bj, rows, more) + \
         (rows - 1) / 2 * LSH_BANDS / 2.0 ** KEY_BITS
     query_ns = LSH_BANDS * SEEK_NS
     seconds = rows * (pass_s + query_ns * 1e-9 + candidates * check_s)

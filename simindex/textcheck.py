@@ -95,9 +95,9 @@ def text_check(scheme: Optional[str], width: int, index_k: int,
                              f"{min_similarity!r}")
     else:
         t = float(min_similarity)
-    if k is not None:
-        return TextCheck(k, t, measure)
     rows = lsh_rows(scheme)
+    if k is not None:             # beyond the index's k, a band index's search
+        return TextCheck(k, t, measure, rows is not None and k > index_k)
     if rows is not None:
         recall = calibration["recall"] if calibration is not None else DEFAULT_RECALL
         if measure == "jaccard" and band_recall(rows, t) < recall and (

@@ -144,7 +144,10 @@ def test_a_band_index_finds_exactly_the_records_sharing_a_band(tmp_path):
                                        idx.queries(codes),
                                        [pack_meta(None, i) for i in range(len(codes))]))
         assert idx.stats()["unapplied"] > 0
-        for answer in (lambda q: [m.id for m in idx.query(q, k=BAND_RADIUS)],
+        store = idx._open_store()          # the core's own answer, before any Python filter
+        for answer in (lambda q: [h[3] for h in store.query(idx.queries([q]), BAND_RADIUS,
+                                                            matches=False)[0]],
+                       lambda q: [m.id for m in idx.query(q, k=BAND_RADIUS)],
                        lambda q: [m.id for m in idx.query_many([q], k=BAND_RADIUS)[0]]):
             for q in queries:
                 assert sorted(answer(q)) == oracle(codes, q)
@@ -176,6 +179,8 @@ def test_a_band_index_has_one_plan(tmp_path):
             simindex.Index(str(tmp_path / "x"), scheme=scheme(2), **bad)
     with simindex.Index(str(tmp_path / "y"), scheme=scheme(2), k=7, width=256) as idx:
         assert idx.bands == 2
+    with simindex.Index(str(tmp_path / "z"), scheme=simindex.schemes[scheme(2)]) as idx:
+        assert (idx.k, idx.blocks, idx.prefix_blocks, idx.bands) == (7, 8, 1, 2)
 
 
 # ---------------------------------------------------------------- the calibration
@@ -337,3 +342,21 @@ def test_text_calls_on_a_band_index_judge_the_records_sharing_a_band(tmp_path):
                            sketch_jaccard(sks[i], sks[j]) >= 0.8]
         with pytest.raises(simindex.ParameterError, match="fewer rows per band"):
             idx.query_text(texts[0], min_similarity=0.3)
+
+
+def test_every_text_path_of_a_band_index_holds_to_the_bands(tmp_path):
+    """Buffered records (sync=False), an explicit k=256 and a record without a sketch: a
+    text call still judges only the records that share a band (and a record without a
+    sketch counts on sharing one)."""
+    rng = random.Random(14)
+    text = " ".join(tokens(rng, 80))
+    near = text.replace(text.split()[40], "changed")
+    with simindex.Index(str(tmp_path / "idx"), scheme=scheme(2), sync=False) as idx:
+        idx.add_text("near", near)
+        idx.add("stranger", rng.getrandbits(256))             # shares no band, no sketch
+        idx.add("twin", idx.fingerprint(text))                # every band, no sketch
+        for k in (None, BAND_RADIUS):
+            assert sorted(m.id for m in idx.query_text(text, k=k, min_similarity=0.7)) == \
+                ["near", "twin"]
+        assert sorted(m.id for m in idx.add_unique_text("new", text, k=BAND_RADIUS,
+                                                        min_similarity=0.7)) == ["near", "twin"]

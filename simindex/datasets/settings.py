@@ -112,9 +112,10 @@ def choose_radius(paths: list, new: bool, *, k: Optional[int], scheme: Optional[
         if min_similarity is not None and scheme is None and fingerprint_field is None:
             scheme = SIMILARITY_SCHEME      # fingerprints read from a column are not
         if min_similarity is not None and k is None and fingerprint_field is None:
-            cal, made = calibrate_with_sets(
+            cal, made = calibrate_with_sets(       # no scheme named: the bands weighed too
                 paths, min_similarity, fmt=fmt, text_field=text_field, recall=recall,
-                scheme=scheme, width=width, measure=measure, sample=RUN_SAMPLE_ROWS,
+                scheme=None if bands else scheme, width=width, measure=measure,
+                sample=RUN_SAMPLE_ROWS,
                 sample_bytes=RUN_SAMPLE_BYTES, sample_truth=False, time_budget=time_budget,
                 bands=bands)
             if cal is None:

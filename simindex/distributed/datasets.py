@@ -49,6 +49,7 @@ from ..errors import BadLine, InputError, ParameterError
 from ..index import Index
 from ..radius import MEASURES
 from ..signatures.fingerprints import scheme_name
+from ..scheme_names import lsh_rows
 from ..values import words_array
 from .batch import _join, _split
 from .cluster import connect, release
@@ -637,6 +638,9 @@ def dedup(inputs: Union[str, Iterable[str]], output: str, *, removed: Optional[s
         locks.append(fd)
         where = index if index is not None else os.path.join(scratch, "index")
         new = not os.path.exists(os.path.join(where, manifest.NAME))
+        if scheme is not None and lsh_rows(scheme_name(scheme)) is not None:
+            raise ParameterError(f"{scheme_name(scheme)} band keys are searched on one "
+                                 f"machine: run without --ray, or name minhash-v1")
         cal, _, scheme, width, empty = choose_radius(
             paths, new, k=k, scheme=scheme, width=width, min_similarity=min_similarity,
             recall=recall, measure=measure, fmt=fmt, text_field=text_field,
@@ -648,7 +652,7 @@ def dedup(inputs: Union[str, Iterable[str]], output: str, *, removed: Optional[s
             where, against, new, cal, k=k, scheme=scheme, width=width,
             min_similarity=min_similarity, measure=measure, summary=summary)
         if idx.bands is not None:
-            raise ParameterError(f"the index {index} holds {idx.scheme} band keys, which "
+            raise ParameterError(f"the index {where} holds {idx.scheme} band keys, which "
                                  f"dedup searches on one machine: run it without --ray")
         # the newest record the tasks' queries see, at least: what other writers admit
         # after it is checked when the kept rows are added
