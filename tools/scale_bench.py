@@ -31,8 +31,8 @@ not from the benchmark, whose size it would inherit):
 A run longer than --timeout seconds is killed and reported as a timeout; the system is then
 not run on that size or larger ones in that mode.
 
-Rounds take turns: round 1 of every mode, size and system, then round 2, and so on. A table
-per mode gives for every size and system the median seconds (and range), rows/s,
+Rounds take turns: the first round of every mode, size and system, then the second, and so
+on. A table per mode gives for every size and system the median seconds (and range), rows/s,
 microseconds per row and its growth from the smallest size, peak RSS (the largest of the
 rounds), the rows removed (each figure the rounds gave, if they disagree), and simindex's
 rows/s over the peer's (for a peer that timed out, the least it can be).
