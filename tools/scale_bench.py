@@ -23,6 +23,8 @@ not from the benchmark, whose size it would inherit):
 - simindex: `simindex dedup FILE --output OUT --min-similarity t --jobs J` (k3: `--k 3`
   instead of --min-similarity), with no --index: the index lives in the run's temporary
   folder, whose size dedup does not report;
+- rensa-dedup: rensa's own deduplicator (RMinHashDeduplicator, LSH, 128 permutations, the
+  bands above, the same shingles), which decides by the MinHash estimate alone;
 - rensa, gaoya, datasketch (only when asked: it is slow): tools/jaccard_bench.py's way (128
   permutations, the bands and rows it picks for t, its shingles and its exact Jaccard check
   of every candidate), greedy in input order, on one core; the process reads the JSONL line
@@ -69,7 +71,7 @@ from jaccard_bench import NUM_PERM, jaccard, lsh_params, shingles  # noqa: E402
 ROWS = (100_000, 300_000, 1_000_000)
 BIG = (3_000_000, 10_000_000)
 MODES = ("0.5", "0.7", "0.9", "k3")
-SYSTEMS = ("simindex", "rensa", "gaoya", "datasketch")
+SYSTEMS = ("simindex", "rensa", "rensa-dedup", "gaoya", "datasketch")
 DOC_ROOTS = ("/usr/share/doc", "/usr/share/common-licenses")
 TEXT_SUFFIXES = ("", ".txt", ".md", ".rst", ".gz")
 READ_CAP = 1 << 18          # bytes read from the start of each file for the word table
@@ -271,8 +273,28 @@ def peer_index(system: str, t: float, bands: int, rows: int) -> tuple:
     return query, lambda i, text, m: lsh.insert(i, m)
 
 
+def rensa_dedup(t: float, bands: int, path: str, out: str) -> None:
+    """rensa's own deduplicator (RMinHashDeduplicator with LSH): a row is a duplicate when a
+    kept row's MinHash estimate reaches t; no exact check, as rensa decides."""
+    from rensa import RMinHash, RMinHashDeduplicator
+    dedup = RMinHashDeduplicator(threshold=t, num_perm=NUM_PERM, use_lsh=True,
+                                 num_bands=bands)
+    n = removed = 0
+    with open(path, "rb") as f, open(out, "wb") as w:
+        for n, line in enumerate(f, 1):
+            m = RMinHash(num_perm=NUM_PERM, seed=42)
+            m.update(list(shingles(json.loads(line)["text"])))
+            if dedup.add(str(n), m):
+                w.write(line)
+            else:
+                removed += 1
+    print(f"rensa-dedup: rows in {n}, removed {removed}")
+
+
 def peer_dedup(system: str, t: float, bands: int, rows: int, path: str, out: str) -> None:
     """Greedy deduplication of path by a peer, in input order, kept rows written to out."""
+    if system == "rensa-dedup":
+        return rensa_dedup(t, bands, path, out)
     query, insert = peer_index(system, t, bands, rows)   # (sketch, candidates, shingles)
     at = array("q", [0])                   # where each row's line starts, and the end
     removed = 0
@@ -302,7 +324,7 @@ def command(system: str, mode: str, path: str, out: str, jobs: int) -> tuple:
         rule = ["--k", "3"] if mode == "k3" else ["--min-similarity", mode]
         return [sys.executable, "-m", "simindex", "dedup", path, "--output", out, *rule,
                 "--jobs", str(jobs)], ""
-    bands, rows = lsh_params(float(mode), divides=system == "rensa")
+    bands, rows = lsh_params(float(mode), divides=system.startswith("rensa"))
     return ([sys.executable, os.path.abspath(__file__), "--peer", system, mode, str(bands),
              str(rows), path, out], f"{bands}x{rows}")
 
@@ -448,7 +470,7 @@ def versions(systems: list) -> str:
     out = []
     for s in systems:
         try:
-            out.append(f"{s} {metadata.version(s)}")
+            out.append(f"{s} {metadata.version(s.split('-')[0])}")
         except metadata.PackageNotFoundError:
             out.append(f"{s} (version unknown)")
     return ", ".join(out) + f"; python {platform.python_version()}; {os.cpu_count()} cores"
@@ -481,7 +503,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
     ap.add_argument("--big", action="store_true", help="add 3,000,000 and 10,000,000 rows")
     ap.add_argument("--modes", nargs="+", default=["0.7", "k3"], choices=MODES)
-    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS[:3]), choices=SYSTEMS)
+    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS[:4]), choices=SYSTEMS)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=1, help="simindex's --jobs (peers: one core)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds a run may take")
