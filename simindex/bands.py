@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
+
 from .engine.results import Match
+from .values import words_to_ints
 from .errors import ParameterError
 from .signatures.fingerprints import LSH_BANDS
 from .scheme_names import LSH_ROWS, lsh_rows
@@ -86,3 +89,8 @@ def band_hits(fp: int, hits: list) -> list:
     if hits and isinstance(hits[0], Match):
         return [m for m in hits if m.distance <= BAND_K or shares_band(fp, m.fingerprint)]
     return [h for h in hits if h[0] <= BAND_K or shares_band(fp, h[1])]
+
+
+def band_hits_many(queries: np.ndarray, found: list) -> list:
+    """band_hits of each query of an (n, words) array (a batch's answers at BAND_RADIUS)."""
+    return [band_hits(fp, hits) for fp, hits in zip(words_to_ints(queries), found)]

@@ -17,7 +17,7 @@ from .signatures.fingerprints import DEFAULT_SCHEME, scheme_name, scheme_width
 from .signatures.fingerprints import fingerprint as _fingerprint
 from .engine.pairs import group_pairs, stored_pairs
 from .engine.plan import DEFAULT_K, Plan, default_plan, default_shards
-from .bands import BAND_RADIUS, band_hits, band_plan, is_band_index
+from .bands import BAND_RADIUS, band_hits, band_hits_many, band_plan, is_band_index
 from .radius import Calibration
 from .scheme_names import lsh_rows
 from .engine.records import last_seq, stale
@@ -26,7 +26,7 @@ from .engine.results import (
 )
 from .engine.shard import load_state
 from .engine.store import Store
-from .values import MAX_FP, check_fp, check_wide_fp, fp_array, words_array, words_to_ints
+from .values import MAX_FP, check_fp, check_wide_fp, fp_array, words_array
 from .textcheck import Hit, TextCheck, keeps_sketches, text_check, text_sketch
 
 Fingerprints = Union[Iterable[int], np.ndarray]
@@ -390,9 +390,7 @@ class Index:
     def _held(q: np.ndarray, found: list, k: int, st: Store) -> list:
         """The answers of a band search (k beyond the plan's) as the tables hold them: the
         records sharing a band with each query (see simindex/bands.py)."""
-        if k <= st.plan.k:
-            return found
-        return [band_hits(fp, hits) for fp, hits in zip(words_to_ints(q), found)]
+        return found if k <= st.plan.k else band_hits_many(q, found)
 
     def queries(self, fingerprints: Fingerprints) -> np.ndarray:
         """Fingerprints checked against the index's width, as the array its batch calls

@@ -510,7 +510,7 @@ def _jaccard(a: np.ndarray, b: np.ndarray) -> float:
     return inter / max(len(a) + len(b) - inter, 1)
 
 
-def shares_band(codes: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+def _share_band(codes: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
     """Whether codes i and j (rows of an (n, 4) uint64 array) share a band's key."""
     x = codes[i] ^ codes[j]
     lo, hi = x & np.uint64(0xFFFFFFFF), x >> np.uint64(32)
@@ -523,7 +523,7 @@ def _band_choice(sets: list, r: int, t: float, pi: np.ndarray, pj: np.ndarray, r
     t; its candidates per row are the sample's pairs that share a band (candidates_per_row)
     and the 32-bit collisions of the rows' keys, its search a lookup per band."""
     codes = _text.minhash_codes(sets, BAND_WIDTH // 64, r)
-    found = int(shares_band(codes, pi, pj).sum()) if len(pi) else 0
+    found = int(_share_band(codes, pi, pj).sum()) if len(pi) else 0
     bi, bj, more = band_pairs(codes)
     candidates = candidates_per_row(sets, bi, bj, rows, more) + \
         (rows - 1) / 2 * LSH_BANDS / 2.0 ** KEY_BITS

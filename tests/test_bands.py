@@ -18,27 +18,11 @@ from simindex.bands import BAND_RADIUS, band_recall, rows_for, shares_band
 from simindex.datasets import run as dedup_module
 from simindex.engine.codec import encode_id, pack_meta
 from simindex.signatures.similarity import jaccard, shingle_set, sketch, sketch_jaccard
-from test_minhash_scheme import GOLDEN, M64, ref_shingles, splitmix
+from test_minhash_scheme import GOLDEN, M64, ref_bins, ref_shingles, splitmix
 from textpairs import tokens
 from trials import ENV
 
 BANDS = 8
-
-
-def ref_bins(xs, bins):
-    """minhash-v1's rule with `bins` bins over a shingle set: each bin's smallest (attempt,
-    value)."""
-    shift = 64 - (bins.bit_length() - 1)
-    best: dict = {}
-    r = 0
-    while xs and len(best) < bins and r < 64 * bins:
-        for x in xs:
-            g = splitmix((x + r * GOLDEN) & M64)
-            b, v = g >> shift, g & ((1 << shift) - 1)
-            if b not in best or (r, v) < best[b]:
-                best[b] = (r, v)
-        r += 1
-    return best
 
 
 def ref_bands(text, rows):

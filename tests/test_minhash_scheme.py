@@ -38,19 +38,25 @@ def splitmix(x):
     return x ^ (x >> 31)
 
 
-def ref_code(xs, width):
-    """The documented rule over a set of shingle hashes."""
-    shift = 64 - int(math.log2(width))
+def ref_bins(xs, bins):
+    """The documented bins over a set of shingle hashes: each bin's smallest (round,
+    value), rounds until every bin holds one (minhash-v1 has one bin per bit)."""
+    shift = 64 - int(math.log2(bins))
     best = {}
     r = 0
-    while xs and len(best) < width and r < 64 * width:
+    while xs and len(best) < bins and r < 64 * bins:
         for x in xs:
             g = splitmix((x + r * GOLDEN) & M64)
             b, v = g >> shift, g & ((1 << shift) - 1)
             if b not in best or (r, v) < best[b]:
                 best[b] = (r, v)
         r += 1
-    return sum(1 << b for b, (_, v) in best.items() if v & 1)
+    return best
+
+
+def ref_code(xs, width):
+    """The documented rule over a set of shingle hashes."""
+    return sum(1 << b for b, (_, v) in ref_bins(xs, width).items() if v & 1)
 
 
 def ref_minhash(text, width=64):

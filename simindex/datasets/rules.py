@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from ..bands import band_hits
+from ..bands import band_hits_many
 from ..engine.codec import unpack_sketched
 from ..engine.pairs import find_all
 from ..engine.results import Match
-from ..values import words_to_ints
 from ..errors import IdExistsError
 from ..index import Index
 from .check import Check, is_mine
@@ -39,10 +38,7 @@ def held(index: Index, queries: Any, hits: list, k: int) -> list:
     """The core's hits of each query (an (n, words) array) as `index` searches at k: above
     its k (a band index's search), those sharing a band (records no shard has applied yet
     are searched by distance alone)."""
-    if k <= index.k:
-        return hits
-    ints = words_to_ints(queries) if queries.ndim == 2 else queries.tolist()
-    return [band_hits(fp, h) for fp, h in zip(ints, hits)]
+    return hits if k <= index.k else band_hits_many(queries, hits)
 
 
 def sketched(hits: list) -> list:
