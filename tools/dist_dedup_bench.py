@@ -141,8 +141,11 @@ def main(argv=None) -> int:
     base = a.dir or tempfile.mkdtemp(prefix="simindex-dist-dedup-")
     shards = os.path.join(base, "shards")
     rows, size = deal(a.corpus, shards, a.megabytes, a.shards)
-    options = ["--min-similarity", str(a.threshold)] if a.threshold else ["--k", "3"]
-    api = {"min_similarity": a.threshold} if a.threshold else {"k": 3}
+    # a threshold on Ray searches by minhash-v1's radius: the one machine is told the same
+    # scheme (it would weigh the band search too), so that both give the same answer
+    options = ["--min-similarity", str(a.threshold), "--scheme", "minhash-v1"] \
+        if a.threshold else ["--k", "3"]
+    api = {"min_similarity": a.threshold, "scheme": "minhash-v1"} if a.threshold else {"k": 3}
     mb = size / 1e6
     print(f"simindex {__version__}: {rows:,} rows, {mb:.1f} MB of text in {a.shards} JSON "
           f"lines files, `simindex dedup {' '.join(options)}`, {os.cpu_count()} cores; "
