@@ -650,7 +650,7 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
     is within k bits (the crawler's rule, add_unique); each removed row names the kept row
     it matched. With --index the kept rows stay indexed for later runs. INPUTS may be
     directories: their files, in name order."""
-    from .datasets.run import Summary, decisions
+    from .datasets.run import Summary, decision_batches
     from .datasets.settings import input_files
     from .datasets.reports import ANNOTATIONS, DedupOutputs
     from .datasets.rows import format_of
@@ -683,18 +683,19 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
     error = None
     try:
         outputs = DedupOutputs(output, out_fmt, removed, clusters_out, annotate, summary)
-        for d in decisions(files, text_field=text_field, id_field=id_field,
-                           fingerprint_field=fingerprint_field, k=k, scheme=scheme,
-                           width=None if width is None else int(width), index=index_dir,
-                           against=against, fmt=fmt, mode=mode, keep=keep,
-                           drop_all=drop_all, min_similarity=min_similarity,
-                           recall=recall, containment=containment, time_budget=time_budget,
-                           jobs=jobs or os.cpu_count() or 1,
-                           on_error=_Skips(quiet) if on_error == "skip" else "stop",
-                           summary=summary, reserved=ANNOTATIONS if annotate else ()):
-            outputs.add(d)
+        batches = decision_batches(
+            files, text_field=text_field, id_field=id_field,
+            fingerprint_field=fingerprint_field, k=k, scheme=scheme,
+            width=None if width is None else int(width), index=index_dir, against=against,
+            fmt=fmt, mode=mode, keep=keep, drop_all=drop_all, min_similarity=min_similarity,
+            recall=recall, containment=containment, time_budget=time_budget,
+            jobs=jobs or os.cpu_count() or 1,
+            on_error=_Skips(quiet) if on_error == "skip" else "stop", summary=summary,
+            reserved=ANNOTATIONS if annotate else ())
+        for batch in batches:
+            outputs.add_all(batch)
             if bar is not None:
-                bar.update(1)
+                bar.update(len(batch))
         outputs.commit()
         outputs = None
     except (Error, OSError, ValueError) as e:

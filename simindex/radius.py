@@ -282,9 +282,9 @@ def _sample(texts: list, scheme: str, widths: list, sets: Optional[list] = None,
     if sets is not None and (scheme == "minhash-v1" or lsh_rows(scheme) is not None):
         start -= seconds or 0.0
     elif scheme in WORD_SCHEMES:
-        raws = _text.signatures(texts, schemes[scheme].shingle_width, shingles=True)[2]
-        assert raws is not None
-        sets = [_text.sorted_set(r) for r in raws]
+        sets = _text.signatures(texts, schemes[scheme].shingle_width, shingles=True,
+                                distinct=True)[2]
+        assert sets is not None
     else:
         sets = [shingle_set(x, scheme) for x in texts]
     codes = {}

@@ -328,3 +328,32 @@ def test_lone_surrogates_are_input_errors_where_they_would_be_hashed():
     for scheme in ("simindex-v1", "pypi-simhash"):
         assert simindex.fingerprint("\ud800 a b c d e", scheme=scheme) == \
             simindex.fingerprint("a b c d e", scheme=scheme)
+
+
+BATCH_PASSES = [dict(vote_kind=0), dict(vote_kind=3, vote_words=2), dict(mh_words=4),
+                dict(mh_words=4, mh_rows=2), dict(mh_words=1)]
+
+
+@given(st.lists(st.text(max_size=120) | st.sampled_from(
+    ["ｆｕｌｌ ｗｉｄｔｈ", "e\u0301t\u00e9 cafe\u0301", "ﬁne ﬂow", "Å Å Å", "", "  ", "a b a b a"]),
+    max_size=8), st.sampled_from(BATCH_PASSES), st.integers(1, 4))
+def test_a_batch_pass_equals_a_pass_per_text(texts, args, width):
+    """signatures() reads the whole list without the GIL and the texts whose normalization
+    needs Python after it: each text's code, count and shingles are signature()'s, and
+    with distinct the shingles are its sorted distinct set."""
+    from simindex.signatures import _text
+    codes, counts, alls = _text.signatures(texts, width, shingles=True, **args)
+    _, _, sets = _text.signatures(texts, width, shingles=True, distinct=True, **args)
+    words = codes.shape[1]
+    for i, text in enumerate(texts):
+        code, count, every = _text.signature(text, width, shingles=True, **args)
+        assert int.from_bytes(codes[i].astype(">u8").tobytes(), "big") == code
+        assert counts[i] == count and alls[i].tolist() == every.tolist()
+        assert sets[i].tolist() == sorted(set(every.tolist()))
+        assert words == (args.get("vote_words", 1) if "vote_kind" in args else args["mh_words"])
+
+
+def test_a_batch_pass_refuses_what_is_not_text():
+    from simindex.signatures import _text
+    with pytest.raises(TypeError, match="text must be str, got int"):
+        _text.signatures(["a b c", 3], 3, vote_kind=0)

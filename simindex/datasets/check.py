@@ -5,6 +5,7 @@ sketch against records of earlier runs."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 from typing import Any, Optional
@@ -18,31 +19,25 @@ from ..signatures.similarity import estimate, shingle_set
 
 
 class Shingles:
-    """A row's shingles for the similarity check: the pass's shingle hashes, made into the
-    sorted distinct set, and that set's sketch (stored with a kept record), when first
-    needed."""
+    """A row's shingles for the similarity check: the sorted distinct set of its shingle
+    hashes, and that set's sketch (stored with a kept record)."""
 
-    __slots__ = ("_raw", "_set", "_sketch")
+    __slots__ = ("set", "_sketch")
 
-    def __init__(self, raw: np.ndarray) -> None:
-        self._raw: Optional[np.ndarray] = raw
-        self._set: Optional[np.ndarray] = None
-        self._sketch: Optional[bytes] = None
+    def __init__(self, exact: np.ndarray, sketch: Optional[bytes] = None) -> None:
+        self.set = exact
+        self._sketch = sketch
 
     @classmethod
     def of_set(cls, exact: Any) -> "Shingles":
-        """Shingles of a set already sorted and distinct."""
-        sh = cls(None)                       # type: ignore[arg-type]
-        sh._set = exact
-        return sh
+        """Shingles of a set already sorted and distinct (its sketch made when needed)."""
+        return cls(exact)
 
-    @property
-    def set(self) -> np.ndarray:
-        if self._set is None:
-            assert self._raw is not None
-            self._set = _text.sorted_set(self._raw)
-            self._raw = None
-        return self._set
+    @classmethod
+    def made(cls, exact: np.ndarray) -> "Shingles":
+        """Shingles of a set already sorted and distinct, its sketch made now (on the
+        thread that fingerprints the batch, not the one that judges it)."""
+        return cls(exact, _text.sketch_of_set(exact))
 
     @property
     def sketch(self) -> bytes:
@@ -58,7 +53,7 @@ def batch_signatures(args: tuple) -> list:
     out: list = []
     if scheme in WORD_SCHEMES:
         codes, counts, raws = _text.signatures(
-            texts, schemes[scheme].shingle_width, shingles=checked,
+            texts, schemes[scheme].shingle_width, shingles=checked, distinct=checked,
             **pass_args(scheme, width))
         words = width // 64
         fps = codes[:, 0].tolist() if words == 1 else [
@@ -68,7 +63,7 @@ def batch_signatures(args: tuple) -> list:
                 out.append(f"text has no tokens under scheme {scheme!r} (empty, or no word "
                            f"characters): it has no fingerprint")
             elif checked:
-                out.append((fp, Shingles(raws[i])))                # type: ignore[index]
+                out.append((fp, Shingles.made(raws[i])))           # type: ignore[index]
             else:
                 out.append(fp)
         return out
@@ -86,26 +81,36 @@ def batch_signatures(args: tuple) -> list:
 
 class Spill:
     """Shingle sets of this run's rows, on disk so memory does not grow with the input: one
-    temporary file holds the sets, another the sorted (position, offset, count) of each,
-    searched by bisection. Positions must be put in increasing order."""
+    temporary file holds the sets' values one after another, two more each set's position
+    key (ascending) and where its values end; the keys are searched through a map of their
+    file. Positions must be put in increasing order. Sets put since the last flush (at
+    most PENDING of them, or PENDING_BYTES) wait in memory and are written together."""
 
-    _ENTRY = np.dtype([("key", "<u8"), ("offset", "<u8"), ("count", "<u8")])
+    PENDING = 4096
+    PENDING_BYTES = 16 << 20
 
     def __init__(self, scratch: str) -> None:
-        self.fds = []
-        for _ in range(2):
+        self.fds: list = []
+        for _ in range(3):                 # values, keys, ends
             fd, path = tempfile.mkstemp(prefix="shingles-", dir=scratch)
             os.unlink(path)
             self.fds.append(fd)
-        self.end = 0              # bytes of sets written
-        self.entries = 0          # entries in the index file
+        self.values = 0           # values written
+        self.entries = 0          # sets written
         self.last = -1
+        self._pending: dict = {}  # key -> set, not yet written (in key order)
+        self._pending_bytes = 0
+        # the keys and ends files, mapped for `entries` sets
+        self._keys: Any = None
+        self._ends: Any = None
+        self._mapped = 0
 
     @staticmethod
     def key(pos: list) -> int:
         return (pos[0] << 40) | pos[1]
 
     def close(self) -> None:
+        self._keys = self._ends = None     # the maps close when no array holds them
         for fd in self.fds:
             os.close(fd)
         self.fds = []
@@ -114,20 +119,38 @@ class Spill:
         key = self.key(pos)
         if key <= self.last:
             return                      # already there
-        data = np.ascontiguousarray(exact, dtype=np.uint64).tobytes()
-        os.pwrite(self.fds[0], data, self.end)
-        entry = np.array([(key, self.end, len(exact))], dtype=self._ENTRY).tobytes()
-        os.pwrite(self.fds[1], entry, self.entries * self._ENTRY.itemsize)
-        self.end += len(data)
-        self.entries += 1
+        self._pending[key] = exact
+        self._pending_bytes += 8 * len(exact)
         self.last = key
+        if len(self._pending) >= self.PENDING or self._pending_bytes >= self.PENDING_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the pending sets and their keys and ends."""
+        n = len(self._pending)
+        if not n:
+            return
+        sets = list(self._pending.values())
+        keys = np.fromiter(self._pending.keys(), dtype="<u8", count=n)
+        ends = self.values + np.cumsum(np.fromiter(map(len, sets), dtype=np.int64, count=n))
+        _pwrite_all(self.fds[0], np.concatenate(sets).astype("<u8", copy=False),
+                    8 * self.values)
+        _pwrite_all(self.fds[1], keys, 8 * self.entries)
+        _pwrite_all(self.fds[2], ends.astype("<u8"), 8 * self.entries)
+        self.values = int(ends[-1])
+        self.entries += n
+        self._pending = {}
+        self._pending_bytes = 0
 
     def mark(self) -> tuple:
         """Where the spill stands: rewind() to it forgets every set put since."""
-        return self.end, self.entries, self.last
+        self.flush()
+        return self.values, self.entries, self.last
 
     def rewind(self, mark: tuple) -> None:
-        self.end, self.entries, self.last = mark
+        self._pending = {}
+        self._pending_bytes = 0
+        self.values, self.entries, self.last = mark
 
     def get(self, pos: Any) -> Optional[np.ndarray]:
         """The set put at `pos`, or None."""
@@ -135,19 +158,29 @@ class Spill:
             key = self.key(pos)
         except (TypeError, IndexError):
             return None
-        size = self._ENTRY.itemsize
-        lo, hi = 0, self.entries
-        while lo < hi:
-            mid = (lo + hi) // 2
-            e = np.frombuffer(os.pread(self.fds[1], size, mid * size), dtype=self._ENTRY)[0]
-            if int(e["key"]) < key:
-                lo = mid + 1
-            elif int(e["key"]) > key:
-                hi = mid
-            else:
-                raw = os.pread(self.fds[0], 8 * int(e["count"]), int(e["offset"]))
-                return np.frombuffer(raw, dtype=np.uint64)
-        return None
+        exact = self._pending.get(key)
+        if exact is not None:
+            return exact
+        if not self.entries or key > self.last:
+            return None
+        if self._mapped != self.entries:
+            self._keys, self._ends = (
+                np.frombuffer(mmap.mmap(fd, 8 * self.entries, prot=mmap.PROT_READ), "<u8")
+                for fd in self.fds[1:])
+            self._mapped = self.entries
+        i = int(self._keys.searchsorted(key))
+        if i == self.entries or int(self._keys[i]) != key:
+            return None
+        start = int(self._ends[i - 1]) if i else 0
+        raw = os.pread(self.fds[0], 8 * (int(self._ends[i]) - start), 8 * start)
+        return np.frombuffer(raw, dtype="<u8").astype(np.uint64, copy=False)
+
+
+def _pwrite_all(fd: int, data: Any, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
 class Check:

@@ -79,6 +79,20 @@ class DedupOutputs:
         elif d.kept:
             self.out.write(d.row)
 
+    def add_all(self, decisions: list) -> None:
+        """add() of a batch of decisions: its kept rows written together."""
+        if self.scratch is not None:
+            for d in decisions:
+                self.add(d)
+            return
+        kept = []
+        for d in decisions:
+            if d.kept:
+                kept.append(d.row)
+            else:
+                self.add(d)             # to the reports only: never to the output
+        self.out.write_many(kept)
+
     def _size(self, cluster: Any) -> int:
         key = _key(cluster)
         return self.sizes.get(key, 0) + (0 if key in self.removed_heads else 1)

@@ -12,19 +12,28 @@ import os
 import zlib
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
+import msgspec
+
 from ..errors import BadLine, ParameterError
 from .publish import publish, temporary_file
 
 FORMATS = ("jsonl", "csv", "parquet")
 MAX_FIELD = 64 << 20          # CSV fields up to 64 MiB (documents can be long)
+READ_BUFFER = 1 << 16        # bytes read at a time from an input, and written to an output
+WRITE_BUFFER = 1 << 20
+_BOM = "\ufeff".encode("utf-8")
+# msgspec decodes what the json module decodes, to equal objects, several times faster; it
+# refuses the rest (NaN, lone surrogate escapes, invalid UTF-8), which the json module reads
+_fast_json = msgspec.json.Decoder().decode
 
 
 class JsonRow(dict):
-    """A JSON line's object, with the line it was read from: a JSON lines output writes the
-    line back as it was (every column as read, and no time spent encoding it again)."""
+    """A JSON line's object, with the line it was read from (UTF-8, without its newline): a
+    JSON lines output writes the line back as it was (every column as read, and no time
+    spent encoding it again)."""
 
     __slots__ = ("line",)
-    line: str
+    line: bytes
 
 
 class Row(NamedTuple):
@@ -63,7 +72,7 @@ def _pyarrow():
 
 
 def _open_bytes(path: str):
-    raw = open(path, "rb")
+    raw: Any = open(path, "rb", buffering=READ_BUFFER)
     head = raw.peek(2)[:2]
     return gzip.GzipFile(fileobj=raw) if head == b"\x1f\x8b" else raw
 
@@ -117,28 +126,45 @@ def _jsonl_rows(path, name):
     with _open_bytes(path) as f:
         n = 0
         for n, raw in enumerate(f, 1):
-            where = f"{name}:{n}"
             try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                yield BadLine(where, f"invalid UTF-8: byte 0x{raw[e.start]:02x} at byte "
-                                     f"{e.start} of the line")
-                continue
-            if n == 1 and line.startswith("\ufeff"):
-                line = line[1:]
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except (ValueError, RecursionError) as e:
-                yield BadLine(where, f"not valid JSON: {e}")
-                continue
-            if not isinstance(obj, dict):
-                yield BadLine(where, "a JSON line must be an object")
-                continue
+                obj = _fast_json(raw)          # the common line, never decoded to a str
+            except (msgspec.MsgspecError, ValueError, RecursionError):
+                obj = None
+            if type(obj) is not dict:          # anything else: as the json module reads it
+                obj = _slow_json(raw, n, name)
+                if obj is None:                # a blank line
+                    continue
+                if type(obj) is BadLine:
+                    yield obj
+                    continue
+                if n == 1 and raw.startswith(_BOM):
+                    raw = raw[len(_BOM):]
             row = JsonRow(obj)
-            row.line = line.rstrip("\r\n")
-            yield Row(row, n, where)
+            row.line = raw.rstrip(b"\r\n")
+            yield Row(row, n, f"{name}:{n}")
+
+
+def _slow_json(raw: bytes, n: int, name: str) -> Any:
+    """A line the fast decoder refused, read by the json module (which also accepts NaN,
+    lone surrogate escapes and numbers beyond a double's range): its object, a BadLine
+    saying what is wrong with it, or None for a blank line."""
+    where = f"{name}:{n}"
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return BadLine(where, f"invalid UTF-8: byte 0x{raw[e.start]:02x} at byte {e.start} "
+                              f"of the line")
+    if n == 1 and line.startswith("\ufeff"):
+        line = line[1:]
+    if not line.strip():
+        return None
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError) as e:
+        return BadLine(where, f"not valid JSON: {e}")
+    if not isinstance(obj, dict):
+        return BadLine(where, "a JSON line must be an object")
+    return obj
 
 
 def _csv_rows(path, name):
@@ -215,10 +241,11 @@ class RowWriter:
         self.count = 0
         fd, self.tmp = temporary_file(path)
         self._lock: Optional[int] = os.dup(fd)     # the file's lock, held until release()
-        self._raw = os.fdopen(fd, "wb")
+        self._raw = os.fdopen(fd, "wb", buffering=WRITE_BUFFER)
         self._rows: list = []           # Parquet: buffered into row groups
         self._pq_writer: Any = None
-        self._text: Any = None
+        self._text: Any = None          # CSV: the text stream
+        self._bytes: Any = None         # JSON lines and CSV: the (gzipped) byte stream
         self._gz: Optional[gzip.GzipFile] = None
         self._csv: Optional[csv.DictWriter] = None
         if self.fmt == "parquet":
@@ -226,14 +253,17 @@ class RowWriter:
         else:
             if path.endswith(".gz"):
                 self._gz = gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0)
-            self._text = io.TextIOWrapper(self._gz or self._raw, encoding="utf-8", newline="")
+            self._bytes = self._gz or self._raw
+            if self.fmt == "csv":
+                self._text = io.TextIOWrapper(self._bytes, encoding="utf-8", newline="")
 
     def write(self, row: dict) -> None:
         self.count += 1
         if self.fmt == "jsonl":
-            line = row.line if type(row) is JsonRow else None
-            self._text.write((json.dumps(row, ensure_ascii=False) if line is None else line)
-                             + "\n")
+            if type(row) is JsonRow:
+                self._bytes.write(row.line + b"\n")
+            else:
+                self._bytes.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
         elif self.fmt == "csv":
             if self._csv is None:
                 if self.columns is None:
@@ -246,6 +276,19 @@ class RowWriter:
             self._rows.append(row)
             if len(self._rows) >= 65536:
                 self._flush_parquet()
+
+    def write_many(self, rows: list) -> None:
+        """write() of each row, in order (JSON lines in one write)."""
+        if self.fmt != "jsonl":
+            for row in rows:
+                self.write(row)
+            return
+        if not rows:
+            return
+        self.count += len(rows)
+        self._bytes.write(b"\n".join([
+            row.line if type(row) is JsonRow else
+            json.dumps(row, ensure_ascii=False).encode("utf-8") for row in rows]) + b"\n")
 
     def _flush_parquet(self):
         import pyarrow as pa
@@ -278,10 +321,11 @@ class RowWriter:
                 self._empty_parquet()
             self._pq_writer.close()
         else:
-            if self.fmt == "csv" and self._csv is None and self.columns:
-                csv.writer(self._text, lineterminator="\n").writerow(self.columns)
-            self._text.flush()
-            self._text.detach()
+            if self.fmt == "csv":
+                if self._csv is None and self.columns:
+                    csv.writer(self._text, lineterminator="\n").writerow(self.columns)
+                self._text.flush()
+                self._text.detach()
             if self._gz is not None:
                 self._gz.close()
         self._raw.flush()

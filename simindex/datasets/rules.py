@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from ..bands import band_hits_many
-from ..engine.codec import unpack_sketched
+from ..engine.codec import encode_ids, unpack_sketched
 from ..engine.pairs import find_all
 from ..engine.results import Match
 from ..errors import IdExistsError
@@ -47,9 +47,10 @@ def sketched(hits: list) -> list:
     out = []
     for row_hits in hits:
         row = []
-        for dist, fp, _seq, id_, mb in row_hits:
-            meta, sketch = unpack_sketched(mb)
-            row.append((Match(id_, fp, dist, meta), sketch))
+        if row_hits:
+            for dist, fp, _seq, id_, mb in row_hits:
+                meta, sketch = unpack_sketched(mb)
+                row.append((Match(id_, fp, dist, meta), sketch))
         out.append(row)
     return out
 
@@ -178,6 +179,19 @@ def id_taken(where: str, id_: Any, twice: bool) -> IdExistsError:
         "already names a record of the index"
     return IdExistsError(f"{where}: the id {id_!r:.80} of a row to keep {why}: ids must be "
                          f"unique, across runs too", id_)
+
+
+def taken_row(e: IdExistsError, adds: list, idkeys: list, adm: Any, places: list,
+              ids: list) -> IdExistsError:
+    """id_taken of the row of a batch whose id the records put refused with `e`: the first
+    of the rows `adds` holding that id when the index has it, else the second (kept twice)."""
+    bad = encode_ids([e.id])[0]
+    hold = [i for i in adds if idkeys[i] == bad]
+    if not hold:
+        return e
+    if adm.stored(bad) or len(hold) < 2:
+        return id_taken(places[hold[0]], ids[hold[0]], False)
+    return id_taken(places[hold[1]], ids[hold[1]], True)
 
 
 def distance(a: int, b: int) -> int:

@@ -39,9 +39,9 @@ import numpy as np
 from ..signatures import _text
 from ..engine import manifest
 from ..radius import MEASURES, Calibration
-from ..engine.codec import Packed, encode_ids, pack_meta
+from ..engine.codec import encode_ids, pack_metas
 from ..values import check_fp, check_wide_fp
-from ..errors import BadLine, Error, InputError
+from ..errors import BadLine, Error, IdExistsError, InputError
 from ..signatures.fingerprints import DEFAULT_SCHEME, LSH_BANDS, WORD_SCHEMES, scheme_name
 from ..index import Index
 from ..inputs import check_id, parse_fp
@@ -51,7 +51,7 @@ from .publish import temporary_dir
 from .rows import Row, read_rows
 from .rules import (
     components_outside, distance, greedy_outside, greedy_verdict, held, id_taken, matches,
-    near_pairs, sketched, verdict_of_group,
+    near_pairs, sketched, taken_row, verdict_of_group,
 )
 from .settings import (
     check_options, choose_radius, input_files, judging, open_indexes, run_token,
@@ -124,58 +124,74 @@ class _Judge:
         self.idx, self.ref, self.k, self.token = idx, ref, k, token
         self.check = check
 
-    def meta(self, pos: list, sh: Optional[Shingles]) -> Any:
-        """The meta of a kept record: the run token and the row's position, and with a
-        check the row's sketch and set size kept with them (for later runs' checks)."""
-        if self.check is None or sh is None:
-            return [self.token, pos]
-        return Packed(pack_meta([self.token, pos], None, (sh.sketch, len(sh.set))))
+    def metas(self, positions: list, ids: list, sh: list) -> list:
+        """The stored metas of kept records: the run token and the row's position, and with
+        a check the row's sketch and set size kept with them (for later runs' checks)."""
+        token = self.token
+        values = [[token, pos] for pos in positions]
+        if self.check is None:
+            return pack_metas(values, ids)
+        return pack_metas(values, ids, [None if x is None else (x.sketch, len(x.set))
+                                        for x in sh])
 
-    def batch(self, rows: list, ids: list, fps: list, positions: list,
-              sh: Optional[list] = None, places: Optional[list] = None) -> list:
+    def put(self, adm: Any, adds: list, idkeys: list, q: Any, positions: list, ids: list,
+            sh: list, places: list) -> None:
+        """Add the records of kept rows (batch positions `adds`) in an admission; an id
+        already stored, or kept twice, is an error naming the row."""
+        if not adds:
+            return
+        try:
+            adm.put([idkeys[i] for i in adds], q[adds],
+                    self.metas([positions[i] for i in adds], [ids[i] for i in adds],
+                               [sh[i] for i in adds]))
+        except IdExistsError as e:
+            raise taken_row(e, adds, idkeys, adm, places, ids) from None
+
+    def ahead(self, good: list) -> "Ahead":
+        """A batch of good rows in columns, with what judging it needs and no transaction
+        reads made: its queries, id keys and the pairs of its rows within k (done on the
+        reader's thread, one batch ahead, when the run has one)."""
+        fps = [g.fp for g in good]
+        earlier: dict = {}
+        for a, b in near_pairs(self.idx, fps, self.k):
+            earlier.setdefault(b, []).append(a)
+        ids = [g.id for g in good]
+        return Ahead(good, [g.row.data for g in good], ids, fps,
+                     [[g.p, g.row.number] for g in good], [g.row.where for g in good],
+                     [g.sh for g in good], self.idx.queries(fps), encode_ids(ids), earlier)
+
+    def batch(self, a: "Ahead") -> list:
         """Decisions for one batch, its kept rows added to the index in the transaction
         that judged them against it: a row is kept only when nothing any writer admitted
-        before is a near-copy. `sh`: the rows' Shingles (with a check); `places`: their
-        "file:row" (for errors)."""
+        before is a near-copy."""
         check = self.check
-        sh = sh if sh is not None else [None] * len(rows)
         k = self.k
-        refs = matches(self.ref, fps, k, check) if self.ref is not None else None
-        earlier: dict = {}
-        for a, b in near_pairs(self.idx, fps, k):
-            earlier.setdefault(b, []).append(a)
-        idkeys = encode_ids(ids)
+        refs = matches(self.ref, a.fps, k, check) if self.ref is not None else None
         mark = check.mark() if check is not None else None
+        q = a.queries
 
         def decide(adm: Any) -> list:
             if check is not None:
                 check.rewind(mark)         # made again from its start (the map grew)
-            q = self.idx.queries(fps)
             stored = sketched(held(self.idx, q, adm.hits(q, k), k))
-            out, adds = self.greedy(rows, ids, fps, positions, sh, stored, refs, earlier)
-            given: set = set()
-            for i in adds:
-                if idkeys[i] in given or adm.stored(idkeys[i]):
-                    raise id_taken(places[i] if places is not None else f"row {i}", ids[i],
-                                   idkeys[i] in given)
-                given.add(idkeys[i])
-            adm.put([idkeys[i] for i in adds], self.idx.queries([fps[i] for i in adds]),
-                    [pack_meta(self.meta(positions[i], sh[i]), ids[i]) for i in adds])
+            out, adds = self.greedy(a, stored, refs)
+            self.put(adm, adds, a.idkeys, q, a.positions, a.ids, a.sh, a.places)
             return out
         return self.idx._admit(decide, settle=k > self.idx.k)
 
-    def greedy(self, rows: list, ids: list, fps: list, positions: list, sh: list,
-               stored: list, refs: Optional[list], earlier: dict) -> tuple:
+    def greedy(self, a: "Ahead", stored: list, refs: Optional[list]) -> tuple:
         """(decisions, the batch positions of the kept rows to add) of a batch under the
         greedy rule: `stored` and `refs`, each row's (Match, sketch) in the index and the
-        reference; `earlier`, each row's earlier rows of the batch within k."""
+        reference; `a.earlier`, each row's earlier rows of the batch within k."""
+        ids, fps, sh, places, earlier = a.ids, a.fps, a.sh, a.places, a.earlier
         check, token = self.check, self.token
         out: list = []
         kept_here: dict = {}           # batch position -> True for kept rows
         adds = []
-        for i, (row, id_, fp, pos) in enumerate(zip(rows, ids, fps, positions)):
+        for i, (row, id_, fp, pos) in enumerate(zip(a.rows, ids, fps, a.positions)):
+            near = stored[i] or (refs is not None and refs[i]) or i in earlier
             best, mine = greedy_outside(stored[i], refs[i] if refs is not None else (),
-                                        sh[i], pos, token, check)
+                                        sh[i], pos, token, check) if near else (None, False)
             for j in earlier.get(i, ()):
                 if kept_here.get(j):
                     d = distance(fps[i], fps[j])
@@ -191,13 +207,19 @@ class _Judge:
                     adds.append(i)
                 if check is not None and sh[i] is not None:
                     check.keep(pos, sh[i].set)
-                out.append(Decision(row, id_, "", fp, True, cluster=id_))
+                out.append(Decision(row, id_, places[i], fp, True, None, None, False, id_))
             else:
-                out.append(Decision(row, id_, "", fp, False, *greedy_verdict(best)))
+                out.append(Decision(row, id_, places[i], fp, False, *greedy_verdict(best)))
         return out, adds
 
 
-def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
+def decisions(inputs: Union[str, Iterable[str]], **options: Any) -> Iterator[Decision]:
+    """A Decision for every row of `inputs`, in input order; the options are `dedup`'s."""
+    for batch in decision_batches(inputs, **options):
+        yield from batch
+
+
+def decision_batches(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
               id_field: Optional[str] = None, fingerprint_field: Optional[str] = None,
               k: Optional[int] = None, scheme: Optional[str] = None,
               width: Optional[int] = None, index: Optional[str] = None,
@@ -206,10 +228,10 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
               recall: Optional[float] = None, containment: bool = False,
               time_budget: Optional[float] = None, fmt: Optional[str] = None, jobs: int = 1,
               on_error: Union[str, Callable[[BadLine], None]] = "stop",
-              summary: Optional[Summary] = None, reserved: tuple = ()) -> Iterator[Decision]:
-    """A Decision for every row of `inputs`, in input order (see `dedup`). `reserved`:
-    columns no row may hold (those the caller adds to its output): a row that holds one
-    is a bad row."""
+              summary: Optional[Summary] = None, reserved: tuple = ()) -> Iterator[list]:
+    """The Decisions of the rows of `inputs`, in input order, a list at a time (see
+    `dedup`). `reserved`: columns no row may hold (those the caller adds to its output):
+    a row that holds one is a bad row."""
     paths = input_files(inputs)
     mode = check_options(mode, keep, drop_all, jobs, min_similarity, recall, on_error)
     if scheme is not None:
@@ -249,11 +271,19 @@ def decisions(inputs: Union[str, Iterable[str]], *, text_field: str = "text",
                           on_error, summary, idx, check is not None, made, reserved)
         judge = _Judge(idx, ref, kk, token, check)
         if mode == "greedy":
-            with closing(run.batches()) as batches:      # its reader stops before the pool
+            # its reader stops before the pool
+            with closing(run.batches(judge.ahead)) as batches:
                 for batch in batches:
-                    yield from run.judged(batch, judge)
+                    yield run.judged(batch, judge)
         else:
-            yield from _components(run, judge, drop_all)
+            out: list = []
+            for d in _components(run, judge, drop_all):
+                out.append(d)
+                if len(out) >= BATCH:
+                    yield out
+                    out = []
+            if out:
+                yield out
         idx.flush()
     finally:
         if pool is not None:
@@ -288,6 +318,20 @@ class _Good(NamedTuple):
     fp: Any          # None until the batch's texts are fingerprinted
     rank: Any
     sh: Any = None   # the shingle set (with min_similarity)
+
+
+class Ahead(NamedTuple):
+    """A batch of good rows in columns (see _Judge.ahead)."""
+    good: list               # the _Good rows
+    rows: list               # their columns, as read
+    ids: list
+    fps: list
+    positions: list          # [file number, row number]
+    places: list             # "file:row"
+    sh: list                 # Shingles, or None without a check
+    queries: Any             # the fingerprints as the index's batch calls take them
+    idkeys: list             # the ids' record keys
+    earlier: dict            # row -> the earlier rows of the batch within k
 
 
 class BatchReader:
@@ -346,22 +390,25 @@ class BatchReader:
                                  shown):
                 yield p, row
 
-    def batches(self) -> Generator[list, None, None]:
-        """Lists of _Good rows, BATCH rows (or BATCH_CHARS characters of text) read at a
-        time; bad rows go to on_error. With a pool (more than one job), a second thread
-        reads and fingerprints the next batch while this one is judged: one batch ahead
-        at most, so memory stays bounded; the rows it counts and rejects (on_error) and an
-        error reach the caller's thread in their place."""
+    def batches(self, ahead: Optional[Callable[[list], Any]] = None
+                ) -> Generator[Any, None, None]:
+        """Lists of _Good rows (or what `ahead` makes of each), BATCH rows (or BATCH_CHARS
+        characters of text) read at a time; bad rows go to on_error. With a pool (more
+        than one job), a second thread reads, fingerprints and prepares (`ahead`) the next
+        batch while this one is judged: one batch ahead at most, so memory stays bounded;
+        the rows it counts and rejects (on_error) and an error reach the caller's thread in
+        their place."""
         if self.pool is None:
-            yield from self._batches()
+            for batch in self._batches():
+                yield batch if ahead is None else ahead(batch)
             return
-        ahead: queue.Queue = queue.Queue(maxsize=1)
+        handed: queue.Queue = queue.Queue(maxsize=1)
         stop = threading.Event()
 
         def put(item: tuple) -> bool:
             while not stop.is_set():
                 try:
-                    ahead.put(item, timeout=0.1)
+                    handed.put(item, timeout=0.1)
                     return True
                 except queue.Full:
                     continue
@@ -371,6 +418,8 @@ class BatchReader:
             self.events = []
             try:
                 for batch in self._batches():
+                    if ahead is not None:
+                        batch = ahead(batch)
                     events, self.events = self.events, []
                     if not put(("batch", (batch, events))):
                         return
@@ -381,7 +430,7 @@ class BatchReader:
         reader.start()
         try:
             while True:
-                what, item = ahead.get()
+                what, item = handed.get()
                 if what == "end":
                     self.replay(item)
                     return
@@ -436,7 +485,7 @@ class BatchReader:
                     if not isinstance(text, str):
                         raise BadLine(row.where, f'text field "{self.text_field}" is missing '
                                                  f'or not text (got {type(text).__name__})')
-                good.append(_Good(p, row, id_, fp, self.rank(row, text)))
+                good.append((p, row, id_, fp, self.rank(row, text)))
                 where.append(i)
                 if text is not None:                 # a text for each good row, in step
                     texts.append(text)
@@ -444,26 +493,27 @@ class BatchReader:
                 bad.append((i, e))
                 if self.on_error == "stop":
                     break                            # an earlier row may still be bad
-        if texts:
-            fps = self.signatures(good, texts)
+        if not texts:
+            out = [_Good(*g) for g in good]
+        else:
+            sigs = self.signatures(good, texts)
             out = []
-            for i, g, fp in zip(where, good, fps):
-                if isinstance(fp, str):
-                    bad.append((i, BadLine(g.row.where, fp)))
+            for i, (p, row, id_, fp, rank), sig in zip(where, good, sigs):
+                if type(sig) is str:
+                    bad.append((i, BadLine(row.where, sig)))
                 elif self.shingled:
-                    out.append(g._replace(fp=fp[0] if g.fp is None else g.fp, sh=fp[1]))
+                    out.append(_Good(p, row, id_, sig[0] if fp is None else fp, rank, sig[1]))
                 else:
-                    out.append(g._replace(fp=fp))
-            good = out
+                    out.append(_Good(p, row, id_, sig, rank))
         for _, line in sorted(bad, key=lambda x: x[0]):
             self.rejected(line)
-        return good
+        return out
 
     def signatures(self, good: list, texts: list) -> list:
         """batch_signatures of the good rows' texts, made from what the calibration kept for
         rows it read (a minhash-v1 code is a function of the shingle set)."""
         made = self.made
-        keys = [(g.p, g.row.number) for g in good] if made else []
+        keys = [(p, row.number) for p, row, *_ in good] if made else []
         done = [i for i, key in enumerate(keys) if key in made]
         if not done:
             return _fingerprints(texts, self.scheme, self.width, self.pool, self.shingled)
@@ -501,17 +551,15 @@ class BatchReader:
                                      f'(got {row.data.get(self.keep)!r:.40})')
         return v
 
-    def judged(self, good: list, judge: _Judge) -> Iterator[Decision]:
+    def judged(self, a: Ahead, judge: _Judge) -> list:
         """The greedy decisions of a batch of good rows."""
-        if not good:
-            return
-        out = judge.batch([g.row.data for g in good], [g.id for g in good],
-                          [g.fp for g in good], [[g.p, g.row.number] for g in good],
-                          [g.sh for g in good], [g.row.where for g in good])
-        for g, d in zip(good, out):
-            d = d._replace(where=g.row.where)
-            self.count(d)
-            yield d
+        if not a.good:
+            return []
+        out = judge.batch(a)
+        kept = sum(d.kept for d in out)
+        self.summary.kept += kept
+        self.summary.removed += len(out) - kept
+        return out
 
     def count(self, d: Decision) -> None:
         if d.kept:
@@ -672,16 +720,17 @@ def _put_kept(adm: Any, adds: list, ids: list, fps: list, pos: list, given: set,
     already stored, or kept twice, is an error naming the row."""
     if not adds:
         return
-    idkeys = encode_ids([ids[i] for i in adds])
-    for i, idk in zip(adds, idkeys):
+    ids_ = [ids[i] for i in adds]
+    idkeys = encode_ids(ids_)
+    places = [f"{run.files[pos[i][0]][2]}:{pos[i][1]}" for i in adds]
+    for n, idk in enumerate(idkeys):      # in order: the first row whose id is taken
         if idk in given or adm.stored(idk):
-            p, number = pos[i]
-            raise id_taken(f"{run.files[p][2]}:{number}", ids[i], idk in given)
+            raise id_taken(places[n], ids_[n], idk in given)
         given.add(idk)
-    check = judge.check
-    adm.put(idkeys, judge.idx.queries([fps[i] for i in adds]),
-            [pack_meta(judge.meta(pos[i], shingles(i) if check is not None else None), ids[i])
-             for i in adds])
+    sh = [shingles(i) for i in adds] if judge.check is not None else [None] * len(adds)
+    judge.put(adm, list(range(len(adds))), idkeys,
+              judge.idx.queries([fps[i] for i in adds]), [pos[i] for i in adds], ids_, sh,
+              places)
 
 
 def _bad(e: BadLine, on_error, summary) -> None:

@@ -248,8 +248,8 @@ def calibrate_with_sets(paths: list, t: float, *, fmt: Optional[str], text_field
     sets = seconds = None
     if (scheme or SIMILARITY_SCHEME) == "minhash-v1" or lsh_rows(scheme) is not None:
         start = time.perf_counter()
-        _, counts, raws = _text.signatures(texts, 3, shingles=True)
-        sets = [_text.sorted_set(r) for r in raws]            # type: ignore[union-attr]
+        _, counts, sets = _text.signatures(texts, 3, shingles=True, distinct=True)
+        assert sets is not None
         seconds = time.perf_counter() - start
         made = {w: x for w, x, c in zip(where, sets, counts) if c}
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numbers
 import struct
+from typing import Any, Optional
 
 import msgpack
 import numpy as np
@@ -147,9 +148,23 @@ def pack_meta(meta, id_=None, sketch=None):
                          f"simindex keeps text sketches in it")
     if meta is None and sketch is None:
         return _NONE
+    return _packed(msgpack.Packer(use_bin_type=True), meta, id_, sketch)
+
+
+def pack_metas(metas: list, ids: list, sketches: Optional[list] = None) -> list:
+    """pack_meta of many plain meta values (no Packed), with their ids (for errors) and
+    optionally their sketches: one packer for all of them."""
+    packer = msgpack.Packer(use_bin_type=True)
+    if sketches is None:
+        return [_packed(packer, m, i, None) for m, i in zip(metas, ids)]
+    return [_packed(packer, m, i, s) for m, i, s in zip(metas, ids, sketches)]
+
+
+def _packed(packer: msgpack.Packer, meta: Any, id_: Any, sketch: Optional[tuple]) -> bytes:
     try:
-        b = msgpack.packb(meta, use_bin_type=True)
+        b = packer.pack(meta)
     except (TypeError, ValueError, OverflowError) as e:
+        packer.reset()
         who = "" if id_ is None else f" of id {id_!r:.60}"
         raise InputError(f"meta{who} cannot be stored as msgpack: {e}") from None
     extra = ""

@@ -16,6 +16,7 @@ import numpy as np
 cimport simindex.bits as bits
 
 from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 from cpython.unicode cimport PyUnicode_KIND, PyUnicode_DATA, PyUnicode_GET_LENGTH
 
@@ -274,8 +275,8 @@ cdef int _words(int vote_kind, int vote_words, int mh_words):
     return vote_words if vote_kind >= 0 else mh_words
 
 
-cdef int _bits(si_pass *s, int vote_kind, int mh_words, uint64_t *out,
-               int mh_rows=0) except -1:
+cdef void _bits(si_pass *s, int vote_kind, int mh_words, uint64_t *out,
+               int mh_rows=0) noexcept nogil:
     """The pass's code into out (nothing without one)."""
     if vote_kind >= 0:
         si_vote_bits(s, out)
@@ -283,7 +284,6 @@ cdef int _bits(si_pass *s, int vote_kind, int mh_words, uint64_t *out,
         si_mh_bands(s, mh_rows, out)
     elif mh_words:
         si_mh_bits(s, out)
-    return 0
 
 
 cdef object _all(si_pass *s):
@@ -316,32 +316,120 @@ def signature(text, int width, int vote_kind=-1, int vote_words=1, int mh_words=
 
 
 def signatures(list texts, int width, int vote_kind=-1, int vote_words=1, int mh_words=0,
-               bint shingles=False, int mh_rows=0):
+               bint shingles=False, int mh_rows=0, bint distinct=False):
     """The pass of `signature` over many texts: (codes as an (n, words) uint64 array, most
     significant word first; shingle counts as an int64 array; shingle hash arrays or
-    None). The GIL is released while each text is read."""
+    None; with `distinct`, each array sorted and without repeats). The GIL is released
+    once for the whole list (a text whose normalization needs Python is read after)."""
     cdef Py_ssize_t i, n = len(texts)
     cdef int words = _words(vote_kind, vote_words, mh_words)
+    cdef int bins = _bins(mh_rows)
     cdef si_pass s
-    cdef uint64_t r[4]
+    cdef int *kinds = NULL
+    cdef const void **datas = NULL
+    cdef size_t *lens = NULL
+    cdef uint64_t **sets = NULL
+    cdef size_t *sizes = NULL
+    cdef char *later = NULL            # 1: read again with the GIL (normalization, memory)
+    cdef uint64_t *tmp = NULL
+    cdef size_t tmp_cap = 0, m
     _check(width, vote_kind, vote_words, mh_words, shingles, mh_rows)
     codes = np.zeros((n, words), dtype=np.uint64)
     counts = np.zeros(n, dtype=np.int64)
     cdef uint64_t[:, ::1] c = codes
     cdef int64_t[::1] w = counts
     alls = [] if shingles else None
-    for i in range(n):
-        s.buf = s.xs = s.all = NULL
-        try:
-            _run(&s, texts[i], width, vote_kind, vote_words, mh_words, shingles, mh_rows)
-            if words:
-                _bits(&s, vote_kind, mh_words, &c[i, 0], mh_rows)
-            w[i] = s.windows
-            if shingles:
-                alls.append(_all(&s))
-        finally:
-            si_pass_free(&s)
-    return codes, counts, alls
+    if n == 0:
+        return codes, counts, alls
+    try:
+        kinds = <int *>calloc(n, sizeof(int))
+        datas = <const void **>calloc(n, sizeof(void *))
+        lens = <size_t *>calloc(n, sizeof(size_t))
+        sets = <uint64_t **>calloc(n, sizeof(uint64_t *))
+        sizes = <size_t *>calloc(n, sizeof(size_t))
+        later = <char *>calloc(n, 1)
+        if not (kinds and datas and lens and sets and sizes and later):
+            raise MemoryError()
+        for i in range(n):             # the texts' characters, read below without the GIL
+            text = texts[i]
+            if not isinstance(text, str):
+                raise TypeError(f"text must be str, got {type(text).__name__}")
+            if not text.isascii():
+                _ensure_tables()
+            kinds[i] = PyUnicode_KIND(text)
+            datas[i] = PyUnicode_DATA(text)
+            lens[i] = PyUnicode_GET_LENGTH(text)
+        with nogil:
+            for i in range(n):
+                s.buf = s.xs = s.all = NULL
+                if si_pass_init(&s, width, vote_kind, vote_words, mh_words, shingles, bins):
+                    si_pass_free(&s)
+                    later[i] = 1
+                    continue
+                s.normalized = 0
+                si_feed(&s, &_tables, kinds[i], datas[i], lens[i])
+                if not s.needs_nf:
+                    si_finish(&s)
+                if s.needs_nf or s.oom:
+                    si_pass_free(&s)
+                    later[i] = 1
+                    continue
+                if words:
+                    _bits(&s, vote_kind, mh_words, &c[i, 0], mh_rows)
+                w[i] = s.windows
+                if shingles:
+                    m = s.nall
+                    if distinct and m > 1:
+                        if m > tmp_cap:
+                            free(tmp)
+                            tmp_cap = m if m > 2 * tmp_cap else 2 * tmp_cap
+                            tmp = <uint64_t *>malloc(tmp_cap * sizeof(uint64_t))
+                            if tmp == NULL:
+                                tmp_cap = 0
+                                si_pass_free(&s)
+                                later[i] = 1
+                                continue
+                        m = si_unique64(s.all, tmp, m)
+                    sets[i] = s.all            # handed over: freed below
+                    sizes[i] = m
+                    s.all = NULL
+                si_pass_free(&s)
+        for i in range(n):
+            if later[i]:
+                s.buf = s.xs = s.all = NULL
+                try:
+                    _run(&s, texts[i], width, vote_kind, vote_words, mh_words, shingles,
+                         mh_rows)
+                    if words:
+                        _bits(&s, vote_kind, mh_words, &c[i, 0], mh_rows)
+                    w[i] = s.windows
+                    if shingles:
+                        got = _all(&s)
+                        alls.append(sorted_set(got) if distinct else got)
+                finally:
+                    si_pass_free(&s)
+            elif shingles:
+                alls.append(_array_of(sets[i], sizes[i]))
+        return codes, counts, alls
+    finally:
+        if sets != NULL:
+            for i in range(n):
+                free(sets[i])
+        free(kinds)
+        free(datas)
+        free(lens)
+        free(sets)
+        free(sizes)
+        free(later)
+        free(tmp)
+
+
+cdef object _array_of(const uint64_t *values, size_t n):
+    out = np.empty(n, dtype=np.uint64)
+    cdef uint64_t[::1] o = out
+    if n:
+        memcpy(&o[0], values, n * sizeof(uint64_t))
+    return out
 
 
 cdef Py_ssize_t _gallop(const uint64_t *a, Py_ssize_t na, const uint64_t *b,
