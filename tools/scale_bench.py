@@ -25,6 +25,10 @@ not from the benchmark, whose size it would inherit):
   folder, whose size dedup does not report;
 - rensa-dedup: rensa's own deduplicator (RMinHashDeduplicator, LSH, 128 permutations, the
   bands above, the same shingles), which decides by the MinHash estimate alone;
+- rensa-split: the same deduplicator fed the 3-shingles of `text.split()`, the quickest
+  shingling a Python user writes (on this corpus of lowercase words between single spaces
+  they are the same shingles: it measures rensa without the cost of simindex's tokenizer
+  in Python);
 - rensa, gaoya, datasketch (only when asked: it is slow): tools/jaccard_bench.py's way (128
   permutations, the bands and rows it picks for t, its shingles and its exact Jaccard check
   of every candidate), greedy in input order, on one core; the process reads the JSONL line
@@ -71,7 +75,7 @@ from jaccard_bench import NUM_PERM, jaccard, lsh_params, shingles  # noqa: E402
 ROWS = (100_000, 300_000, 1_000_000)
 BIG = (3_000_000, 10_000_000)
 MODES = ("0.5", "0.7", "0.9", "k3")
-SYSTEMS = ("simindex", "rensa", "rensa-dedup", "gaoya", "datasketch")
+SYSTEMS = ("simindex", "rensa", "rensa-dedup", "rensa-split", "gaoya", "datasketch")
 DOC_ROOTS = ("/usr/share/doc", "/usr/share/common-licenses")
 TEXT_SUFFIXES = ("", ".txt", ".md", ".rst", ".gz")
 READ_CAP = 1 << 18          # bytes read from the start of each file for the word table
@@ -273,7 +277,16 @@ def peer_index(system: str, t: float, bands: int, rows: int) -> tuple:
     return query, lambda i, text, m: lsh.insert(i, m)
 
 
-def rensa_dedup(t: float, bands: int, path: str, out: str) -> None:
+def split_shingles(text: str) -> set:
+    """The word 3-shingles of `text.split()`."""
+    toks = text.split()
+    if len(toks) < 3:
+        return {" ".join(toks)} if toks else set()
+    return {" ".join(toks[i:i + 3]) for i in range(len(toks) - 2)}
+
+
+def rensa_dedup(t: float, bands: int, path: str, out: str, shingled=shingles,
+                name: str = "rensa-dedup") -> None:
     """rensa's own deduplicator (RMinHashDeduplicator with LSH): a row is a duplicate when a
     kept row's MinHash estimate reaches t; no exact check, as rensa decides."""
     from rensa import RMinHash, RMinHashDeduplicator
@@ -283,18 +296,20 @@ def rensa_dedup(t: float, bands: int, path: str, out: str) -> None:
     with open(path, "rb") as f, open(out, "wb") as w:
         for n, line in enumerate(f, 1):
             m = RMinHash(num_perm=NUM_PERM, seed=42)
-            m.update(list(shingles(json.loads(line)["text"])))
+            m.update(list(shingled(json.loads(line)["text"])))
             if dedup.add(str(n), m):
                 w.write(line)
             else:
                 removed += 1
-    print(f"rensa-dedup: rows in {n}, removed {removed}")
+    print(f"{name}: rows in {n}, removed {removed}")
 
 
 def peer_dedup(system: str, t: float, bands: int, rows: int, path: str, out: str) -> None:
     """Greedy deduplication of path by a peer, in input order, kept rows written to out."""
     if system == "rensa-dedup":
         return rensa_dedup(t, bands, path, out)
+    if system == "rensa-split":
+        return rensa_dedup(t, bands, path, out, split_shingles, system)
     query, insert = peer_index(system, t, bands, rows)   # (sketch, candidates, shingles)
     at = array("q", [0])                   # where each row's line starts, and the end
     removed = 0
