@@ -648,8 +648,9 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
               help="Format of the kept rows (default: from --output's suffix, else the "
               "first input's format).")
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), default=None,
-              help="Fingerprinting threads (processes for the compatibility schemes), and "
-              "with more than one a reader one batch ahead (default: every core).")
+              help="Worker processes that read and fingerprint plain JSON lines files in "
+              "parts; for other inputs, fingerprinting threads (processes for the "
+              "compatibility schemes) and a reader one batch ahead (default: every core).")
 @click.option("--on-error", type=click.Choice(["stop", "skip"]), default="stop",
               show_default=True, help="A bad row: stop (writing no output) or skip it.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")

@@ -338,6 +338,23 @@ def test_a_bad_row_stops_with_its_place_and_writes_nothing(tmp_path):
                     f"{tmp_path / name}:3: 3 fields, the header has 2") in r.stderr
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_bad_rows_are_reported_in_input_order_whatever_made_them_bad(tmp_path, jobs):
+    """A row whose column breaks a rule, then a line that is no JSON: skipped, they are
+    reported in input order; stopped, the earlier one is the error."""
+    lines = [json.dumps({"text": "first words of a row " * 5}), json.dumps({"txt": "oops"}),
+             "{not json", json.dumps({"text": ""}), json.dumps({"text": "last words " * 5})]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    bad = []
+    kept = [d.kept for d in simindex.decisions(str(tmp_path / "in.jsonl"), jobs=jobs,
+                                               on_error=bad.append)]
+    assert kept == [True, True]
+    assert [(b.where.rsplit(":", 1)[1], b.reason[:20]) for b in bad] == [
+        ("2", 'text field "text" is'), ("3", "not valid JSON: Expe"), ("4", "text has no tokens u")]
+    with pytest.raises(simindex.BadLine, match=r"in\.jsonl:2: text field"):
+        list(simindex.decisions(str(tmp_path / "in.jsonl"), jobs=jobs))
+
+
 @pytest.mark.parametrize("content,why", [
     ("{not json}\n", "in.jsonl:1: not valid JSON"),
     ('[1, 2]\n', "in.jsonl:1: a JSON line must be an object"),

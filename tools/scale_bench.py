@@ -2,7 +2,7 @@
 dedup` beside the MinHash libraries' greedy deduplication, on rows of web-text size, in one run.
 
     python tools/scale_bench.py [--rows 100000 300000 1000000] [--big] [--modes 0.7 k3]
-        [--systems simindex rensa gaoya [datasketch]] [--rounds 3] [--jobs 1]
+        [--systems simindex rensa gaoya [datasketch]] [--rounds 3] [--jobs 1 [2 ...]]
         [--timeout 900] [--seed 1] [--workdir DIR] [--json results.json]
 
 The corpus, made once per size and seed and kept in --workdir (default: a temporary folder,
@@ -22,7 +22,8 @@ its peak RSS the ru_maxrss that wait4 reports (the process is forked from a smal
 not from the benchmark, whose size it would inherit):
 - simindex: `simindex dedup FILE --output OUT --min-similarity t --jobs J` (k3: `--k 3`
   instead of --min-similarity), with no --index: the index lives in the run's temporary
-  folder, whose size dedup does not report;
+  folder, whose size dedup does not report; simindex-jN, the same with --jobs N (for each
+  further value of --jobs; its worker processes are timed with it, from start to exit);
 - rensa-dedup: rensa's own deduplicator (RMinHashDeduplicator, LSH, 128 permutations, the
   bands above, the same shingles), which decides by the MinHash estimate alone;
 - rensa-split: the same deduplicator fed the 3-shingles of `text.split()`, the quickest
@@ -334,8 +335,9 @@ def peer_dedup(system: str, t: float, bands: int, rows: int, path: str, out: str
 # --- running and timing ----------------------------------------------------------------------
 
 def command(system: str, mode: str, path: str, out: str, jobs: int) -> tuple:
-    """(argv, setting) of one run."""
-    if system == "simindex":
+    """(argv, setting) of one run: simindex at `jobs`, or simindex-jN at --jobs N."""
+    if system.startswith("simindex"):
+        jobs = int(system.split("-j")[1]) if "-j" in system else jobs
         rule = ["--k", "3"] if mode == "k3" else ["--min-similarity", mode]
         return [sys.executable, "-m", "simindex", "dedup", path, "--output", out, *rule,
                 "--jobs", str(jobs)], ""
@@ -410,7 +412,7 @@ def run_one(system, mode, n, path, a, rnd) -> dict:
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
     log = os.path.join(folder, "log.txt")
-    argv, setting = command(system, mode, path, os.path.join(folder, "out.jsonl"), a.jobs)
+    argv, setting = command(system, mode, path, os.path.join(folder, "out.jsonl"), a.jobs[0])
     r = timed_run(argv, a.timeout, log, {**os.environ, "TMPDIR": folder})
     removed, said = removed_count(log) if r["status"] == "ok" else (None, "")
     if r["status"] == "failed":
@@ -427,7 +429,7 @@ def run_one(system, mode, n, path, a, rnd) -> dict:
 
 def systems_in(mode: str, systems: list) -> list:
     """The systems that run a mode: k3 is simindex's alone."""
-    return [s for s in systems if mode != "k3" or s == "simindex"]
+    return [s for s in systems if mode != "k3" or s.startswith("simindex")]
 
 
 def figures(runs: list, mode: str, n: int, system: str) -> dict:
@@ -468,7 +470,8 @@ def table(runs: list, mode: str, sizes: list, systems: list, timeout: float) -> 
             base = figures(runs, mode, sizes[0], system)
             growth = f"x{f['us'] / base['us']:.2f}" if base["status"] == "ok" else "-"
             ratio = "-" if system == "simindex" or ours["status"] != "ok" else \
-                f"x{ours['rate'] / f['rate']:.2f}"
+                f"x{ours['rate'] / f['rate']:.2f}" if not system.startswith("simindex") else \
+                f"(its rows/s: x{f['rate'] / ours['rate']:.2f} simindex's)"
             removed = " or ".join("?" if x is None else f"{x:,}" for x in f["removed"])
             lines.append(f"| {n:,} | {system} | {f['seconds']:.2f} ({f['min']:.2f}-"
                          f"{f['max']:.2f}) | {f['rate']:,.0f} | {f['us']:.1f} | {growth} | "
@@ -484,6 +487,8 @@ def versions(systems: list) -> str:
     from importlib import metadata
     out = []
     for s in systems:
+        if s.startswith("simindex-j"):
+            continue
         try:
             out.append(f"{s} {metadata.version(s.split('-')[0])}")
         except metadata.PackageNotFoundError:
@@ -520,7 +525,9 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="+", default=["0.7", "k3"], choices=MODES)
     ap.add_argument("--systems", nargs="+", default=list(SYSTEMS[:4]), choices=SYSTEMS)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--jobs", type=int, default=1, help="simindex's --jobs (peers: one core)")
+    ap.add_argument("--jobs", type=int, nargs="+", default=[1],
+                    help="simindex's --jobs (peers: one core); more values add systems "
+                    "simindex-jN, the same run at --jobs N")
     ap.add_argument("--timeout", type=float, default=900, help="seconds a run may take")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workdir", help="where corpora and the word table are kept")
@@ -534,10 +541,12 @@ def main(argv=None) -> int:
         return 0
     sizes = sorted(set(a.rows + (list(BIG) if a.big else [])))
     systems = [s for s in SYSTEMS if s in a.systems]
+    if "simindex" in systems:
+        systems[1:1] = [f"simindex-j{j}" for j in a.jobs[1:]]
     temporary = a.workdir is None
     a.workdir = a.workdir or tempfile.mkdtemp(prefix="scale-bench-")
     os.makedirs(a.workdir, exist_ok=True)
-    print(f"# {versions(systems)}; simindex --jobs {a.jobs}; {a.rounds} rounds; "
+    print(f"# {versions(systems)}; simindex --jobs {a.jobs[0]}; {a.rounds} rounds; "
           f"timeout {a.timeout:g} s", flush=True)
     try:
         sampler = functools.cache(lambda: Sampler(*word_table(a.workdir)))
@@ -552,7 +561,7 @@ def main(argv=None) -> int:
             print("\n".join(table(runs, mode, sizes, systems, a.timeout)))
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"versions": versions(systems), "jobs": a.jobs, "seed": a.seed,
+                json.dump({"versions": versions(systems), "jobs": a.jobs[0], "seed": a.seed,
                            "timeout": a.timeout, "rows": sizes, "modes": a.modes,
                            "systems": systems, "rounds": a.rounds,
                            "corpora": {str(n): made for n, (_, made) in corpora.items()},

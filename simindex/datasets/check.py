@@ -168,7 +168,7 @@ class Spill:
                 np.frombuffer(mmap.mmap(fd, 8 * self.entries, prot=mmap.PROT_READ), "<u8")
                 for fd in self.fds[1:])
             self._mapped = self.entries
-        i = int(self._keys.searchsorted(key))
+        i = int(self._keys.searchsorted(np.uint64(key)))  # a uint64: no cast of the keys
         if i == self.entries or int(self._keys[i]) != key:
             return None
         start = int(self._ends[i - 1]) if i else 0

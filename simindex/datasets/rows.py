@@ -9,6 +9,8 @@ import gzip
 import io
 import json
 import os
+import queue
+import threading
 import zlib
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
@@ -124,24 +126,28 @@ def read_rows(path: str, fmt: Optional[str] = None,
 
 def _jsonl_rows(path, name):
     with _open_bytes(path) as f:
-        n = 0
         for n, raw in enumerate(f, 1):
-            try:
-                obj = _fast_json(raw)          # the common line, never decoded to a str
-            except (msgspec.MsgspecError, ValueError, RecursionError):
-                obj = None
-            if type(obj) is not dict:          # anything else: as the json module reads it
-                obj = _slow_json(raw, n, name)
-                if obj is None:                # a blank line
-                    continue
-                if type(obj) is BadLine:
-                    yield obj
-                    continue
-                if n == 1 and raw.startswith(_BOM):
-                    raw = raw[len(_BOM):]
-            row = JsonRow(obj)
-            row.line = raw.rstrip(b"\r\n")
-            yield Row(row, n, f"{name}:{n}")
+            row = json_row(raw, n, name)
+            if row is not None:
+                yield row
+
+
+def json_row(raw: bytes, n: int, name: str) -> Any:
+    """Line n of a JSON lines file (its bytes, with or without its newline) as a Row, a
+    BadLine saying what is wrong with it, or None for a blank line."""
+    try:
+        obj = _fast_json(raw)          # the common line, never decoded to a str
+    except (msgspec.MsgspecError, ValueError, RecursionError):
+        obj = None
+    if type(obj) is not dict:          # anything else: as the json module reads it
+        obj = _slow_json(raw, n, name)
+        if obj is None or type(obj) is BadLine:
+            return obj
+        if n == 1 and raw.startswith(_BOM):
+            raw = raw[len(_BOM):]
+    row = JsonRow(obj)
+    row.line = raw.rstrip(b"\r\n")
+    return Row(row, n, f"{name}:{n}")
 
 
 def _slow_json(raw: bytes, n: int, name: str) -> Any:
@@ -224,6 +230,44 @@ def _parquet_rows(path, name):
             yield Row(obj, n, f"{name}:{n}")
 
 
+class _Behind:
+    """Bytes written to a stream by a thread of its own, in order, with at most DEPTH
+    chunks waiting: the caller goes on while the kernel copies them (the write releases
+    the GIL). A write's error is raised by the next write() or by wait()."""
+
+    DEPTH = 2
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.error: Optional[BaseException] = None
+        self.chunks: queue.Queue = queue.Queue(self.DEPTH)
+        self.thread = threading.Thread(target=self._run, name="simindex-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            chunk = self.chunks.get()
+            if chunk is None:
+                return
+            if self.error is None:
+                try:
+                    self.stream.write(chunk)
+                except BaseException as e:      # noqa: B902 - handed to the caller
+                    self.error = e
+
+    def write(self, chunk: bytes) -> None:
+        if self.error is not None:
+            raise self.error
+        self.chunks.put(chunk)
+
+    def wait(self) -> None:
+        """Every chunk written (or the first error raised), and the thread ended."""
+        self.chunks.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 class RowWriter:
     """Rows written to `path` in a format, through a temporary file in the same directory
     (publish.temporary_file) that commit() renames into place (fsynced first); finish()
@@ -248,6 +292,7 @@ class RowWriter:
         self._bytes: Any = None         # JSON lines and CSV: the (gzipped) byte stream
         self._gz: Optional[gzip.GzipFile] = None
         self._csv: Optional[csv.DictWriter] = None
+        self._behind: Optional[_Behind] = None     # JSON lines written by write_many
         if self.fmt == "parquet":
             _pyarrow()
         else:
@@ -260,10 +305,9 @@ class RowWriter:
     def write(self, row: dict) -> None:
         self.count += 1
         if self.fmt == "jsonl":
-            if type(row) is JsonRow:
-                self._bytes.write(row.line + b"\n")
-            else:
-                self._bytes.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
+            line = row.line + b"\n" if type(row) is JsonRow else \
+                (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+            (self._behind or self._bytes).write(line)
         elif self.fmt == "csv":
             if self._csv is None:
                 if self.columns is None:
@@ -278,7 +322,8 @@ class RowWriter:
                 self._flush_parquet()
 
     def write_many(self, rows: list) -> None:
-        """write() of each row, in order (JSON lines in one write)."""
+        """write() of each row, in order (JSON lines in one write, made by a thread of the
+        writer's own while the caller goes on)."""
         if self.fmt != "jsonl":
             for row in rows:
                 self.write(row)
@@ -286,7 +331,9 @@ class RowWriter:
         if not rows:
             return
         self.count += len(rows)
-        self._bytes.write(b"\n".join([
+        if self._behind is None:
+            self._behind = _Behind(self._bytes)
+        self._behind.write(b"\n".join([
             row.line if type(row) is JsonRow else
             json.dumps(row, ensure_ascii=False).encode("utf-8") for row in rows]) + b"\n")
 
@@ -314,6 +361,9 @@ class RowWriter:
 
     def finish(self) -> None:
         """Finish the file at its temporary name: written, fsynced and closed."""
+        if self._behind is not None:
+            behind, self._behind = self._behind, None
+            behind.wait()
         if self.fmt == "parquet":
             if self._rows:
                 self._flush_parquet()
@@ -340,6 +390,12 @@ class RowWriter:
 
     def abort(self) -> None:
         """Drop the temporary file: the path keeps what it held before."""
+        if self._behind is not None:
+            behind, self._behind = self._behind, None
+            try:
+                behind.wait()
+            except (OSError, ValueError):
+                pass
         try:
             self._raw.close()
         except OSError:

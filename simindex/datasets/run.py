@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 from contextlib import closing
+from types import SimpleNamespace
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import (
     Any, Callable, Generator, Iterable, Iterator, NamedTuple, Optional, Union,
@@ -48,7 +49,8 @@ from ..inputs import check_id, parse_fp
 from ..scheme_names import lsh_rows
 from .check import Check, Shingles, batch_signatures
 from .publish import temporary_dir
-from .rows import Row, read_rows
+from .parts import in_order, lines_of, parts_of, read_part, splittable
+from .rows import Row, format_of, json_row, read_rows
 from .rules import (
     components_outside, distance, greedy_outside, greedy_verdict, held, id_taken, matches,
     near_pairs, sketched, taken_row, verdict_of_group,
@@ -134,16 +136,15 @@ class _Judge:
         return pack_metas(values, ids, [None if x is None else (x.sketch, len(x.set))
                                         for x in sh])
 
-    def put(self, adm: Any, adds: list, idkeys: list, q: Any, positions: list, ids: list,
-            sh: list, places: list) -> None:
-        """Add the records of kept rows (batch positions `adds`) in an admission; an id
-        already stored, or kept twice, is an error naming the row."""
+    def put(self, adm: Any, adds: list, idkeys: list, q: Any, metas: list, ids: list,
+            places: list) -> None:
+        """Add the records of kept rows (batch positions `adds`; `metas`: every row's
+        packed meta) in an admission; an id already stored, or kept twice, is an error
+        naming the row."""
         if not adds:
             return
         try:
-            adm.put([idkeys[i] for i in adds], q[adds],
-                    self.metas([positions[i] for i in adds], [ids[i] for i in adds],
-                               [sh[i] for i in adds]))
+            adm.put([idkeys[i] for i in adds], q[adds], [metas[i] for i in adds])
         except IdExistsError as e:
             raise taken_row(e, adds, idkeys, adm, places, ids) from None
 
@@ -156,9 +157,11 @@ class _Judge:
         for a, b in near_pairs(self.idx, fps, self.k):
             earlier.setdefault(b, []).append(a)
         ids = [g.id for g in good]
-        return Ahead(good, [g.row.data for g in good], ids, fps,
-                     [[g.p, g.row.number] for g in good], [g.row.where for g in good],
-                     [g.sh for g in good], self.idx.queries(fps), encode_ids(ids), earlier)
+        positions = [[g.p, g.row.number] for g in good]
+        sh = [g.sh for g in good]
+        return Ahead(good, [g.row.data for g in good], ids, fps, positions,
+                     [g.row.where for g in good], sh, self.idx.queries(fps),
+                     encode_ids(ids), earlier, self.metas(positions, ids, sh))
 
     def batch(self, a: "Ahead") -> list:
         """Decisions for one batch, its kept rows added to the index in the transaction
@@ -175,7 +178,7 @@ class _Judge:
                 check.rewind(mark)         # made again from its start (the map grew)
             stored = sketched(held(self.idx, q, adm.hits(q, k), k))
             out, adds = self.greedy(a, stored, refs)
-            self.put(adm, adds, a.idkeys, q, a.positions, a.ids, a.sh, a.places)
+            self.put(adm, adds, a.idkeys, q, a.metas, a.ids, a.places)
             return out
         return self.idx._admit(decide, settle=k > self.idx.k)
 
@@ -253,11 +256,14 @@ def decision_batches(inputs: Union[str, Iterable[str]], *, text_field: str = "te
             fingerprint_field=fingerprint_field, time_budget=time_budget, summary=summary)
         if empty:                      # no row: judged against a scratch index, not kept
             index = os.path.join(scratch, "index")
-        if jobs > 1 and (fingerprint_field is None or min_similarity is not None):
+        parts = jobs if jobs > 1 and all(format_of(path, fmt) == "jsonl" and
+                                         splittable(path) for path in paths) else 0
+        if parts:                      # JSON lines: read in parts by worker processes
+            pool = _processes(jobs)
+        elif jobs > 1 and (fingerprint_field is None or min_similarity is not None):
             word = (scheme or DEFAULT_SCHEME) in WORD_SCHEMES if new else None
             if word is False or (word is None and not _index_reads_words(index)):
-                pool = ProcessPoolExecutor(jobs)
-                pool.submit(int).result()  # its workers fork now, before an index is open
+                pool = _processes(jobs)
             else:
                 pool = ThreadPoolExecutor(jobs)
         idx, ref, kk, min_similarity, measure = open_indexes(
@@ -268,7 +274,7 @@ def decision_batches(inputs: Union[str, Iterable[str]], *, text_field: str = "te
         if min_similarity is not None:
             check = Check(float(min_similarity), measure, token, scratch)
         run = BatchReader(paths, fmt, text_field, id_field, fingerprint_field, keep, pool,
-                          on_error, summary, idx, check is not None, made, reserved)
+                          on_error, summary, idx, check is not None, made, reserved, parts)
         judge = _Judge(idx, ref, kk, token, check)
         if mode == "greedy":
             # its reader stops before the pool
@@ -298,6 +304,24 @@ def decision_batches(inputs: Union[str, Iterable[str]], *, text_field: str = "te
             shutil.rmtree(scratch, ignore_errors=True)
         if lock is not None:
             os.close(lock)
+
+
+def _processes(jobs: int) -> ProcessPoolExecutor:
+    """A pool of `jobs` worker processes, started now (before an index is open), each of
+    which ends itself once the run's process is gone: killed, it would leave them waiting
+    for work forever, holding its pipes and files open."""
+    pool = ProcessPoolExecutor(jobs, initializer=_watch_parent, initargs=(os.getpid(),))
+    pool.submit(int).result()
+    return pool
+
+
+def _watch_parent(pid: int) -> None:
+    """A worker's watch on the run's process (`pid`): the worker exits when it is gone."""
+    def watch() -> None:
+        while os.getppid() == pid:
+            time.sleep(0.2)
+        os._exit(1)
+    threading.Thread(target=watch, name="simindex-parent-watch", daemon=True).start()
 
 
 def _index_reads_words(index: str) -> bool:
@@ -332,6 +356,7 @@ class Ahead(NamedTuple):
     queries: Any             # the fingerprints as the index's batch calls take them
     idkeys: list             # the ids' record keys
     earlier: dict            # row -> the earlier rows of the batch within k
+    metas: list              # the packed metas of their records, should they be kept
 
 
 class BatchReader:
@@ -341,8 +366,10 @@ class BatchReader:
                  id_field: Optional[str], fingerprint_field: Optional[str], keep: str,
                  pool: Any, on_error: Any, summary: Summary, idx: Any,
                  shingled: bool = False, made: Optional[dict] = None,
-                 reserved: tuple = ()) -> None:
+                 reserved: tuple = (), parts: int = 0) -> None:
         self.paths, self.fmt = paths, fmt
+        self.parts = parts            # JSON lines read in parts by the pool's processes
+                                      # (this many), or 0
         self.text_field, self.id_field, self.fingerprint_field = \
             text_field, id_field, fingerprint_field
         self.keep, self.pool, self.on_error, self.summary = keep, pool, on_error, summary
@@ -354,12 +381,12 @@ class BatchReader:
         # (file number, path, name shown in rows' places) of the files it reads
         self.files = [(p, path, path) for p, path in enumerate(paths)]
 
-    def counted(self) -> None:
-        """A row was read."""
+    def counted(self, rows: int = 1) -> None:
+        """Rows were read."""
         if self.events is not None:
-            self.events.append(None)
+            self.events.append(rows)
         else:
-            self.summary.rows += 1
+            self.summary.rows += rows
 
     def rejected(self, e: BadLine) -> None:
         """A bad row: raised under on_error="stop", else counted and reported (by the
@@ -373,21 +400,16 @@ class BatchReader:
 
     def replay(self, events: list) -> None:
         for e in events:
-            if e is None:
-                self.summary.rows += 1
+            if type(e) is int:
+                self.summary.rows += e
             else:
                 _bad(e, self.on_error, self.summary)
 
-    def rows(self, again: bool = False) -> Iterator[tuple]:
-        """(file number, Row) of every input row, in order; a row that breaks its file's
-        format goes to on_error (reading `again`, it is skipped silently)."""
-        def bad(e: BadLine) -> None:
-            if not again:
-                self.counted()
-                self.rejected(e)
+    def rows_again(self) -> Iterator[tuple]:
+        """(file number, Row) of every input row read again, in order (the lines that are
+        not rows were reported when first read, and are skipped)."""
         for p, path, shown in self.files:
-            for row in read_rows(path, self.fmt, None if self.on_error == "stop" else bad,
-                                 shown):
+            for row in read_rows(path, self.fmt, lambda e: None, shown):
                 yield p, row
 
     def batches(self, ahead: Optional[Callable[[list], Any]] = None
@@ -445,29 +467,77 @@ class BatchReader:
             self.events = None
 
     def _batches(self) -> Iterator[list]:
+        if self.parts:
+            yield from self._part_batches()
+            return
         rows: list = []
+        unread: list = []             # (place in the batch, BadLine) of rows not read
         chars = 0
         field = self.text_field
-        for pr in self.rows():
-            rows.append(pr)
-            text = pr[1].data.get(field)
-            chars += len(text) if isinstance(text, str) else 0
-            if len(rows) >= BATCH or chars >= BATCH_CHARS:
-                yield self.prepare(rows)
-                rows = []
-                chars = 0
-        if rows:
-            yield self.prepare(rows)
 
-    def prepare(self, rows: list) -> list:
+        def bad(e: BadLine) -> None:  # before the batch's next row: reported in order
+            unread.append((len(rows), e))
+        for p, path, shown in self.files:
+            for row in read_rows(path, self.fmt, bad, shown):
+                rows.append((p, row))
+                text = row.data.get(field)
+                chars += len(text) if isinstance(text, str) else 0
+                if len(rows) >= BATCH or chars >= BATCH_CHARS:
+                    yield self.prepare(rows, unread)
+                    rows, unread = [], []
+                    chars = 0
+        if rows or unread:
+            yield self.prepare(rows, unread)
+
+    def settings(self) -> dict:
+        """What a worker needs to check and fingerprint rows as this reader does."""
+        return dict(fmt=self.fmt, text_field=self.text_field, id_field=self.id_field,
+                    fingerprint_field=self.fingerprint_field, keep=self.keep,
+                    width=self.width, scheme=self.scheme, shingled=self.shingled,
+                    reserved=self.reserved)
+
+    def _part_batches(self) -> Iterator[list]:
+        """_batches of JSON lines files read in parts by the pool's worker processes
+        (prepared_part): each part's rows are built again here, from its bytes, for the
+        good rows the worker names, with the ids, fingerprints, ranks and shingles it
+        made."""
+        settings = self.settings()
+        self.made = {}                 # the workers make every row's sets themselves
+        for p, path, shown in self.files:
+            jobs = ((part, data, (settings, part, p, shown)) for part, data in parts_of(path))
+            for part, data, got in in_order(self.pool, prepared_part, jobs, self.parts + 1):
+                counted, numbers, ids, fps, ranks, sets, sketches, bad = got
+                self.counted(counted)
+                for _, where, reason in bad:
+                    self.rejected(BadLine(where, reason))
+                lines = lines_of(data)
+                good = []
+                for j, n in enumerate(numbers):
+                    row = json_row(lines[n - part.first], n, shown)
+                    if type(row) is not Row:
+                        raise InputError(f"{shown}: the file changed while it was read "
+                                         f"(line {n})")
+                    good.append(_Good(p, row, row.where if ids is None else ids[j], fps[j],
+                                      None if ranks is None else ranks[j],
+                                      None if sets is None else Shingles(sets[j],
+                                                                          sketches[j])))
+                for i in range(0, len(good), BATCH):
+                    yield good[i:i + BATCH]
+
+    def prepare(self, rows: list, unread: Optional[list] = None) -> list:
         """The good rows of a batch of (file number, Row), fingerprinted. Bad rows go to
-        on_error in input order (under "stop", the first of them is raised), also those
-        whose text turns out to have no token."""
+        on_error in input order (under "stop", the first of them is raised): those whose
+        columns break a rule, those whose text turns out to have no token, and `unread`,
+        the (place in the batch, BadLine) of lines that were not rows, each before the
+        batch's row at that place."""
         width = self.width
         good: list = []
         texts: list = []
         where: list = []            # each good row's place in the batch
-        bad: list = []              # (place in the batch, BadLine)
+        bad: list = []              # ((place in the batch, 1), BadLine)
+        for i, e in unread or ():
+            self.counted()
+            bad.append(((i, 0), e))
         for i, (p, row) in enumerate(rows):
             self.counted()
             try:
@@ -490,7 +560,7 @@ class BatchReader:
                 if text is not None:                 # a text for each good row, in step
                     texts.append(text)
             except BadLine as e:
-                bad.append((i, e))
+                bad.append(((i, 1), e))
                 if self.on_error == "stop":
                     break                            # an earlier row may still be bad
         if not texts:
@@ -500,7 +570,7 @@ class BatchReader:
             out = []
             for i, (p, row, id_, fp, rank), sig in zip(where, good, sigs):
                 if type(sig) is str:
-                    bad.append((i, BadLine(row.where, sig)))
+                    bad.append(((i, 1), BadLine(row.where, sig)))
                 elif self.shingled:
                     out.append(_Good(p, row, id_, sig[0] if fp is None else fp, rank, sig[1]))
                 else:
@@ -675,7 +745,7 @@ def _components(run: BatchReader, judge: _Judge, drop_all: bool) -> Iterator[Dec
         return final
     verdict = idx._admit(admit)
     i = 0
-    for p, row in run.rows(again=True):
+    for p, row in run.rows_again():
         if i >= n or [p, row.number] != pos[i]:
             continue                       # a bad row, skipped in the first pass
         v = verdict[i]
@@ -728,9 +798,8 @@ def _put_kept(adm: Any, adds: list, ids: list, fps: list, pos: list, given: set,
             raise id_taken(places[n], ids_[n], idk in given)
         given.add(idk)
     sh = [shingles(i) for i in adds] if judge.check is not None else [None] * len(adds)
-    judge.put(adm, list(range(len(adds))), idkeys,
-              judge.idx.queries([fps[i] for i in adds]), [pos[i] for i in adds], ids_, sh,
-              places)
+    judge.put(adm, list(range(len(adds))), idkeys, judge.idx.queries([fps[i] for i in adds]),
+              judge.metas([pos[i] for i in adds], ids_, sh), ids_, places)
 
 
 def _bad(e: BadLine, on_error, summary) -> None:
@@ -780,6 +849,42 @@ def _fingerprints(texts: list, scheme, width: int, pool, shingled: bool = False)
     return out
 
 
+def prepared_part(args: tuple) -> tuple:
+    """A worker's work on one part of a JSON lines file (parts.Part): its lines read and
+    checked as BatchReader.prepare checks them, and fingerprinted. Returns (rows counted,
+    the good rows' line numbers, their ids or None when they are "file:row", fingerprints,
+    ranks or None, shingle sets and sketches or None, each bad row's (line number,
+    "file:row", reason) in the order the run reports them)."""
+    settings, part, p, shown = args
+    rows: list = []
+    unread: list = []
+    number: dict = {}                  # "file:row" -> row number
+    for n, raw in enumerate(lines_of(read_part(part)), part.first):
+        got = json_row(raw, n, shown)
+        if type(got) is Row:
+            rows.append((p, got))
+            number[got.where] = n
+        elif got is not None:
+            unread.append((len(rows), got))
+            number[got.where] = n
+    bad: list = []
+    reader = BatchReader([part.path], settings["fmt"], settings["text_field"],
+                         settings["id_field"], settings["fingerprint_field"],
+                         settings["keep"], None, bad.append, Summary(),
+                         SimpleNamespace(width=settings["width"], scheme=settings["scheme"]),
+                         settings["shingled"], reserved=settings["reserved"])
+    good = reader.prepare(rows, unread)
+    checked = settings["shingled"]
+    return (len(rows) + len(unread),
+            [g.row.number for g in good],
+            None if settings["id_field"] is None else [g.id for g in good],
+            [g.fp for g in good],
+            None if settings["keep"] == "first" else [g.rank for g in good],
+            [g.sh.set for g in good] if checked else None,
+            [g.sh.sketch for g in good] if checked else None,
+            [(number[e.where], e.where, e.reason) for e in bad])
+
+
 def dedup(inputs: Union[str, Iterable[str]], **options: Any) -> Iterator[dict]:
     """The rows of `inputs` (JSONL, CSV or Parquet files) that are not near-duplicates of a
     row kept before them, in input order: the greedy rule of `add_unique`.
@@ -788,7 +893,8 @@ def dedup(inputs: Union[str, Iterable[str]], **options: Any) -> Iterator[dict]:
     (hex or int fingerprints instead of texts), `k` (3), `scheme`, `width` (64), `index`
     (a directory: keep the index, so later runs remove what duplicates this one's rows),
     `against` (a reference index: rows near any of its records are removed, nothing is
-    added to it), `fmt`, `jobs` (fingerprinting processes), `on_error` ("stop", "skip" or
+    added to it), `fmt`, `jobs` (above 1: worker processes reading plain JSON lines files in
+    parts, else fingerprinting threads), `on_error` ("stop", "skip" or
     a callable taking the BadLine). `mode="components"` keeps one row per connected
     component of the near-duplicate graph instead, chosen by `keep` ("first", "longest"
     text, or the row with the largest value of a column); `drop_all=True` keeps none of a

@@ -24,15 +24,16 @@ def test_a_tiny_grid_and_its_corpus(tmp_path):
     p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "scale_bench.py"),
                         "--rows", str(N), "--rounds", "1", "--modes", "0.7", "k3",
                         "--systems", "simindex", "rensa", "rensa-dedup", "rensa-split",
-                        "--workdir", str(tmp_path),
+                        "--jobs", "1", "2", "--workdir", str(tmp_path),
                         "--json", str(tmp_path / "runs.json")],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     tables = p.stdout.split("\n## ")[1:]
     assert [t.splitlines()[0] for t in tables] == ["Jaccard >= 0.7",
                                                    "k=3 bits of 64, no similarity check"]
-    assert systems_of(tables[0]) == ["simindex", "rensa", "rensa-dedup", "rensa-split"]
-    assert systems_of(tables[1]) == ["simindex"]           # k3 has no MinHash counterpart
+    assert systems_of(tables[0]) == ["simindex", "simindex-j2", "rensa", "rensa-dedup",
+                                     "rensa-split"]
+    assert systems_of(tables[1]) == ["simindex", "simindex-j2"]   # no MinHash counterpart
     for table in tables:
         for line in table.splitlines()[4:4 + len(systems_of(table))]:
             cells = [c.strip() for c in line.split("|")[1:-1]]
@@ -63,3 +64,8 @@ def test_a_tiny_grid_and_its_corpus(tmp_path):
     dedup = {r["system"]: r["removed"] for r in result["runs"]
              if r["system"] in ("rensa-dedup", "rensa-split")}
     assert dedup["rensa-dedup"] == dedup["rensa-split"] > 0
+    # --jobs 2 reads the file in parts in worker processes: the same rows removed
+    simindex = {(r["mode"], r["system"]): r["removed"] for r in result["runs"]
+                if r["system"].startswith("simindex")}
+    assert simindex[("0.7", "simindex")] == simindex[("0.7", "simindex-j2")]
+    assert simindex[("k3", "simindex")] == simindex[("k3", "simindex-j2")]

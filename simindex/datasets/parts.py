@@ -1,0 +1,90 @@
+"""JSON lines files read in parts by worker processes: a file is cut at line ends into parts
+of about PART_BYTES, each part is handed to a worker by its byte range (the worker reads,
+checks and fingerprints its lines on its own core) and its bytes stay in the run's process,
+which builds the part's rows again, in input order, when the worker's result comes back."""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any, Callable, Iterator, NamedTuple
+
+PART_BYTES = 4 << 20
+
+
+class Part(NamedTuple):
+    """A byte range of a file holding whole lines: `first` is the number of its first line
+    in the file, `lines` how many lines it holds."""
+    path: str
+    start: int
+    size: int
+    first: int
+    lines: int
+
+
+def splittable(path: str) -> bool:
+    """Whether a file can be read in parts: a plain file (gzip streams cannot be cut)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) != b"\x1f\x8b" and os.path.isfile(path)
+    except OSError:
+        return False
+
+
+def lines_of(data: bytes) -> list:
+    """The lines of a part's bytes, without their newlines (a last line may lack one)."""
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return lines
+
+
+def parts_of(path: str) -> Iterator[tuple]:
+    """(Part, its bytes) of a file, in order; a line longer than PART_BYTES makes a part
+    of its own."""
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        offset, line = 0, 1
+        while offset < size:
+            data = os.pread(fd, PART_BYTES, offset)
+            found = b"\n" in data
+            while not found and offset + len(data) < size:
+                more = os.pread(fd, PART_BYTES, offset + len(data))
+                if not more:
+                    break
+                found = b"\n" in more
+                data += more
+            if offset + len(data) < size:
+                data = data[:data.rfind(b"\n") + 1]
+            if not data:
+                return                   # the file shrank while it was read
+            n = data.count(b"\n") + (not data.endswith(b"\n"))
+            yield Part(path, offset, len(data), line, n), data
+            offset += len(data)
+            line += n
+
+
+def read_part(part: Part) -> bytes:
+    """A part's bytes, as a worker reads them."""
+    with open(part.path, "rb", buffering=0) as f:
+        return os.pread(f.fileno(), part.size, part.start)
+
+
+def in_order(pool: Any, work: Callable[[Any], Any], jobs: Iterator[tuple],
+             ahead: int) -> Iterator[tuple]:
+    """(Part, its bytes, work's result) of each (Part, bytes, work's argument) of `jobs`,
+    in order, with up to `ahead` parts in the pool's workers at once."""
+    waiting: collections.deque = collections.deque()
+    try:
+        for part, data, arg in jobs:
+            waiting.append((part, data, pool.submit(work, arg)))
+            if len(waiting) > ahead:
+                part_, data_, fut = waiting.popleft()
+                yield part_, data_, fut.result()
+        while waiting:
+            part_, data_, fut = waiting.popleft()
+            yield part_, data_, fut.result()
+    finally:
+        for _, _, fut in waiting:
+            fut.cancel()

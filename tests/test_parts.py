@@ -1,0 +1,168 @@
+"""JSON lines read in parts by worker processes (`--jobs` above 1) decide exactly as one
+process reading line by line: the same decisions, rows, places, bad rows and counts, with
+parts cut anywhere (tiny parts here, so lines, blank lines, bad lines and a byte-order mark
+fall on every side of a cut)."""
+
+import json
+import random
+
+import pytest
+
+import simindex
+from simindex.datasets import parts, run as runmod
+from simindex.datasets.parts import Part, lines_of, parts_of
+
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi "
+         "omicron pi rho sigma tau upsilon phi chi psi omega").split()
+
+
+def text(rng, n=60):
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def near(rng, t):
+    words = t.split()
+    words[rng.randrange(len(words))] = rng.choice(WORDS)
+    return " ".join(words)
+
+
+def corpus(rng, n=120, odd=True):
+    """Lines of a JSON lines file: texts, near and exact copies, and (odd) the lines a
+    reader must report or skip."""
+    lines = []
+    kept = []
+    for i in range(n):
+        r = rng.random()
+        t = rng.choice(kept) if kept and r < 0.1 else \
+            near(rng, rng.choice(kept)) if kept and r < 0.3 else text(rng)
+        kept.append(t)
+        row = {"id": f"r{i}", "text": t, "n": i, "score": rng.randrange(100)}
+        lines.append(json.dumps(row, ensure_ascii=rng.random() < 0.5).encode())
+        if odd and rng.random() < 0.15:
+            lines.append(rng.choice([
+                b"", b"   ", b"{not json}", b'{"id": "x%d"}' % i, b'{"text": 5}',
+                b'{"id": "n%d", "text": "...  ,,,"}' % i, b"[1, 2]", b'{"text": "\xff"}',
+                b'{"id": "m%d", "text": "nan %s", "v": NaN}' % (i, text(rng).encode()),
+                b'{"id": "s%d", "text": "\\ud800 %s"}' % (i, text(rng).encode()),
+            ]))
+    return lines
+
+
+def decide(path, jobs, **options):
+    bad = []
+    summary = runmod.Summary()
+    got = [(d.id, d.where, d.kept, d.match, d.distance, d.similarity, d.evidence,
+            json.dumps(d.row, sort_keys=True), bytes(d.row.line))
+           for d in simindex.decisions(str(path), jobs=jobs, on_error=bad.append,
+                                       summary=summary, **options)]
+    return got, [str(b) for b in bad], (summary.rows, summary.kept, summary.removed,
+                                        summary.skipped)
+
+
+@pytest.mark.parametrize("part_bytes", [1, 700, 5000])
+@pytest.mark.parametrize("options", [
+    dict(k=8), dict(k=8, id_field="id"), dict(min_similarity=0.8, id_field="id"),
+    dict(k=6, mode="components", keep="score"), dict(k=8, keep="longest", drop_all=True)])
+def test_parts_decide_as_one_reader(tmp_path, monkeypatch, part_bytes, options):
+    monkeypatch.setattr(parts, "PART_BYTES", part_bytes)
+    rng = random.Random(part_bytes)
+    lines = corpus(rng)
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b"\n".join(lines) + (b"\n" if part_bytes > 1 else b""))
+    cut = []
+    real = runmod.parts_of
+    monkeypatch.setattr(runmod, "parts_of", lambda p: (cut.append(x) or x for x in real(p)))
+    one = decide(path, 1, **options)
+    assert not cut
+    two = decide(path, 2, **options)
+    assert len(cut) > (2 if part_bytes < 5000 else 0)       # read in parts
+    assert two == one
+    assert one[2][0] > 100 and one[2][3] > 0 and one[2][2] > 0   # rows, skipped, removed
+
+
+def test_a_bad_row_stops_a_run_read_in_parts_where_it_stops_one_reader(tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setattr(parts, "PART_BYTES", 300)
+    rng = random.Random(3)
+    lines = [json.dumps({"text": text(rng)}).encode() for _ in range(40)]
+    lines[25] = b'{"text": "unfinished'
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join(lines))
+    for jobs in (1, 2):
+        with pytest.raises(simindex.BadLine, match=r"in\.jsonl:26: not valid JSON"):
+            list(simindex.decisions(str(path), k=3, jobs=jobs))
+
+
+def test_parts_are_whole_lines_numbered_as_the_file(tmp_path, monkeypatch):
+    rng = random.Random(7)
+    lines = [b"x" * rng.randrange(0, 50) for _ in range(300)] + [b"y" * 400]
+    data = b"\n".join(lines) + b"\nlast line without a newline"
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(data)
+    want = data.split(b"\n")
+    for size in (1, 17, 64, 1000, 1 << 20):
+        monkeypatch.setattr(parts, "PART_BYTES", size)
+        got = list(parts_of(str(path)))
+        assert b"".join(d for _, d in got) == data
+        assert all(d.endswith(b"\n") for _, d in got[:-1])
+        at = 1
+        for part, d in got:
+            assert part == Part(str(path), part.start, len(d), at, len(lines_of(d)))
+            assert lines_of(d) == want[at - 1:at - 1 + part.lines]
+            at += part.lines
+        assert at - 1 == len(want)
+
+
+def test_gzip_and_csv_inputs_are_read_by_one_reader(tmp_path):
+    import gzip
+    rng = random.Random(2)
+    rows = [{"text": text(rng)} for _ in range(30)]
+    gz = tmp_path / "in.jsonl.gz"
+    with gzip.open(gz, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    assert not parts.splittable(str(gz)) and not parts.splittable(str(tmp_path))
+    assert [d.kept for d in simindex.decisions(str(gz), k=3, jobs=2)] == \
+        [d.kept for d in simindex.decisions(str(gz), k=3, jobs=1)]
+
+
+def test_workers_end_when_the_run_is_killed(tmp_path):
+    """A run killed mid-way leaves no worker behind (each watches the run's process):
+    orphaned, they would wait for work forever, holding the run's pipes open."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from trials import ENV
+    rng = random.Random(4)
+    path = tmp_path / "big.jsonl"
+    with open(path, "wb") as f:
+        for i in range(60000):
+            f.write(json.dumps({"text": text(rng, 40)}).encode() + b"\n")
+    p = subprocess.Popen([sys.executable, "-m", "simindex", "dedup", str(path), "-o",
+                          str(tmp_path / "o.jsonl"), "--k", "3", "-j", "2"], env=ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def workers():
+        out = []
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if pid.isdigit() and int(pid) != p.pid and str(path).encode() in cmd:
+                out.append(int(pid))
+        return out
+    deadline = time.time() + 60
+    while len(workers()) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    assert len(workers()) == 2                  # forked copies of the run's process
+    time.sleep(0.5)
+    p.send_signal(signal.SIGKILL)
+    p.communicate(timeout=30)                   # their pipes close: the workers are gone
+    deadline = time.time() + 10
+    while workers() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not workers()
+    assert not (tmp_path / "o.jsonl").exists()
