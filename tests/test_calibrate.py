@@ -419,28 +419,37 @@ def test_components_remove_only_what_passes_against_the_kept_row(tmp_path):
     assert plain["A"].kept and not plain["B"].kept and not plain["C"].kept
 
 
-def test_a_second_thread_reads_ahead_without_changing_a_decision(tmp_path, monkeypatch):
-    """With jobs > 1 the next batch is read and fingerprinted while one is judged: the
-    decisions are those of one thread, a bad row stops the run in its place, and a caller
-    that stops early leaves no thread behind."""
+@pytest.mark.parametrize("name", ["in.jsonl", "in.jsonl.gz"])
+def test_a_second_thread_reads_ahead_without_changing_a_decision(tmp_path, monkeypatch, name):
+    """With jobs > 1 the next batch is read and fingerprinted while one is judged (by
+    worker processes in parts of a plain JSON lines file, one line each here; in threads
+    for a gzipped one): the decisions are those of one thread, a bad row stops the run in
+    its place, and a caller that stops early leaves no thread behind."""
+    import gzip
     import threading
+    from simindex.datasets import parts
     monkeypatch.setattr(dedup_module, "BATCH", 6)
+    monkeypatch.setattr(parts, "PART_BYTES", 1)
     rng = random.Random(19)
     rows = []
     for n in range(15):
         a, b, _ = pair_at(rng, 0.8)
         rows += [{"id": f"a{n}", "text": a}, {"id": f"b{n}", "text": b}]
-    write_jsonl(tmp_path / "in.jsonl", rows)
-    path = str(tmp_path / "in.jsonl")
+    path = str(tmp_path / name)
+
+    def write(bad: bool) -> None:
+        data = "".join(json.dumps(r) + "\n" for r in rows) + ("not json\n" if bad else "")
+        with (gzip.open if name.endswith(".gz") else open)(path, "wt") as f:
+            f.write(data)
+    write(False)
     one = [(d.id, d.kept, d.match) for d in simindex.decisions(path, id_field="id",
                                                               min_similarity=0.7, jobs=1)]
     two = [(d.id, d.kept, d.match) for d in simindex.decisions(path, id_field="id",
                                                               min_similarity=0.7, jobs=2)]
     assert one == two and sum(not x[1] for x in one) == 15
-    with open(tmp_path / "in.jsonl", "a") as f:
-        f.write("not json\n")
+    write(True)
     seen = []
-    with pytest.raises(simindex.BadLine, match=r"in.jsonl:31"):
+    with pytest.raises(simindex.BadLine, match=rf"{name}:31"):
         for d in simindex.decisions(path, id_field="id", min_similarity=0.7, jobs=2):
             seen.append(d.id)
     assert len(seen) == 30                      # every row before the bad one was judged
@@ -534,24 +543,33 @@ def test_a_text_of_one_shingle_repeated_is_the_code_of_that_shingle():
             simindex.fingerprint("ha ha ha", scheme="minhash-v1", width=width)
 
 
+@pytest.mark.parametrize("name", ["in.jsonl.gz", "in.jsonl"])
 def test_bad_rows_read_ahead_are_reported_by_the_caller_s_thread_in_order(tmp_path,
-                                                                          monkeypatch):
+                                                                          monkeypatch, name):
+    """Before the decisions of their batch (of 3 rows, read by a thread, from the gzipped
+    file), or of their part (a line each, read by a worker process, from the plain one)."""
+    import gzip
     import threading
+    from simindex.datasets import parts
     monkeypatch.setattr(dedup_module, "BATCH", 3)
+    monkeypatch.setattr(parts, "PART_BYTES", 1)
     rows = [json.dumps({"id": n, "text": f"alpha beta {n} gamma"}) for n in range(9)]
     rows[4] = "not json"
-    (tmp_path / "in.jsonl").write_text("\n".join(rows) + "\n")
+    path = tmp_path / name
+    with (gzip.open if name.endswith(".gz") else open)(path, "wt") as f:
+        f.write("\n".join(rows) + "\n")
     seen = []
 
     def on_error(e):
         seen.append(("bad", e.where, threading.current_thread() is threading.main_thread()))
     summary = dedup_module.Summary()
-    for d in simindex.decisions(str(tmp_path / "in.jsonl"), id_field="id", jobs=2,
+    for d in simindex.decisions(str(path), id_field="id", jobs=2,
                                 on_error=on_error, summary=summary):
         seen.append(("row", d.id, threading.current_thread() is threading.main_thread()))
-    assert [x[:2] for x in seen] == [("row", 0), ("row", 1), ("row", 2),
-                                     ("bad", f"{tmp_path / 'in.jsonl'}:5"), ("row", 3),
-                                     ("row", 5), ("row", 6), ("row", 7), ("row", 8)]
+    bad = [("bad", f"{path}:5")]
+    assert [x[:2] for x in seen] == [("row", 0), ("row", 1), ("row", 2)] + (
+        bad + [("row", 3)] if name.endswith(".gz") else [("row", 3)] + bad) + [
+        ("row", 5), ("row", 6), ("row", 7), ("row", 8)]
     assert all(x[2] for x in seen)
     assert (summary.rows, summary.skipped, summary.kept) == (9, 1, 8)
 

@@ -166,3 +166,16 @@ def test_workers_end_when_the_run_is_killed(tmp_path):
         time.sleep(0.05)
     assert not workers()
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def _dies(args):
+    import os
+    os._exit(3)
+
+
+def test_a_worker_that_dies_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    monkeypatch.setattr(runmod, "prepared_part", _dies)
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"text": "a few words of text here"}) + "\n")
+    with pytest.raises(simindex.Error, match="worker process reading .* from byte 0 ended"):
+        list(simindex.decisions(str(path), k=3, jobs=2))

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import collections
 import os
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator, NamedTuple
+
+from ..errors import Error
 
 PART_BYTES = 4 << 20
 
@@ -74,17 +77,33 @@ def read_part(part: Part) -> bytes:
 def in_order(pool: Any, work: Callable[[Any], Any], jobs: Iterator[tuple],
              ahead: int) -> Iterator[tuple]:
     """(Part, its bytes, work's result) of each (Part, bytes, work's argument) of `jobs`,
-    in order, with up to `ahead` parts in the pool's workers at once."""
+    in order, with up to `ahead` parts in the pool's workers at once. A worker that dies
+    (killed, out of memory) is an Error."""
     waiting: collections.deque = collections.deque()
     try:
         for part, data, arg in jobs:
-            waiting.append((part, data, pool.submit(work, arg)))
+            waiting.append((part, data, _submit(pool, work, arg)))
             if len(waiting) > ahead:
                 part_, data_, fut = waiting.popleft()
-                yield part_, data_, fut.result()
+                yield part_, data_, _result(fut, part_)
         while waiting:
             part_, data_, fut = waiting.popleft()
-            yield part_, data_, fut.result()
+            yield part_, data_, _result(fut, part_)
     finally:
         for _, _, fut in waiting:
             fut.cancel()
+
+
+def _submit(pool: Any, work: Callable[[Any], Any], arg: Any) -> Any:
+    try:
+        return pool.submit(work, arg)
+    except BrokenProcessPool as e:
+        raise Error(f"a worker process of the run ended: {e}") from None
+
+
+def _result(fut: Any, part: Part) -> Any:
+    try:
+        return fut.result()
+    except BrokenProcessPool as e:
+        raise Error(f"the worker process reading {part.path} from byte {part.start} "
+                    f"ended: {e}") from None

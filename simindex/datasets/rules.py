@@ -182,15 +182,16 @@ def id_taken(where: str, id_: Any, twice: bool) -> IdExistsError:
 
 
 def taken_row(e: IdExistsError, adds: list, idkeys: list, adm: Any, places: list,
-              ids: list) -> IdExistsError:
+              ids: list, token: bytes) -> IdExistsError:
     """id_taken of the row of a batch whose id the records put refused with `e`: the first
-    of the rows `adds` holding that id when the index has it, else the second (kept twice)."""
+    of the rows `adds` holding that id when the index has it (given twice when this run's
+    record: an earlier batch kept it), else the second (kept twice in the batch)."""
     bad = encode_ids([e.id])[0]
     hold = [i for i in adds if idkeys[i] == bad]
     if not hold:
         return e
     if adm.stored(bad) or len(hold) < 2:
-        return id_taken(places[hold[0]], ids[hold[0]], False)
+        return id_taken(places[hold[0]], ids[hold[0]], is_mine(adm.meta(bad), token))
     return id_taken(places[hold[1]], ids[hold[1]], True)
 
 

@@ -22,6 +22,7 @@ stored in the record for rows of earlier runs. Without k, the radius comes from 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import queue
 import shutil
@@ -146,7 +147,7 @@ class _Judge:
         try:
             adm.put([idkeys[i] for i in adds], q[adds], [metas[i] for i in adds])
         except IdExistsError as e:
-            raise taken_row(e, adds, idkeys, adm, places, ids) from None
+            raise taken_row(e, adds, idkeys, adm, places, ids, self.token) from None
 
     def ahead(self, good: list) -> "Ahead":
         """A batch of good rows in columns, with what judging it needs and no transaction
@@ -310,7 +311,13 @@ def _processes(jobs: int) -> ProcessPoolExecutor:
     """A pool of `jobs` worker processes, started now (before an index is open), each of
     which ends itself once the run's process is gone: killed, it would leave them waiting
     for work forever, holding its pipes and files open."""
-    pool = ProcessPoolExecutor(jobs, initializer=_watch_parent, initargs=(os.getpid(),))
+    if "fork" in multiprocessing.get_all_start_methods():
+        # forked: a worker's parent is the run's process (under forkserver it would be
+        # the server), and the workers start at once, before anything is opened
+        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=_watch_parent, initargs=(os.getpid(),))
+    else:
+        pool = ProcessPoolExecutor(jobs)
     pool.submit(int).result()
     return pool
 
@@ -560,7 +567,9 @@ class BatchReader:
                 if text is not None:                 # a text for each good row, in step
                     texts.append(text)
             except BadLine as e:
-                bad.append(((i, 1), e))
+                # without its traceback, which holds this frame: no cycle for the
+                # collector to find
+                bad.append(((i, 1), e.with_traceback(None)))
                 if self.on_error == "stop":
                     break                            # an earlier row may still be bad
         if not texts:

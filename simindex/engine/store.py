@@ -25,6 +25,7 @@ from ..errors import (
     Error, MissingIndexError, NotAnIndexError, ReadOnlyError, RecordsLostError, StorageError,
 )
 from .plan import DEFAULT_K, DEFAULT_SHARDS, Plan
+from .results import record_of
 from .shard import applied_seqs, durable_seqs
 from .transactions import TxnRunner, space_error
 
@@ -369,6 +370,12 @@ class Admission:
     def stored(self, idkey: bytes) -> bool:
         """Whether a record is stored under `idkey`."""
         return self._txn.get(DB_IDS, idkey) is not None
+
+    def meta(self, idkey: bytes) -> Any:
+        """The meta value stored under `idkey` (None also when no record is)."""
+        record = record_of(records.get(self._txn, idkey, self._store.plan.words),
+                           self._store.plan.words)
+        return None if record is None else record.meta
 
     def put(self, idkeys: list, fps: np.ndarray, metas: list) -> None:
         """Add records, none replacing a stored one (records.put with replace=False:
