@@ -59,16 +59,30 @@ def series(runs: list, ours: str, theirs: str) -> list:
     return out
 
 
-def draw(points: list, title: str, unit: str, higher: bool, path: str, n_runs: int) -> None:
+def figure(width: float, height: float) -> tuple:
+    """(fig, ax) of a chart drawn off screen, with stable SVG ids (a diff shows figures)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    matplotlib.rcParams["svg.hashsalt"] = "simindex"      # stable ids: a diff shows figures
+    matplotlib.rcParams["svg.hashsalt"] = "simindex"
+    return plt.subplots(figsize=(width, height))
+
+
+def save(fig, ax, path: str) -> None:
+    """Write a chart as an SVG file without a date, and let it go."""
+    import matplotlib.pyplot as plt
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, format="svg", metadata={"Date": None})
+    plt.close(fig)
+
+
+def draw(points: list, title: str, unit: str, higher: bool, path: str, n_runs: int) -> None:
     labels = [p[0] for p in points]
     med = [p[1] for p in points]
     err = [[p[1] - p[2] for p in points], [p[3] - p[1] for p in points]]
     colors = ["#1f6feb" if lab == "simindex" else "#8b949e" for lab in labels]
-    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(points)))
+    fig, ax = figure(7, 0.5 + 0.45 * len(points))
     ax.barh(labels, med, xerr=err, color=colors, capsize=3)
     ax.invert_yaxis()
     ax.set_xlabel(f"{unit} ({'higher' if higher else 'lower'} is better); "
@@ -77,10 +91,7 @@ def draw(points: list, title: str, unit: str, higher: bool, path: str, n_runs: i
     for y, v in enumerate(med):
         ax.annotate(f"{v:,.0f}" if v >= 100 else f"{v:.2f}", (v, y), xytext=(4, 0),
                     textcoords="offset points", va="center", fontsize=8)
-    ax.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout()
-    fig.savefig(path, format="svg", metadata={"Date": None})
-    plt.close(fig)
+    save(fig, ax, path)
 
 
 def main(argv=None) -> int:

@@ -19,6 +19,10 @@ import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import charts  # noqa: E402
+
 
 def curves(result: dict, mode: str) -> list:
     """[(system, [(rows, median us/row, min, max)])] of one mode's ok runs, simindex first,
@@ -44,11 +48,7 @@ def title_of(mode: str) -> str:
 
 
 def draw(lines: list, title: str, path: str, rounds: int) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    matplotlib.rcParams["svg.hashsalt"] = "simindex"      # stable ids: a diff shows figures
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = charts.figure(7, 4)
     for system, points in lines:
         xs = [p[0] for p in points]
         med = [p[1] for p in points]
@@ -68,10 +68,7 @@ def draw(lines: list, title: str, path: str, rounds: int) -> None:
                   f"round{'s' if rounds != 1 else ''}")
     ax.set_title(title)
     ax.legend(fontsize=8, frameon=False)
-    ax.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout()
-    fig.savefig(path, format="svg", metadata={"Date": None})
-    plt.close(fig)
+    charts.save(fig, ax, path)
 
 
 def main(argv=None) -> int:
