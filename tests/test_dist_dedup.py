@@ -120,9 +120,10 @@ def ray_run(tmp, inputs, name, **options):
     return out
 
 
-# a threshold on Ray searches by minhash-v1's radius; one machine may choose the band search
-# (minhash-lsh-v1) instead, so the runs compared here name the scheme
+# the runs compared name the scheme they search with: minhash-v1's radius, or the band
+# search of minhash-lsh-v1 (which a threshold alone chooses for large inputs)
 MH = ["--scheme", "minhash-v1"]
+BANDS = "minhash-lsh-v1-r2"
 OPTIONS = [
     ("greedy", ["--k", "8"], dict(k=8)),
     ("components", ["--k", "8", "--mode", "components"], dict(k=8, mode="components")),
@@ -135,13 +136,18 @@ OPTIONS = [
     ("containment-longest", ["--min-similarity", "0.6", "--containment", "--keep", "longest",
                              *MH], dict(min_similarity=0.6, containment=True, keep="longest")),
     ("wide", ["--k", "20", "--width", "128"], dict(k=20, width=128)),
+    ("bands", ["--min-similarity", "0.7", "--scheme", BANDS, "--annotate"],
+     dict(min_similarity=0.7, scheme=BANDS, annotate=True)),
+    ("bands-components", ["--min-similarity", "0.6", "--scheme", BANDS, "--mode",
+                          "components", "--keep", "longest"],
+     dict(min_similarity=0.6, scheme=BANDS, mode="components", keep="longest")),
 ]
 
 
 # every option on Parquet shards, two of them on JSON lines too
 CASES = [pytest.param("parquet", *o, id=f"{o[0]}-parquet") for o in OPTIONS] + \
     [pytest.param("jsonl", *o, id=f"{o[0]}-jsonl") for o in OPTIONS
-     if o[0] in ("greedy", "jaccard-components")]
+     if o[0] in ("greedy", "jaccard-components", "bands")]
 
 
 @pytest.mark.parametrize("fmt,name,args,kw", CASES)
@@ -166,28 +172,33 @@ def stored_records(path):
         runner.close(sync=False)
 
 
-@pytest.mark.parametrize("mode", ["greedy", "components"])
-def test_runs_into_a_kept_index_then_against_it_match_one_machine(local_ray, tmp_path, mode):
+@pytest.mark.parametrize("mode,scheme", [("greedy", "minhash-v1"), ("components", "minhash-v1"),
+                                         ("greedy", BANDS), ("components", BANDS)])
+def test_runs_into_a_kept_index_then_against_it_match_one_machine(local_ray, tmp_path, mode,
+                                                                  scheme):
     rows = corpus(5)
     first = write_shards(tmp_path / "first", rows[:len(rows) // 2], 2, "jsonl")
     later = write_shards(tmp_path / "later", rows[len(rows) // 2:], 3, "jsonl")
-    common = ["--id-field", "id", "--min-similarity", "0.7", "--mode", mode, *MH]
+    common = ["--id-field", "id", "--min-similarity", "0.7", "--mode", mode]
     for run, src in (("a", first), ("b", later)):
         one = one_machine(tmp_path, src, f"one-{run}", "jsonl", *common, "--index",
-                          tmp_path / "one-idx")
+                          tmp_path / "one-idx", *(["--scheme", scheme] if run == "a" else []))
         got = ray_run(tmp_path, src, f"ray-{run}", id_field="id", min_similarity=0.7,
-                      mode=mode, index=str(tmp_path / "ray-idx"))
+                      mode=mode, index=str(tmp_path / "ray-idx"),
+                      **({"scheme": scheme} if run == "a" else {}))
         assert_same(one, got)
     assert stored_records(tmp_path / "ray-idx") == stored_records(tmp_path / "one-idx")
-    # against the kept index, with the radius it was calibrated for
+    # against the kept index, with the radius it was calibrated for (a band index: its
+    # band keys, of the run's own scheme)
     with simindex.Index(tmp_path / "one-idx", readonly=True) as idx:
-        k, width = idx.k, idx.width
+        k, width = (None, None) if scheme == BANDS else (idx.k, idx.width)
     again = write_shards(tmp_path / "again", corpus(6), 2, "jsonl")
-    ref = ["--k", k, "--width", width, "--scheme", "minhash-v1", "--min-similarity", "0.7"]
+    ref = ["--scheme", scheme, "--min-similarity", "0.7"] + \
+        ([] if k is None else ["--k", k, "--width", width])
     one = one_machine(tmp_path, again, "one-c", "jsonl", "--id-field", "id", "--mode", mode,
                       "--against", tmp_path / "one-idx", *ref)
     got = ray_run(tmp_path, again, "ray-c", id_field="id", mode=mode, k=k, width=width,
-                  scheme="minhash-v1", min_similarity=0.7, against=str(tmp_path / "ray-idx"))
+                  scheme=scheme, min_similarity=0.7, against=str(tmp_path / "ray-idx"))
     assert_same(one, got)
     assert any(r["reference"] for r in rows_of(got + ".removed"))
 
@@ -528,8 +539,9 @@ def test_what_killed_write_tasks_leave_is_neither_published_nor_in_the_way(local
     assert_same(one, again)
 
 
+@pytest.mark.parametrize("scheme", [None, BANDS])
 def test_a_ray_run_adds_nothing_when_another_writer_admitted_a_near_copy_meanwhile(
-        local_ray, tmp_path):
+        local_ray, tmp_path, scheme):
     """dedup --ray writes its outputs before it adds its kept rows: a near-copy of one of
     them that another writer admitted after the run's queries makes it add nothing,
     publish nothing and say so (here admitted from the on_error call of a bad row, which
@@ -540,7 +552,9 @@ def test_a_ray_run_adds_nothing_when_another_writer_admitted_a_near_copy_meanwhi
     with open(path, "a") as f:
         f.write("not json\n")
     index = str(tmp_path / "idx")
-    simindex.Index(index, k=3).close()
+    # k=3 bits, or a band index judged at a threshold
+    simindex.Index(index, **({"k": 3} if scheme is None else {"scheme": scheme})).close()
+    judge = {} if scheme is None else {"min_similarity": 0.7}
     other = simindex.Index(index, sync=False)
 
     def meanwhile(bad):
@@ -548,12 +562,13 @@ def test_a_ray_run_adds_nothing_when_another_writer_admitted_a_near_copy_meanwhi
     out = tmp_path / "out"
     with pytest.raises(simindex.ParameterError, match=r"in.jsonl:6: another writer added "
                        r"'crawled' to the index while this run ran"):
-        dist_dedup.dedup([str(path)], str(out), id_field="id", index=index, on_error=meanwhile)
+        dist_dedup.dedup([str(path)], str(out), id_field="id", index=index, on_error=meanwhile,
+                         **judge)
     other.close()
     assert not out.exists()
     with simindex.Index(index, readonly=True) as idx:
         assert len(idx) == 1 and "crawled" in idx
     # run again: the row is judged against it
     got = dist_dedup.dedup([str(path)], str(out), id_field="id", index=index,
-                          on_error=lambda bad: None)
+                          on_error=lambda bad: None, **judge)
     assert (got.kept, got.removed) == (19, 1)

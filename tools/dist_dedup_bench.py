@@ -130,6 +130,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threshold", type=float, default=0.7,
                     help="--min-similarity (0: judge by --k 3 alone)")
+    ap.add_argument("--scheme", help="the scheme both runs search with (default: the one "
+                    "their calibration chooses, the same for both)")
     ap.add_argument("--dir", help="where to write the shards and outputs (default: temp)")
     ap.add_argument("--json", help="write every figure here")
     a = ap.parse_args(argv)
@@ -141,11 +143,11 @@ def main(argv=None) -> int:
     base = a.dir or tempfile.mkdtemp(prefix="simindex-dist-dedup-")
     shards = os.path.join(base, "shards")
     rows, size = deal(a.corpus, shards, a.megabytes, a.shards)
-    # a threshold on Ray searches by minhash-v1's radius: the one machine is told the same
-    # scheme (it would weigh the band search too), so that both give the same answer
-    options = ["--min-similarity", str(a.threshold), "--scheme", "minhash-v1"] \
-        if a.threshold else ["--k", "3"]
-    api = {"min_similarity": a.threshold, "scheme": "minhash-v1"} if a.threshold else {"k": 3}
+    options = ["--min-similarity", str(a.threshold)] if a.threshold else ["--k", "3"]
+    api = {"min_similarity": a.threshold} if a.threshold else {"k": 3}
+    if a.scheme:
+        options += ["--scheme", a.scheme]
+        api["scheme"] = a.scheme
     mb = size / 1e6
     print(f"simindex {__version__}: {rows:,} rows, {mb:.1f} MB of text in {a.shards} JSON "
           f"lines files, `simindex dedup {' '.join(options)}`, {os.cpu_count()} cores; "

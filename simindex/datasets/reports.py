@@ -23,6 +23,21 @@ def _key(id_: Any) -> tuple:
     return (type(id_).__name__, id_)
 
 
+def removed_line(id_: Any, where: str, match: Any, distance: Optional[int], reference: bool,
+                 similarity: Optional[float], evidence: Optional[str],
+                 radius: Optional[dict]) -> dict:
+    """The --removed report's line of a removed row: what it copies and how it was judged,
+    with the search the run's threshold chose (`radius`, the summary's) when it chose one."""
+    out = {"id": id_, "where": where, "match": match, "distance": distance,
+           "reference": reference, "similarity": similarity, "evidence": evidence}
+    if radius is not None:
+        out.update(scheme=radius["scheme"], width=radius["width"], k=radius["k"],
+                   expected_recall=radius["expected_recall"])
+        if radius.get("bands"):
+            out.update(bands=LSH_BANDS, rows_per_band=radius["bands"])
+    return out
+
+
 class DedupOutputs:
     """Where a run's decisions go. A group is its removed rows and its head (the kept row or
     earlier record they are removed for, unless drop_all removed the head too); its size
@@ -59,16 +74,9 @@ class DedupOutputs:
             if self.clusters is not None:
                 self.members.append((d.id, d.cluster))
             if self.removed is not None:
-                out = {"id": d.id, "where": d.where, "match": d.match,
-                       "distance": d.distance, "reference": d.reference,
-                       "similarity": d.similarity, "evidence": d.evidence}
-                radius = getattr(self.summary, "radius", None)
-                if radius is not None:
-                    out.update(scheme=radius["scheme"], width=radius["width"],
-                               k=radius["k"], expected_recall=radius["expected_recall"])
-                    if radius.get("bands"):
-                        out.update(bands=LSH_BANDS, rows_per_band=radius["bands"])
-                self.removed.write(out)
+                self.removed.write(removed_line(
+                    d.id, d.where, d.match, d.distance, d.reference, d.similarity,
+                    d.evidence, getattr(self.summary, "radius", None)))
         if self.scratch is not None:
             clash = [c for c in ANNOTATIONS if c in d.row]
             if clash:

@@ -4,7 +4,8 @@ work spread over tasks and only counts passing through the driver.
 Stages (each a set of Ray tasks; a task lost with its worker is run again from its inputs):
 1. read: per input file, its rows fingerprinted (with their shingle sets when a similarity
    threshold judges), and each row's nearest record of the index and the reference;
-2. join: every pair of rows within k bits, by the block-permutation join of `pairs`;
+2. join: every pair of rows within k bits, by the block-permutation join of `pairs` (with
+   band keys, a table per band: the pairs that share a band's key);
 3. verify: each pair's similarity check, the pairs cut by the file of their earlier row;
 4. components: the connected components of the verified pairs (components.py);
 5. resolve: per partition of components, the decision of each member (the greedy rule
@@ -29,13 +30,14 @@ from typing import Any, Iterable, Optional, Union
 import numpy as np
 import ray
 
+from ..bands import BAND_K, BAND_WIDTH
 from ..datasets.check import Check, Shingles
 from ..datasets.publish import distinct, publish, temporary_dir
-from ..datasets.reports import ANNOTATIONS, _key
+from ..datasets.reports import ANNOTATIONS, _key, removed_line
 from ..datasets.rows import RowWriter, format_of, read_rows
 from ..datasets.rules import (
-    components_outside, greedy_outside, greedy_verdict, id_taken, matches, outside_verdict,
-    sketched, verdict_of_group,
+    components_outside, greedy_outside, greedy_verdict, held, id_taken, matches, near_pairs,
+    outside_verdict, sketched, verdict_of_group,
 )
 from ..datasets.run import BATCH, BatchReader, Summary
 from ..datasets.settings import (
@@ -43,13 +45,11 @@ from ..datasets.settings import (
 )
 from ..engine import manifest
 from ..engine.codec import Packed, encode_ids, pack_meta, stored_sketch, unpack_sketched
-from ..engine.pairs import find_all
 from ..engine.plan import Plan, default_plan
 from ..errors import BadLine, InputError, ParameterError
 from ..index import Index
 from ..radius import MEASURES
-from ..signatures.fingerprints import scheme_name
-from ..scheme_names import lsh_rows
+from ..signatures.fingerprints import LSH_BANDS, scheme_name
 from ..values import words_array
 from .batch import _join, _split
 from .cluster import connect, release
@@ -490,14 +490,8 @@ def _write(job: _Job, p: int, path: str, shown: str, offset: int, decided: list,
             id_ = rest["ids"][i]
             if not kept:
                 if gone is not None:
-                    line = {"id": id_, "where": row.where, "match": match,
-                            "distance": distance, "reference": reference,
-                            "similarity": sim, "evidence": how}
-                    if job.radius is not None:
-                        r = job.radius
-                        line.update(scheme=r["scheme"], width=r["width"], k=r["k"],
-                                    expected_recall=r["expected_recall"])
-                    gone.write(line)
+                    gone.write(removed_line(id_, row.where, match, distance, reference, sim,
+                                            how, job.radius))
                 if "clusters" in job.tmp:
                     key = _key(cluster)
                     size, first = sizes[key]
@@ -638,22 +632,15 @@ def dedup(inputs: Union[str, Iterable[str]], output: str, *, removed: Optional[s
         locks.append(fd)
         where = index if index is not None else os.path.join(scratch, "index")
         new = not os.path.exists(os.path.join(where, manifest.NAME))
-        if scheme is not None and lsh_rows(scheme_name(scheme)) is not None:
-            raise ParameterError(f"{scheme_name(scheme)} band keys are searched on one "
-                                 f"machine: run without --ray, or name minhash-v1")
         cal, _, scheme, width, empty = choose_radius(
             paths, new, k=k, scheme=scheme, width=width, min_similarity=min_similarity,
             recall=recall, measure=measure, fmt=fmt, text_field=text_field,
-            fingerprint_field=fingerprint_field, time_budget=time_budget, summary=summary,
-            bands=False)
+            fingerprint_field=fingerprint_field, time_budget=time_budget, summary=summary)
         if empty:                      # no row: judged against a scratch index, not kept
             index, where = None, os.path.join(scratch, "index")
         idx, ref, kk, min_similarity, measure = open_indexes(
             where, against, new, cal, k=k, scheme=scheme, width=width,
             min_similarity=min_similarity, measure=measure, summary=summary)
-        if idx.bands is not None:
-            raise ParameterError(f"the index {where} holds {idx.scheme} band keys, which "
-                                 f"dedup searches on one machine: run it without --ray")
         # the newest record the tasks' queries see, at least: what other writers admit
         # after it is checked when the kept rows are added
         since = idx._admit(lambda adm: adm.last_seq) if index is not None else 0
@@ -664,7 +651,7 @@ def dedup(inputs: Union[str, Iterable[str]], output: str, *, removed: Optional[s
         job = _Job(fmt=fmt, text_field=text_field, id_field=id_field,
                    fingerprint_field=fingerprint_field, keep=keep, drop_all=drop_all,
                    stop=on_error == "stop", width=idx.width, scheme=idx.scheme, k=kk,
-                   mode=mode, token=token,
+                   mode=mode, token=token, bands=idx.bands is not None and kk > idx.k,
                    check=None if min_similarity is None else (float(min_similarity),
                                                               measure, token),
                    index=os.path.abspath(where) if len(idx) else None,
@@ -722,13 +709,16 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], since: int,
     # stage 2: every pair within k, by the join of `pairs`
     joins = []
     if total > 1:
-        if job.width == 64:
+        if job.bands:                  # a table per band: the pairs that share its key
+            plan = Plan(k=BAND_K, blocks=LSH_BANDS, prefix_blocks=1, shards=1,
+                        width=BAND_WIDTH)
+        elif job.width == 64:
             plan = Plan(k=job.k, shards=1)
         else:
             blocks, prefix = default_plan(job.k, total, width=job.width)
             plan = Plan(k=job.k, blocks=blocks, prefix_blocks=prefix, shards=1,
                         width=job.width)
-        args = {"k": job.k, "blocks": plan.blocks, "prefix_blocks": plan.prefix_blocks,
+        args = {"k": plan.k, "blocks": plan.blocks, "prefix_blocks": plan.prefix_blocks,
                 "shards": 1, "width": job.width}
         pbits = 0 if plan.flips else \
             min(max(parts - 1, 0).bit_length(), min(plan.prefix_bits), 16)
@@ -851,11 +841,11 @@ def _refuse_admitted(adm: Any, idx: Index, since: int, part: list, fps: np.ndarr
     """Raise when a record admitted after seq `since` by another writer is a near-copy of
     one of `part`'s kept rows (within k, and passing the check by the sketches)."""
     n = len(fps)
-    near = sorted({a for a, b in find_all(np.concatenate([fps, others]), k=job.k,
-                                          width=job.width) if a < n <= b})
+    near = sorted({a for a, b in near_pairs(idx, np.concatenate([fps, others]), job.k)
+                   if a < n <= b})
     if not near:
         return
-    for i, hits in zip(near, adm.hits(fps[near], job.k)):
+    for i, hits in zip(near, held(idx, fps[near], adm.hits(fps[near], job.k), job.k)):
         mine = stored_sketch(pack_meta(part[i][2])) if check is not None else None
         # others' records only: not those this admission put for earlier parts
         for m, sketch in sketched([[h for h in hits if since < h[2] <= adm.last_seq]])[0]:
