@@ -45,3 +45,23 @@ def test_a_chart_per_mode_with_the_median_and_range_of_each_size(tmp_path, capsy
     assert "simindex" in first and "rensa" in first and "Jaccard" in first
     assert scale_chart.main([str(path), "--out", str(out)]) == 0
     assert (out / "scale-0.7.svg").read_text() == first              # deterministic
+
+
+def test_results_of_several_runs_draw_as_one(tmp_path):
+    """The peers' rounds to one size and simindex alone at a larger one: one curve per
+    system over every size it ran."""
+    small = result(tmp_path)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"rows": [10000], "modes": ["0.7"], "rounds": 1,
+                               "systems": ["simindex"],
+                               "runs": [{"mode": "0.7", "rows": 10000, "system": "simindex",
+                                         "round": 1, "status": "ok", "seconds": 9.0}]}))
+    with open(small) as f, open(big) as g:
+        both = scale_chart.merged([json.load(f), json.load(g)])
+    assert both["rows"] == [1000, 3000, 10000] and both["rounds"] == (1, 2)
+    lines = dict(scale_chart.curves(both, "0.7"))
+    assert [p[0] for p in lines["simindex"]] == [1000, 3000, 10000]
+    assert [p[0] for p in lines["rensa"]] == [1000, 3000]
+    out = tmp_path / "img"
+    assert scale_chart.main([str(small), str(big), "--out", str(out)]) == 0
+    assert "1 to 2 rounds" in (out / "scale-0.7.svg").read_text()
