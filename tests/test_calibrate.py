@@ -598,3 +598,46 @@ def test_a_calibrated_run_stopped_and_run_again_with_two_jobs_writes_what_one_ru
     with simindex.Index(tmp_path / "one", readonly=True) as a, \
             simindex.Index(tmp_path / "two", readonly=True) as b:
         assert a.calibration == b.calibration and a.calibration["min_similarity"] == 0.75
+
+
+def test_the_rows_a_run_expects_are_counted_in_small_files_and_estimated_in_large(
+        tmp_path, monkeypatch):
+    """A JSON lines file's lines are counted up to COUNT_BYTES and the rest estimated by its
+    size, so a large input is not read through before its run starts."""
+    from simindex.datasets import settings
+    rng = random.Random(3)
+    path = tmp_path / "rows.jsonl"
+    with open(path, "w") as f:
+        for i in range(5000):
+            f.write(json.dumps({"id": i, "text": "w " * rng.randrange(20, 60)}) + "\n")
+    size = path.stat().st_size
+    assert settings.estimate_rows([str(path)], 10, 1000) == 5000       # under the bytes
+    monkeypatch.setattr(settings, "COUNT_BYTES", size // 10)
+    read = []
+    real_open = open
+
+    class Counted:
+        """The file, with the bytes read from it counted."""
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def read(self, n=-1):
+            chunk = self.f.read(n)
+            read.append(len(chunk))
+            return chunk
+
+    monkeypatch.setattr("builtins.open", lambda name, mode="r", *a, **k: Counted(
+        real_open(name, mode, *a, **k)) if str(name) == str(path) else
+        real_open(name, mode, *a, **k))
+    got = settings.estimate_rows([str(path)], 10, 1000)
+    assert abs(got - 5000) <= 5000 * 0.1
+    assert 0 < sum(read) < size                                        # not read through

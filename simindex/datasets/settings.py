@@ -263,10 +263,14 @@ def calibrate_with_sets(paths: list, t: float, *, fmt: Optional[str], text_field
     return cal, made
 
 
+COUNT_BYTES = 64 << 20          # the bytes of a JSON lines file whose lines are counted
+
+
 def estimate_rows(paths: list, sample_rows: int, sample_bytes: int) -> int:
-    """How many rows the inputs hold: a Parquet file's own count and a plain JSON lines
-    file's lines (counted: a fast read), else about the file's bytes (a gzip file's stored
-    size, modulo 4 GiB) over the sample's bytes per row."""
+    """How many rows the inputs hold: a Parquet file's own count, a plain JSON lines file's
+    lines (counted in its first COUNT_BYTES, the rest in proportion to its size: a large
+    input is not read twice), else about the file's bytes (a gzip file's stored size,
+    modulo 4 GiB) over the sample's bytes per row."""
     total = 0
     per_row = max(sample_bytes / max(sample_rows, 1), 1.0)
     for path in paths:
@@ -276,13 +280,17 @@ def estimate_rows(paths: list, sample_rows: int, sample_bytes: int) -> int:
                 total += pq.ParquetFile(path).metadata.num_rows
                 continue
             if not path.endswith(".gz") and path.endswith((".jsonl", ".json", ".ndjson")):
-                lines = 0
+                lines = read = 0
                 with open(path, "rb") as f:
-                    while True:
-                        chunk = f.read(16 << 20)
+                    size = os.fstat(f.fileno()).st_size
+                    while read < COUNT_BYTES:
+                        chunk = f.read(min(16 << 20, COUNT_BYTES - read))
                         if not chunk:
                             break
                         lines += chunk.count(b"\n")
+                        read += len(chunk)
+                if read < size:
+                    lines = int(lines * size / read)
                 total += max(lines, 1)
                 continue
             size = os.path.getsize(path)
