@@ -513,21 +513,27 @@ class BatchReader:
         for p, path, shown in self.files:
             jobs = ((part, data, (settings, part, p, shown)) for part, data in parts_of(path))
             for part, data, got in in_order(self.pool, prepared_part, jobs, self.parts + 1):
-                counted, numbers, ids, fps, ranks, sets, sketches, bad = got
+                counted, numbers, ids, fps, ranks, flat, bad = got
                 self.counted(counted)
                 for _, where, reason in bad:
                     self.rejected(BadLine(where, reason))
                 lines = lines_of(data)
                 good = []
+                if flat is not None:
+                    values, ends, blob, sk_ends = flat
+                    start = sk_start = 0
                 for j, n in enumerate(numbers):
                     row = json_row(lines[n - part.first], n, shown)
                     if type(row) is not Row:
                         raise InputError(f"{shown}: the file changed while it was read "
                                          f"(line {n})")
+                    sh = None
+                    if flat is not None:
+                        end, sk_end = ends[j], sk_ends[j]
+                        sh = Shingles(values[start:end], blob[sk_start:sk_end])
+                        start, sk_start = end, sk_end
                     good.append(_Good(p, row, row.where if ids is None else ids[j], fps[j],
-                                      None if ranks is None else ranks[j],
-                                      None if sets is None else Shingles(sets[j],
-                                                                          sketches[j])))
+                                      None if ranks is None else ranks[j], sh))
                 for i in range(0, len(good), BATCH):
                     yield good[i:i + BATCH]
 
@@ -862,8 +868,8 @@ def prepared_part(args: tuple) -> tuple:
     """A worker's work on one part of a JSON lines file (parts.Part): its lines read and
     checked as BatchReader.prepare checks them, and fingerprinted. Returns (rows counted,
     the good rows' line numbers, their ids or None when they are "file:row", fingerprints,
-    ranks or None, shingle sets and sketches or None, each bad row's (line number,
-    "file:row", reason) in the order the run reports them)."""
+    ranks or None, their shingle sets and sketches (_flat_sets) or None, each bad row's
+    (line number, "file:row", reason) in the order the run reports them)."""
     settings, part, p, shown = args
     rows: list = []
     unread: list = []
@@ -889,9 +895,18 @@ def prepared_part(args: tuple) -> tuple:
             None if settings["id_field"] is None else [g.id for g in good],
             [g.fp for g in good],
             None if settings["keep"] == "first" else [g.rank for g in good],
-            [g.sh.set for g in good] if checked else None,
-            [g.sh.sketch for g in good] if checked else None,
+            _flat_sets(good) if checked else None,
             [(number[e.where], e.where, e.reason) for e in bad])
+
+
+def _flat_sets(good: list) -> tuple:
+    """The good rows' shingle sets and sketches as (values, ends, sketches, their ends): a
+    few large objects, which pass between processes far faster than a small one per row."""
+    sets = [g.sh.set for g in good]
+    sketches = [g.sh.sketch for g in good]
+    return (np.concatenate(sets) if sets else np.empty(0, np.uint64),
+            np.cumsum([len(x) for x in sets], dtype=np.int64).tolist(),
+            b"".join(sketches), np.cumsum([len(x) for x in sketches]).tolist())
 
 
 def dedup(inputs: Union[str, Iterable[str]], **options: Any) -> Iterator[dict]:
