@@ -641,3 +641,12 @@ def test_the_rows_a_run_expects_are_counted_in_small_files_and_estimated_in_larg
     got = settings.estimate_rows([str(path)], 10, 1000)
     assert abs(got - 5000) <= 5000 * 0.1
     assert 0 < sum(read) < size                                        # not read through
+    # the bytes to count are for the input as a whole: of many files, the first counted
+    shards = []
+    for i in range(20):
+        shard = tmp_path / f"shard-{i}.jsonl"
+        shard.write_bytes(path.read_bytes())
+        shards.append(str(shard))
+    monkeypatch.setattr(settings, "COUNT_BYTES", size + size // 2)
+    got = settings.estimate_rows(shards, 10, 5000)    # (a sample of longer rows than most)
+    assert abs(got - 20 * 5000) <= 20 * 5000 * 0.05

@@ -141,6 +141,9 @@ OPTIONS = [
     ("bands-components", ["--min-similarity", "0.6", "--scheme", BANDS, "--mode",
                           "components", "--keep", "longest"],
      dict(min_similarity=0.6, scheme=BANDS, mode="components", keep="longest")),
+    # band codes searched by bits within the band plan's k, not by bands
+    ("bands-k", ["--min-similarity", "0.7", "--scheme", BANDS, "--k", "7"],
+     dict(min_similarity=0.7, scheme=BANDS, k=7)),
 ]
 
 

@@ -267,12 +267,14 @@ COUNT_BYTES = 64 << 20          # the bytes of a JSON lines file whose lines are
 
 
 def estimate_rows(paths: list, sample_rows: int, sample_bytes: int) -> int:
-    """How many rows the inputs hold: a Parquet file's own count, a plain JSON lines file's
-    lines (counted in its first COUNT_BYTES, the rest in proportion to its size: a large
-    input is not read twice), else about the file's bytes (a gzip file's stored size,
-    modulo 4 GiB) over the sample's bytes per row."""
+    """How many rows the inputs hold: a Parquet file's own count, plain JSON lines files'
+    lines (counted in their first COUNT_BYTES in all, the rest in proportion to their
+    size: a large input is not read twice), else about the file's bytes (a gzip file's
+    stored size, modulo 4 GiB) over the sample's bytes per row."""
     total = 0
     per_row = max(sample_bytes / max(sample_rows, 1), 1.0)
+    budget = COUNT_BYTES            # bytes of JSON lines still to count
+    counted = [0, 0]                # bytes and lines of JSON lines counted
     for path in paths:
         try:
             if path.endswith((".parquet", ".pq")):
@@ -283,14 +285,18 @@ def estimate_rows(paths: list, sample_rows: int, sample_bytes: int) -> int:
                 lines = read = 0
                 with open(path, "rb") as f:
                     size = os.fstat(f.fileno()).st_size
-                    while read < COUNT_BYTES:
-                        chunk = f.read(min(16 << 20, COUNT_BYTES - read))
+                    while read < budget:
+                        chunk = f.read(min(16 << 20, budget - read))
                         if not chunk:
                             break
                         lines += chunk.count(b"\n")
                         read += len(chunk)
-                if read < size:
-                    lines = int(lines * size / read)
+                budget -= read
+                counted[0] += read
+                counted[1] += lines
+                if read < size:        # the rest as the lines counted so far run
+                    lines += int((size - read) * (counted[1] / counted[0] if counted[1]
+                                                  else 1 / per_row))
                 total += max(lines, 1)
                 continue
             size = os.path.getsize(path)

@@ -708,7 +708,9 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], since: int,
     total = int(offsets[-1])
     # stage 2: every pair within k, by the join of `pairs`
     joins = []
-    shuffled: list = []                # the join's inputs: each table's keys cut by prefix
+    # the join's inputs (each table's keys cut by prefix), kept only to be counted: a run
+    # without timings lets each table's go once its joins hold them
+    shuffled: Optional[list] = [] if stages.into is not None else None
     if total > 1:
         if job.bands:                  # a table per band: the pairs that share its key
             plan = Plan(k=BAND_K, blocks=LSH_BANDS, prefix_blocks=1, shards=1,
@@ -727,10 +729,12 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], since: int,
             splits = [_refs(_split.options(num_returns=1 << pbits).remote(
                 fps[f], int(offsets[f]), t, args, pbits), 1 << pbits)
                 for f in range(files) if counts[f]]
-            shuffled += splits
+            if shuffled is not None:
+                shuffled += splits
             for q in range(1 << pbits):
                 joins.append(_join.remote(t, job.k, args, *[s[q] for s in splits]))
-    stages.done("join", joins + shuffled)
+    stages.done("join", joins + (shuffled or []))
+    del shuffled
     # stage 3: the links that pass the check, cut by the file of their earlier row
     verified = [_refs(_verify.options(num_returns=1 + files).remote(job, j, offsets, sets),
                       1 + files) for j in joins]
