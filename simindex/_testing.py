@@ -28,6 +28,7 @@ KNOBS = {
     "fold_age": (writebuffer, "FOLD_AGE"),               # seconds before a buffer folds
     "initial_map": (environments, "INITIAL_MAP"),        # bytes an environment maps first
     "apply_chunk": (protocol, "APPLY_CHUNK"),            # records per shard application pass
+    "merge_inline": (protocol, "MERGE_INLINE"),          # entries a merge rewrites inline
     "sort_entries": (protocol, "SORT_ENTRIES"),          # entries a pass sorts at once
     "group": (protocol, "GROUP_LIMIT"),                  # records add_many leaves unapplied
     "prepare": (protocol, "PREPARE_MIN"),                # records a bulk load sorts early

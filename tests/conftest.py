@@ -54,14 +54,17 @@ def group_commit(request):
     """In this process tests apply every batch to the shards at once (group commit off), so
     small batches still make the runs, merges and slabs they are written to reach. Tests
     marked group_commit (test_group_commit.py), or run under shipped or buffered Settings,
-    run with the shipped GROUP_LIMIT, and so do child processes."""
+    run with the shipped GROUP_LIMIT, and so do child processes. The same tests leave every
+    merge of more than two slabs' entries for a transaction of its own (MERGE_INLINE), so
+    that small indexes take that path too."""
     from simindex import _testing
+    from simindex.engine._layout import SLAB_ENTRIES
     callspec = getattr(request.node, "callspec", None)
     shipped = callspec is not None and callspec.params.get("settings", "tuned") != "tuned"
     if request.node.get_closest_marker("group_commit") or shipped:
         yield
     else:
-        with _testing.tuned(group=0):
+        with _testing.tuned(group=0, merge_inline=2 * SLAB_ENTRIES):
             yield
 
 

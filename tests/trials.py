@@ -38,7 +38,10 @@ def spawn(code, *args, **kw):
 
 # A writer that adds deterministic batches and prints "ack N" after each call returns.
 WRITER = r"""
-import sys, numpy as np, simindex
+import sys, numpy as np, simindex, simindex._testing
+from simindex.engine._layout import SLAB_ENTRIES
+# a merge of more than a slab's entries in a transaction of its own: kills fall between too
+simindex._testing.tune(merge_inline=SLAB_ENTRIES)
 path, b, mode, shards = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 n = {"many": 64, "single": 16, "bulk": 5000}[mode]
 idx = simindex.Index(path, k=3, shards=shards)       # a writable open replays first

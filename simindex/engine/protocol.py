@@ -48,6 +48,10 @@ RECORD_CHUNK = 1 << 20
 # bulk load wants one pass (2 GiB of seqs and fingerprints; 100M in 6 passes of 16.7M
 # built in 119 s to 23.1 B per entry, in one pass 70-81 s to 10.1 B)
 APPLY_CHUNK = 1 << 27
+# the most entries a merge rewrites inside the transaction that applies records (about
+# 32 MB of a table's new run, which LMDB holds in memory until commit); larger merges
+# commit on their own, a table at a time, so a transaction holds one large run at most
+MERGE_INLINE = 1 << 20
 # table entries a pass sorts at once (64-bit; 2 GiB of keys and seqs): a pass with more
 # builds and writes its shards a group at a time, each group gathering its own entries of
 # every table in one pass over the records (by their shard ids, computed once) and
@@ -271,7 +275,8 @@ def _shard_starts(plan: Plan) -> np.ndarray:
 
 
 def apply(txn: Txn, plan: Plan, shard: int, entries: Entries, last: int,
-          since: Optional[int] = None, durable: bool = False) -> int:
+          since: Optional[int] = None, durable: bool = False,
+          deferred: Optional[list] = None) -> int:
     """Apply a batch of records (those with seqs up to `last`; `entries` holds at least
     every one with an entry in this shard) to `shard` in its write transaction `txn`, and
     advance its applied seq to `last`. Returns the shard's applied seq after it.
@@ -282,8 +287,12 @@ def apply(txn: Txn, plan: Plan, shard: int, entries: Entries, last: int,
     caller must catch it up first (its applied seq, below `since`, says so). `durable`:
     records/ was synced after every record up to `last` was committed, so the shard marks
     them as on disk there (mark_durable: an open refuses records/ that hold fewer).
+    `deferred`: a list that receives the tables whose merge of more than MERGE_INLINE
+    entries is left for a transaction of its own (merge_deferred); without it every merge
+    is made here.
     """
-    w = ShardWriter(txn, plan.ntables, plan.words - 1)
+    w = ShardWriter(txn, plan.ntables, plan.words - 1,
+                    inline=None if deferred is None else MERGE_INLINE)
     if w.applied >= last or (since is not None and w.applied < since):
         return w.applied
     for t in range(plan.ntables):
@@ -297,7 +306,20 @@ def apply(txn: Txn, plan: Plan, shard: int, entries: Entries, last: int,
     w.save(applied=last)
     if durable:
         mark_durable(txn, last)
+    if deferred is not None:
+        deferred.extend(w.deferred)
     return last
+
+
+def merge_deferred(txns: TxnRunner, plan: Plan, env: Env, tables: list) -> None:
+    """The merges apply() left for transactions of their own: each table's, one
+    transaction each (the state read again, so what other writers did meanwhile counts)."""
+    for t in tables:
+        def one(txn: Txn, t: int = t) -> None:
+            w = ShardWriter(txn, plan.ntables, plan.words - 1)
+            w.merge_tier(t)
+            w.save()
+        txns.write(env, one, then=SHARD_WRITE_FAILED)
 
 
 def catch_up(txns: TxnRunner, plan: Plan, lag: int = 0, jobs: int = 1,
@@ -381,8 +403,11 @@ def _apply_pass(txns, plan, shards, applied, seqs, fps, lag, jobs, durable, read
 def _apply_shards(txns, plan, shards, entries, top, todo, jobs, durable):
     """Apply `entries` (up to seq `top`) to the shards `todo`, `jobs` at once."""
     def one(s):
-        txns.write(shards[s], lambda txn: apply(txn, plan, s, entries, top, durable=durable),
+        deferred: list = []
+        txns.write(shards[s], lambda txn: apply(txn, plan, s, entries, top, durable=durable,
+                                                deferred=deferred),
                    then=SHARD_WRITE_FAILED)
+        merge_deferred(txns, plan, shards[s], deferred)
     if jobs > 1 and len(todo) > 1:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(one, todo))

@@ -94,11 +94,19 @@ def runs_of(runs: np.ndarray, table: int) -> list:
 
 
 class ShardWriter:
-    """Changes to one shard inside one write transaction: new runs, merges, state."""
+    """Changes to one shard inside one write transaction: new runs, merges, state.
 
-    def __init__(self, txn: Txn, ntables: int, low_words: int = 0) -> None:
+    `inline`: the most entries a merge rewrites in this transaction; a larger one is left
+    for a transaction of its own (its table in `deferred`; see merge_tier), since LMDB
+    holds every page a transaction writes in memory until it commits: the largest merges
+    rewrite a table's whole run, and a shard has a table per permutation."""
+
+    def __init__(self, txn: Txn, ntables: int, low_words: int = 0,
+                 inline: Optional[int] = None) -> None:
         self.txn = txn
         self.low_words = low_words        # the further words of wide keys
+        self.inline = inline
+        self.deferred: list = []          # tables whose merge waits for its own transaction
         self.applied, runs, self.next_run = load_state(txn, ntables)
         self.runs = list(zip(runs["table"].tolist(), runs["run"].tolist(),
                              runs["count"].tolist()))
@@ -114,25 +122,36 @@ class ShardWriter:
         run = self._new_run()
         write_run(self.txn, DB_SLABS, run, keys, seqs, lows)
         self.runs.append((table, run, len(keys)))
-        self._merge_tiers(table)
+        self._merge_tiers(table, self.inline)
 
     def _new_run(self):
         run = self.next_run
         self.next_run += 1
         return run
 
-    def _merge_tiers(self, table):
+    def _merge_tiers(self, table, inline: Optional[int] = None) -> None:
         # Merge the newest runs while the next older one is no larger than all of them
         # together (a run smaller than a slab counts as one slab): run sizes then grow
         # geometrically, so a table keeps O(log n) runs and an entry is rewritten O(log n) times.
         runs = self.table_runs(table)
+        if not runs:
+            return
         j = len(runs) - 1
         acc = max(runs[j][1], SLAB_ENTRIES)
         while j >= 1 and max(runs[j - 1][1], SLAB_ENTRIES) <= acc:
             acc += runs[j - 1][1]
             j -= 1
         if j < len(runs) - 1:
+            if inline is not None and sum(c for _, c in runs[j:]) > inline:
+                if table not in self.deferred:
+                    self.deferred.append(table)
+                return
             self.merge(table, [r for r, _ in runs[j:]])
+
+    def merge_tier(self, table: int) -> None:
+        """The merge by size that `table`'s runs call for, whatever its size (a deferred
+        one, in a transaction of its own)."""
+        self._merge_tiers(table)
 
     def merge(self, table: int, run_ids: list,
               keep: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> None:
