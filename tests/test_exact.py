@@ -267,3 +267,39 @@ def test_large_runs_sort_through_partitions_by_key_then_seq(keys):
     got_k, got_s = sort_entries(k, seqs)
     order = np.lexsort((seqs, k))
     assert (got_k == k[order]).all() and (got_s == seqs[order]).all()
+
+
+def test_runs_left_unmerged_by_a_writer_stopped_before_its_merge_answer_exactly(
+        tmp_path, monkeypatch):
+    """A large merge commits after the records' application, in a transaction of its own: a
+    writer stopped between the two leaves more runs, which answer as merged ones do, verify,
+    pair and compact alike, and which the next write to the table merges."""
+    from simindex.engine import protocol
+    monkeypatch.setattr(protocol, "merge_deferred", lambda *a, **k: None)   # never made
+    rng = np.random.default_rng(5)
+    fps = rng.integers(0, 2**64, 40000, dtype=np.uint64)
+    fps[1::97] = fps[::97][:len(fps[1::97])] ^ np.uint64(0b101)              # pairs at 2
+    path = tmp_path / "i"
+    with _testing.tuned(merge_inline=1):          # every merge past one run is deferred
+        with simindex.Index(path, k=3, shards=2) as idx:
+            for s in range(0, 30000, 2500):
+                idx.add_many([f"x{i}" for i in range(s, s + 2500)], fps[s:s + 2500])
+            unmerged = idx.stats()["runs"]
+            stored = {f"x{i}": int(fps[i]) for i in range(30000)}
+            queries = [int(x) for x in fps[:300:7]] + [int(x) ^ 1 for x in fps[5:300:11]]
+            for q in queries:
+                assert {m.id: m.distance for m in idx.query(q)} == within(brute(stored, q, 3), 3)
+            assert idx.verify() == []
+            pairs = sorted((a, b) for a, b, _ in idx.pairs())
+    monkeypatch.undo()
+    with simindex.Index(path) as idx:             # reopened: the same answers
+        for q in queries:
+            assert {m.id: m.distance for m in idx.query(q)} == within(brute(stored, q, 3), 3)
+        assert sorted((a, b) for a, b, _ in idx.pairs()) == pairs
+        idx.add_many([f"x{i}" for i in range(30000, 40000)], fps[30000:])
+        assert idx.stats()["runs"] < unmerged     # the next write merged them
+        idx.compact()
+        stored.update({f"x{i}": int(fps[i]) for i in range(30000, 40000)})
+        for q in queries:
+            assert {m.id: m.distance for m in idx.query(q)} == within(brute(stored, q, 3), 3)
+        assert idx.verify() == []

@@ -131,17 +131,21 @@ class ShardServer(_Server):
         below a part's `since` when the shard missed earlier records of that ledger (its
         actor restarted) and must be caught up from it first."""
         plan, shard = self.plan, self.shard
+        deferred: list = []            # large merges, each committed on its own after
         if self.nledgers == 1:
             [(_, seqs, fps, since, last)] = parts
             entries = protocol.Entries(plan, seqs, fps, shards=(shard, shard + 1))
-            return [self.txns.write(
+            got = [self.txns.write(
                 self.env, lambda txn: protocol.apply(txn, plan, shard, entries, last,
-                                                     since=since),
+                                                     since=since, deferred=deferred),
                 then=protocol.SHARD_WRITE_FAILED)]
-        return self.txns.write(
-            self.env, lambda txn: ledgers.apply(txn, plan, shard, self.nledgers,
-                                                parts).tolist(),
-            then=protocol.SHARD_WRITE_FAILED)
+        else:
+            got = self.txns.write(
+                self.env, lambda txn: ledgers.apply(txn, plan, shard, self.nledgers,
+                                                    parts, deferred).tolist(),
+                then=protocol.SHARD_WRITE_FAILED)
+        protocol.merge_deferred(self.txns, plan, self.env, deferred)
+        return got
 
     def compact(self, live, newest, stale):
         """Merge each table's runs into one, dropping the entries of records removed before

@@ -30,6 +30,7 @@ from ._query import scan_shard
 from .codec import encode_id
 from .manifest import Manifest
 from .pairs import join_table
+from . import protocol
 from .protocol import Entries
 from .results import match_of
 from .shard import ShardWriter
@@ -93,13 +94,17 @@ def _save_applied(txn: Txn, applied: np.ndarray) -> None:
     txn.put(DB_STATE, STATE_LEDGERS, np.asarray(applied, dtype="<u8").tobytes())
 
 
-def apply(txn: Txn, plan, shard: int, ledgers: int, parts: list) -> np.ndarray:
+def apply(txn: Txn, plan, shard: int, ledgers: int, parts: list,
+          deferred: Optional[list] = None) -> np.ndarray:
     """Apply committed records of several ledgers to `shard` in its write transaction, as
     one run per table: `parts` is [(ledger, global seqs ascending, fps, since, last)], the
     records of `ledger` with local seqs after `since` up to `last` (at least every one with
     an entry in this shard). A part whose ledger the shard already applied up to `last` is
     skipped, and so is one the shard missed records before (applied below `since`: the
-    caller catches it up first). Returns the shard's applied local seq per ledger."""
+    caller catches it up first). Returns the shard's applied local seq per ledger.
+    `deferred`: as protocol.apply's (large merges left for protocol.merge_deferred)."""
+    if deferred is not None:
+        deferred.clear()
     applied = load_applied(txn, ledgers)
     keep_s, keep_f = [], []
     for ledger, seqs, fps, since, last in parts:
@@ -116,7 +121,8 @@ def apply(txn: Txn, plan, shard: int, ledgers: int, parts: list) -> np.ndarray:
     seqs = np.concatenate(keep_s)
     order = np.argsort(seqs, kind="stable")          # Entries takes ascending seqs
     seqs, fps = seqs[order], np.concatenate(keep_f)[order]
-    w = ShardWriter(txn, plan.ntables, plan.words - 1)
+    w = ShardWriter(txn, plan.ntables, plan.words - 1,
+                    inline=None if deferred is None else protocol.MERGE_INLINE)
     if len(seqs):
         entries = Entries(plan, seqs, fps, shards=(shard, shard + 1))
         for t in range(plan.ntables):
@@ -125,6 +131,8 @@ def apply(txn: Txn, plan, shard: int, ledgers: int, parts: list) -> np.ndarray:
                       None if tl is None else np.ascontiguousarray(tl))
     w.save()
     _save_applied(txn, applied)
+    if deferred is not None:
+        deferred.extend(w.deferred)
     return applied
 
 
@@ -383,9 +391,12 @@ def catch_up(path: str, m: Manifest) -> None:
             seqs, fps, last = txns.read_txn(env, tail)
             parts.append((j, seqs, fps, None, last))
         for s, env in enumerate(shard_envs):
-            def one(txn: Txn, s: int = s) -> np.ndarray:
-                return apply(txn, plan, s, n, parts)
+            deferred: list = []
+
+            def one(txn: Txn, s: int = s, deferred: list = deferred) -> np.ndarray:
+                return apply(txn, plan, s, n, parts, deferred)
             txns.write(env, one)
+            protocol.merge_deferred(txns, plan, env, deferred)
     finally:
         txns.close(sync=True)
 

@@ -80,6 +80,8 @@ PREPARE_MIN = 1 << 16
 # what a failed shard write leaves (added to its error message)
 SHARD_WRITE_FAILED = ("the records are committed and queries find them, and reopening the "
                       "index brings its tables up to date")
+MERGE_FAILED = ("the records are committed and applied, and queries find them; the table's "
+                "runs stay unmerged until a later write to it or compact() merges them")
 
 
 def commit(txns: TxnRunner, records_env: Env, idkeys: list, fps: np.ndarray,
@@ -293,6 +295,8 @@ def apply(txn: Txn, plan: Plan, shard: int, entries: Entries, last: int,
     """
     w = ShardWriter(txn, plan.ntables, plan.words - 1,
                     inline=None if deferred is None else MERGE_INLINE)
+    if deferred is not None:
+        deferred.clear()               # this transaction's, when it is run again
     if w.applied >= last or (since is not None and w.applied < since):
         return w.applied
     for t in range(plan.ntables):
@@ -317,9 +321,9 @@ def merge_deferred(txns: TxnRunner, plan: Plan, env: Env, tables: list) -> None:
     for t in tables:
         def one(txn: Txn, t: int = t) -> None:
             w = ShardWriter(txn, plan.ntables, plan.words - 1)
-            w.merge_tier(t)
-            w.save()
-        txns.write(env, one, then=SHARD_WRITE_FAILED)
+            if w.merge_tier(t):        # else nothing written: LMDB commits it for free
+                w.save()
+        txns.write(env, one, then=MERGE_FAILED)
 
 
 def catch_up(txns: TxnRunner, plan: Plan, lag: int = 0, jobs: int = 1,

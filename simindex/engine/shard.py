@@ -96,16 +96,19 @@ def runs_of(runs: np.ndarray, table: int) -> list:
 class ShardWriter:
     """Changes to one shard inside one write transaction: new runs, merges, state.
 
-    `inline`: the most entries a merge rewrites in this transaction; a larger one is left
-    for a transaction of its own (its table in `deferred`; see merge_tier), since LMDB
-    holds every page a transaction writes in memory until it commits: the largest merges
-    rewrite a table's whole run, and a shard has a table per permutation."""
+    `inline`: the most entries the merges of this transaction rewrite in all; a merge past
+    it is left for a transaction of its own (its table in `deferred`; see merge_tier),
+    since LMDB holds every page a transaction writes in memory until it commits: the
+    largest merges rewrite a table's whole run, and a shard has a table per permutation.
+    A merge whose new run alone is past it is made here all the same (its pages are held
+    already, and deferring would write the run twice)."""
 
     def __init__(self, txn: Txn, ntables: int, low_words: int = 0,
                  inline: Optional[int] = None) -> None:
         self.txn = txn
         self.low_words = low_words        # the further words of wide keys
         self.inline = inline
+        self.inline_left = inline or 0    # entries this transaction's merges may still rewrite
         self.deferred: list = []          # tables whose merge waits for its own transaction
         self.applied, runs, self.next_run = load_state(txn, ntables)
         self.runs = list(zip(runs["table"].tolist(), runs["run"].tolist(),
@@ -142,16 +145,21 @@ class ShardWriter:
             acc += runs[j - 1][1]
             j -= 1
         if j < len(runs) - 1:
-            if inline is not None and sum(c for _, c in runs[j:]) > inline:
+            size = sum(c for _, c in runs[j:])
+            if inline is not None and size > self.inline_left and runs[-1][1] <= inline:
                 if table not in self.deferred:
                     self.deferred.append(table)
                 return
+            self.inline_left -= size
             self.merge(table, [r for r, _ in runs[j:]])
 
-    def merge_tier(self, table: int) -> None:
+    def merge_tier(self, table: int) -> bool:
         """The merge by size that `table`'s runs call for, whatever its size (a deferred
-        one, in a transaction of its own)."""
+        one, in a transaction of its own); whether there was one (another writer may have
+        made it)."""
+        count = len(self.runs)
         self._merge_tiers(table)
+        return len(self.runs) != count
 
     def merge(self, table: int, run_ids: list,
               keep: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> None:
