@@ -131,7 +131,7 @@ class ShardServer(_Server):
         below a part's `since` when the shard missed earlier records of that ledger (its
         actor restarted) and must be caught up from it first."""
         plan, shard = self.plan, self.shard
-        deferred: list = []            # large merges, each committed on its own after
+        deferred = []                  # large merges, each committed on its own after
         if self.nledgers == 1:
             [(_, seqs, fps, since, last)] = parts
             entries = protocol.Entries(plan, seqs, fps, shards=(shard, shard + 1))

@@ -406,7 +406,7 @@ def _apply_pass(txns, plan, shards, applied, seqs, fps, lag, jobs, durable, read
 
 def _apply_shards(txns, plan, shards, entries, top, todo, jobs, durable):
     """Apply `entries` (up to seq `top`) to the shards `todo`, `jobs` at once."""
-    def one(s):
+    def one(s: int) -> None:
         deferred: list = []
         txns.write(shards[s], lambda txn: apply(txn, plan, s, entries, top, durable=durable,
                                                 deferred=deferred),
