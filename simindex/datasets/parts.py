@@ -11,6 +11,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator, NamedTuple
 
 from ..errors import Error
+from .rows import GZIP_MAGIC
 
 PART_BYTES = 4 << 20
 
@@ -29,7 +30,7 @@ def splittable(path: str) -> bool:
     """Whether a file can be read in parts: a plain file (gzip streams cannot be cut)."""
     try:
         with open(path, "rb") as f:
-            return f.read(2) != b"\x1f\x8b" and os.path.isfile(path)
+            return f.read(2) != GZIP_MAGIC and os.path.isfile(path)
     except OSError:
         return False
 

@@ -73,10 +73,13 @@ def _pyarrow():
     return pq
 
 
+GZIP_MAGIC = b"\x1f\x8b"        # the first bytes of a gzip stream
+
+
 def _open_bytes(path: str):
     raw: Any = open(path, "rb", buffering=READ_BUFFER)
     head = raw.peek(2)[:2]
-    return gzip.GzipFile(fileobj=raw) if head == b"\x1f\x8b" else raw
+    return gzip.GzipFile(fileobj=raw) if head == GZIP_MAGIC else raw
 
 
 def _open_text(path: str):

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Optional, Union
 import numpy as np
 import ray
 
-from ..bands import BAND_K, BAND_WIDTH
+from ..bands import band_plan
 from ..datasets.check import Check, Shingles
 from ..datasets.publish import distinct, publish, temporary_dir
 from ..datasets.reports import ANNOTATIONS, _key, removed_line
@@ -49,7 +49,7 @@ from ..engine.plan import Plan, default_plan
 from ..errors import BadLine, InputError, ParameterError
 from ..index import Index
 from ..radius import MEASURES
-from ..signatures.fingerprints import LSH_BANDS, scheme_name
+from ..signatures.fingerprints import scheme_name
 from ..values import words_array
 from .batch import _join, _split
 from .cluster import connect, release
@@ -713,8 +713,8 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], since: int,
     shuffled: Optional[list] = [] if stages.into is not None else None
     if total > 1:
         if job.bands:                  # a table per band: the pairs that share its key
-            plan = Plan(k=BAND_K, blocks=LSH_BANDS, prefix_blocks=1, shards=1,
-                        width=BAND_WIDTH)
+            width, k, blocks, prefix = band_plan(job.scheme, None, None, None, None)
+            plan = Plan(k=k, blocks=blocks, prefix_blocks=prefix, shards=1, width=width)
         elif job.width == 64:
             plan = Plan(k=job.k, shards=1)
         else:
