@@ -1,7 +1,8 @@
 """The pieces a dedup run reads and keeps rows with: a JSON line reads as the json module
 reads it (the same object, or a BadLine where the json module fails), and its line is written
 back byte for byte; the shingle sets of judged rows come back from the spill as they were
-put, across flushes and rewinds."""
+put, across flushes and rewinds, and a check against them reads a set only when the set
+sizes leave the similarity asked possible."""
 
 import json
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from simindex.datasets.check import Spill
+from simindex.datasets.check import Check, Shingles, Spill
 from simindex.datasets.rows import JsonRow, RowWriter, read_rows
 from simindex.errors import BadLine
 
@@ -145,7 +146,9 @@ def test_the_spill_gives_back_every_set_put_and_not_rewound(tmp_path_factory, st
             for key, exact in model.items():
                 got = spill.get(list(key))
                 assert got is not None and got.tolist() == exact.tolist()
+                assert spill.holds(list(key))
             assert spill.get([pos[0] + 1, pos[1] + 1]) is None
+            assert not spill.holds([pos[0] + 1, pos[1] + 1])
             assert spill.get(None) is None
     finally:
         spill.close()
@@ -159,3 +162,31 @@ def test_a_set_put_twice_at_one_position_keeps_the_first(tmp_path):
     spill.put([0, 1], np.array([4], dtype=np.uint64))
     assert spill.get([0, 1]).tolist() == [1, 2]
     spill.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sets(st.integers(0, 60), max_size=40), st.sets(st.integers(0, 60), max_size=40),
+       st.sampled_from([0.1, 0.25, 0.5, 0.6, 2 / 3, 0.75, 0.9, 1.0]),
+       st.sampled_from(["jaccard", "containment"]))
+def test_a_check_against_a_run_record_is_the_exact_one(tmp_path_factory, a, b, t, measure):
+    """Whether the record's set is read or its size rules it out, the answer is the exact
+    check's; a set is read only when its size leaves the threshold reachable."""
+    check = Check(t, measure, b"run", str(tmp_path_factory.mktemp("c")))
+    try:
+        mine = Shingles(np.array(sorted(a), dtype=np.uint64))
+        theirs = np.array(sorted(b), dtype=np.uint64)
+        check.keep([0, 1], theirs)
+        reads = []
+        get = check.spill.get
+        check.spill.get = lambda pos: reads.append(pos) or get(pos)
+        ok, sim, how, _ = check.stored(mine, [b"run", [0, 1]], (b"", len(theirs)))
+        exact = check(mine, theirs)
+        assert ok == exact[0] and how == "exact"
+        if ok:
+            assert sim == exact[1]
+        x, y = len(a), len(b)
+        possible = (min(x, y) / max(x, y) >= t if max(x, y) else True) \
+            if measure == "jaccard" else (min(x, y) / x >= t if x else True)
+        assert bool(reads) == possible
+    finally:
+        check.close()

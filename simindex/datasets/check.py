@@ -104,13 +104,15 @@ class Spill:
         self._keys: Any = None
         self._ends: Any = None
         self._mapped = 0
+        self._values: Any = None  # the values file, mapped for `_values_mapped` values
+        self._values_mapped = 0
 
     @staticmethod
     def key(pos: list) -> int:
         return (pos[0] << 40) | pos[1]
 
     def close(self) -> None:
-        self._keys = self._ends = None     # the maps close when no array holds them
+        self._keys = self._ends = self._values = None  # maps close when no array holds them
         for fd in self.fds:
             os.close(fd)
         self.fds = []
@@ -152,8 +154,8 @@ class Spill:
         self._pending_bytes = 0
         self.values, self.entries, self.last = mark
 
-    def get(self, pos: Any) -> Optional[np.ndarray]:
-        """The set put at `pos`, or None."""
+    def _find(self, pos: Any) -> Any:
+        """The pending set put at `pos`, or the place of its written set, or None."""
         try:
             key = self.key(pos)
         except (TypeError, IndexError):
@@ -171,9 +173,26 @@ class Spill:
         i = int(self._keys.searchsorted(np.uint64(key)))  # a uint64: no cast of the keys
         if i == self.entries or int(self._keys[i]) != key:
             return None
+        return i
+
+    def holds(self, pos: Any) -> bool:
+        """Whether a set was put at `pos`."""
+        return self._find(pos) is not None
+
+    def get(self, pos: Any) -> Optional[np.ndarray]:
+        """The set put at `pos`, or None."""
+        i = self._find(pos)
+        if i is None or not isinstance(i, int):
+            return i
         start = int(self._ends[i - 1]) if i else 0
-        raw = os.pread(self.fds[0], 8 * (int(self._ends[i]) - start), 8 * start)
-        return np.frombuffer(raw, dtype="<u8").astype(np.uint64, copy=False)
+        end = int(self._ends[i])
+        if end == start:
+            return np.empty(0, dtype=np.uint64)
+        if end > self._values_mapped:       # mapped again as the file grows
+            self._values = np.frombuffer(
+                mmap.mmap(self.fds[0], 8 * self.values, prot=mmap.PROT_READ), "<u8")
+            self._values_mapped = self.values
+        return self._values[start:end].copy()   # a rewind may write over the map
 
 
 def _pwrite_all(fd: int, data: Any, offset: int) -> None:
@@ -212,6 +231,23 @@ class Check:
         """Forget the sets kept since `mark` (a decision made again from its start)."""
         if self.spill is not None and mark is not None:
             self.spill.rewind(mark)
+
+    def stored(self, a: Shingles, meta: Any, sketch: Optional[tuple]) -> tuple:
+        """(passes, similarity, evidence, the record's shingles) of row `a` against a stored
+        record: exactly when this run judged the record's row (its set is read only when
+        the set sizes allow the similarity asked: the intersection is at most the smaller
+        set, the union at least the larger), else through its (sketch, set size)."""
+        if sketch is not None and is_mine(meta, self.token) and self.spill is not None \
+                and self._beyond(len(a.set), sketch[1]) and self.spill.holds(meta[1]):
+            return False, None, "exact", None
+        theirs = self.recall(meta, sketch)
+        return (*self(a, theirs), theirs)
+
+    def _beyond(self, x: int, y: int) -> bool:
+        """Whether sets of x and y shingles are too unlike in size to pass."""
+        if self.measure == "jaccard":
+            return max(x, y) > 0 and min(x, y) / max(x, y) < self.t
+        return x > 0 and min(x, y) / x < self.t
 
     def recall(self, meta: Any, sketch: Optional[tuple]) -> Any:
         """A stored record's shingles: its exact set when this run judged its row, else the

@@ -76,7 +76,7 @@ def greedy_outside(stored: list, refs: Any, sh: Any, pos: list, token: bytes,
         if best is not None and (m.distance, 0) >= best[:2]:
             continue
         ok, sim, how = (True, None, None) if check is None else \
-            check(sh, check.recall(meta, sketch))
+            check.stored(sh, meta, sketch)[:3]
         if ok:
             best = (m.distance, 0, m.id, False, sim, how)
     for m, sketch in refs:                 # a reference's records: by their sketches
@@ -107,8 +107,12 @@ def components_outside(stored: list, refs: list, sh: Any, pos: list,
         if best is not None and (m.distance > best[0] or m.distance == best[0]
                                  and not isref):
             continue
-        theirs = None if check is None else sketch if isref else check.recall(meta, sketch)
-        ok, sim, how = (True, None, None) if check is None else check(sh, theirs)
+        if check is None:
+            ok, sim, how, theirs = True, None, None, None
+        elif isref:
+            ok, sim, how, theirs = (*check(sh, sketch), sketch)
+        else:
+            ok, sim, how, theirs = check.stored(sh, meta, sketch)
         if ok:
             best = (m.distance, m.id, m.fingerprint, isref, sim, how, theirs)
     return best, mine
