@@ -626,8 +626,9 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
 @click.option("--drop-all", is_flag=True, help="Remove every row of a group of two or more "
               "(implies --mode components).")
 @click.option("--annotate", is_flag=True, help="Write every row to --output, with the columns "
-              "simindex_duplicate_of, simindex_distance, simindex_cluster and "
-              "simindex_cluster_size appended.")
+              "simindex_duplicate_of, simindex_distance, simindex_cluster, "
+              "simindex_cluster_size, simindex_similarity and simindex_evidence appended (empty "
+              "for a kept row; the similarity with --min-similarity).")
 @click.option("--min-similarity", type=click.FloatRange(0, 1, min_open=True), help="Count a "
               "match only if the Jaccard similarity of the two texts' shingles is at least "
               "this (exact for rows of this run, from stored sketches for earlier runs'). "

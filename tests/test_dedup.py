@@ -597,15 +597,19 @@ def test_annotate_keeps_every_row_with_its_group(tmp_path):
     write_jsonl(tmp_path / "in.jsonl", rows)
     common = ["--id-field", "id", "--fingerprint-field", "fp", "--k", "3", "--annotate"]
     cols = ("simindex_duplicate_of", "simindex_distance", "simindex_cluster",
-            "simindex_cluster_size")
+            "simindex_cluster_size", "simindex_similarity", "simindex_evidence")
     for extra, want in (
-            ([], [(None, None, "A", 2), ("A", 3, "A", 2), (None, None, "C", 1),
-                  (None, None, "X", 2), ("X", 1, "X", 2)]),
-            (["--mode", "components"], [(None, None, "A", 3), ("A", 3, "A", 3),
-                                        ("A", 6, "A", 3), (None, None, "X", 2),
-                                        ("X", 1, "X", 2)]),
-            (["--drop-all"], [("B", 3, "A", 3), ("A", 3, "A", 3), ("A", 6, "A", 3),
-                              ("Y", 1, "X", 2), ("X", 1, "X", 2)])):
+            ([], [(None, None, "A", 2, None, None), ("A", 3, "A", 2, None, None),
+                  (None, None, "C", 1, None, None), (None, None, "X", 2, None, None),
+                  ("X", 1, "X", 2, None, None)]),
+            (["--mode", "components"], [(None, None, "A", 3, None, None),
+                                        ("A", 3, "A", 3, None, None),
+                                        ("A", 6, "A", 3, None, None),
+                                        (None, None, "X", 2, None, None),
+                                        ("X", 1, "X", 2, None, None)]),
+            (["--drop-all"], [("B", 3, "A", 3, None, None), ("A", 3, "A", 3, None, None),
+                              ("A", 6, "A", 3, None, None), ("Y", 1, "X", 2, None, None),
+                              ("X", 1, "X", 2, None, None)])):
         r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o.csv", *common, *extra)
         assert r.returncode == 0, r.stderr
         with open(tmp_path / "o.csv", newline="", encoding="utf-8") as f:
@@ -618,3 +622,31 @@ def test_annotate_keeps_every_row_with_its_group(tmp_path):
     assert r.returncode == 1 and "already has the column 'simindex_cluster'" in r.stderr
     assert not (tmp_path / "o2.jsonl").exists()
     assert not [n for n in os.listdir(tmp_path) if n.endswith((".tmp", ".annotate"))]
+
+
+@pytest.mark.parametrize("mode", [[], ["--mode", "components"]])
+def test_annotate_gives_each_removed_row_the_similarity_and_evidence_of_its_report(
+        tmp_path, mode):
+    base = " ".join(f"word{i}" for i in range(60))
+    rows = [{"id": "a", "text": base}, {"id": "b", "text": base + " extra tail"},
+            {"id": "c", "text": "something else entirely, " + base[:50]},
+            {"id": "d", "text": base.replace("word7 ", "")}]
+    write_jsonl(tmp_path / "in.jsonl", rows)
+    common = ["--id-field", "id", "--min-similarity", "0.8", *mode]
+    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o.jsonl", "--annotate",
+            *common)
+    assert r.returncode == 0, r.stderr
+    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "k.jsonl", "--removed",
+            tmp_path / "gone.jsonl", *common)
+    assert r.returncode == 0, r.stderr
+    got = {g["id"]: g for g in map(json.loads, open(tmp_path / "o.jsonl"))}
+    gone = {g["id"]: g for g in map(json.loads, open(tmp_path / "gone.jsonl"))}
+    assert set(gone) == {"b", "d"}
+    for id_, g in got.items():
+        if id_ in gone:
+            assert (g["simindex_duplicate_of"], g["simindex_similarity"],
+                    g["simindex_evidence"]) == \
+                (gone[id_]["match"], gone[id_]["similarity"], gone[id_]["evidence"])
+            assert g["simindex_evidence"] == "exact" and g["simindex_similarity"] >= 0.8
+        else:
+            assert g["simindex_similarity"] is None and g["simindex_evidence"] is None

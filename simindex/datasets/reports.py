@@ -13,9 +13,11 @@ from ..signatures.fingerprints import LSH_BANDS
 from .publish import distinct, publish, temporary_file
 from .rows import RowWriter
 
-# the columns --annotate appends to every row
+# the columns --annotate appends to every row: what a removed row copies, at what distance,
+# its group and the group's size, and (with a similarity threshold) the similarity to what
+# it copies and how it was known ("exact" or "sketch"); empty for a kept row
 ANNOTATIONS = ("simindex_duplicate_of", "simindex_distance", "simindex_cluster",
-               "simindex_cluster_size")
+               "simindex_cluster_size", "simindex_similarity", "simindex_evidence")
 
 
 def _key(id_: Any) -> tuple:
@@ -82,8 +84,8 @@ class DedupOutputs:
             if clash:
                 raise InputError(f"{d.where}: the row already has the column {clash[0]!r} "
                                  f"that --annotate adds")
-            pickle.dump((dict(d.row), d.match, d.distance, d.cluster, d.kept), self.scratch,
-                        protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump((dict(d.row), d.match, d.distance, d.cluster, d.similarity,
+                         d.evidence), self.scratch, protocol=pickle.HIGHEST_PROTOCOL)
         elif d.kept:
             self.out.write(d.row)
 
@@ -111,10 +113,11 @@ class DedupOutputs:
             self.scratch.seek(0)
             while True:
                 try:
-                    row, match, distance, cluster, _kept = pickle.load(self.scratch)
+                    row, match, distance, cluster, sim, how = pickle.load(self.scratch)
                 except EOFError:
                     break
-                row.update(zip(ANNOTATIONS, (match, distance, cluster, self._size(cluster))))
+                row.update(zip(ANNOTATIONS, (match, distance, cluster, self._size(cluster),
+                                             sim, how)))
                 self.out.write(row)
         if self.clusters is not None:
             heads: dict = {}

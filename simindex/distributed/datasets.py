@@ -454,7 +454,7 @@ def _first_written(job: _Job, path: str, shown: str, decided: list, rest: dict,
             data = row.data
             if job.annotate:              # the added columns' values (a size's type: int)
                 d = decided[i]
-                data = dict(data, **dict(zip(ANNOTATIONS, (d[1], d[2], d[4], 1))))
+                data = dict(data, **dict(zip(ANNOTATIONS, (d[1], d[2], d[4], 1, d[5], d[6]))))
             rows.append({c: data.get(c) for c in columns})
         i += 1
     schema = None
@@ -506,7 +506,7 @@ def _write(job: _Job, p: int, path: str, shown: str, offset: int, decided: list,
                                      f"{clash[0]!r} that --annotate adds")
                 data = dict(row.data)
                 data.update(zip(ANNOTATIONS, (match, distance, cluster,
-                                              sizes[_key(cluster)][0])))
+                                              sizes[_key(cluster)][0], sim, how)))
                 out.write(data)
             elif kept:
                 out.write(row.data)
