@@ -18,7 +18,8 @@ from .signatures.fingerprints import (
 from .radius import Calibration, calibrate
 from .repair import repair
 from .textcheck import TextCheck
-from .datasets.run import Decision, decisions, dedup
+from .datasets.frames import dedup
+from .datasets.run import Decision, decisions
 from .index import Index, hamming
 from .engine.pairs import find_all
 from .engine.results import Match, Record
