@@ -2,7 +2,7 @@
 
 A client of the library, nothing more: every command opens a simindex.Index. Results go to
 stdout, progress and messages to stderr; exit 0 on success, 1 on an error (message only,
-never a traceback), 2 on a usage error.
+never a traceback), 2 on a usage error, 141 (quietly) when the reader of stdout closed it.
 """
 
 import contextlib
@@ -190,7 +190,28 @@ def _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips, on_error):
         yield item, fp, meta
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+READER_LEFT = 128 + 13        # the status of a producer whose reader closed the pipe (SIGPIPE)
+
+
+class _Commands(click.Group):
+    """The commands; one whose stdout's reader stops reading (`| head`) ends quietly with
+    the status shells give a producer killed by SIGPIPE, 141, as `cat` and `yes` do."""
+
+    def invoke(self, ctx):
+        try:
+            rv = super().invoke(ctx)
+            if sys.stdout is not None:
+                sys.stdout.flush()   # a pipe closed after the last write fails here
+            return rv
+        except BrokenPipeError:
+            try:                     # what is still buffered for the closed pipe goes nowhere
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):
+                pass
+            raise SystemExit(READER_LEFT) from None
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(
     version=__version__, prog_name="simindex",
     message=(f"%(prog)s %(version)s, on-disk format {FORMAT_VERSION} (and 1, 2), "
@@ -498,7 +519,8 @@ def compact(index):
 
 @cli.command(short_help="Print the table plans for SIZE fingerprints within K bits.")
 @click.option("--size", type=click.IntRange(1), required=True, help="Expected fingerprints.")
-@click.option("--k", type=click.IntRange(0, 255), default=DEFAULT_K, show_default=True)
+@click.option("--k", type=click.IntRange(0, 255), default=DEFAULT_K, show_default=True,
+              help="Bits of difference the plans must find (the radius of their queries).")
 @click.option("--width", type=click.Choice(["64", "128", "256"]), default="64",
               show_default=True, help="Bits per fingerprint.")
 @click.option("--top", type=click.IntRange(1), default=10, show_default=True,
@@ -774,7 +796,8 @@ def _ray_dedup(files, output, address, quiet, **options):
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback --host without a token.")
 @click.option("--access-log", is_flag=True, help="Log every request (costs throughput).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info",
-                                                "debug"]), default="info", show_default=True)
+                                                "debug"]), default="info", show_default=True,
+              help="The least severe server messages written to stderr.")
 def serve(index, host, port, workers, token_file, readonly, max_body, max_batch, insecure,
           access_log, log_level):
     """Serve INDEX over HTTP (JSON) until SIGTERM or Ctrl-C: queries by fingerprint or text,

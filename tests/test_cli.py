@@ -250,3 +250,34 @@ def test_k_above_the_index_k_is_a_usage_error(tmp_path):
     for cmd in (["query"], ["pairs"], ["clusters"]):
         p = run(*cmd, tmp_path / "i", "--k", "3", input="", check=2)
         assert "above the index's k (2)" in p.stderr
+
+
+@pytest.mark.parametrize("command", [["clusters"], ["pairs"], ["query", "in.tsv"]])
+def test_a_command_whose_reader_stops_reading_ends_quietly_as_cat_does(tmp_path, command):
+    """`simindex clusters IDX | head -2`: no message, no traceback, the status 141 a shell
+    gives a producer killed by SIGPIPE (0 when the reader reads to the end)."""
+    lines = []
+    for i in range(20000):           # far more output than a pipe holds
+        fp = (i * 0x9E3779B97F4A7C15) & (2**64 - 1)
+        lines += [f"d{i}\t{fp:016x}", f"e{i}\t{fp ^ 1:016x}"]
+    (tmp_path / "in.tsv").write_text("\n".join(lines) + "\n")
+    run("build", tmp_path / "idx", tmp_path / "in.tsv", check=0)
+    args = [command[0], tmp_path / "idx", *[tmp_path / a for a in command[1:]]]
+    cmd = [EXE, *map(str, args)] if EXE else [sys.executable, "-m", "simindex.cli",
+                                               *map(str, args)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout.readline() and p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 141 and err == b"", err
+    whole = run(*args, check=0)
+    assert len(whole.stdout.splitlines()) >= 20000
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    import click
+    from simindex.cli import cli
+    silent = [f"{name} {p.opts[0]}" for name, cmd in sorted(cli.commands.items())
+              for p in cmd.params if isinstance(p, click.Option) and not p.hidden and
+              not (p.help or "").strip()]
+    assert silent == []

@@ -194,11 +194,13 @@ def test_python_blocks_run(page, blocks, tmp_path):
     if any(b.needs_ray for b in blocks):
         pytest.importorskip("ray", reason="Ray is not installed (pip install 'simindex[ray]')")
         cmd = [sys.executable, "-c", IN_SANDBOX, str(script)]
-    p = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=600,
-                       env=environment())
-    if p.stdout.startswith("SKIP: "):
-        pytest.skip(p.stdout[6:].strip())
-    assert p.returncode == 0, f"{page} (lines are the page's):\n{p.stderr[-3000:]}"
+    for again in (False, True):      # a reader runs a page twice: it still runs
+        p = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=600,
+                           env=environment())
+        if p.stdout.startswith("SKIP: "):
+            pytest.skip(p.stdout[6:].strip())
+        assert p.returncode == 0, \
+            f"{page}{' run again' if again else ''} (lines are the page's):\n{p.stderr[-3000:]}"
 
 
 # --- Shell transcripts: one per block --------------------------------------------------

@@ -81,7 +81,9 @@ def main(argv=None):
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
-    except BrokenPipeError:          # `| head`: the reader has all it wanted
+        status = main()
+        sys.stdout.flush()           # a pipe closed after the last write fails here
+    except BrokenPipeError:          # `| head`: quietly, as a producer killed by SIGPIPE
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
+        status = 141
+    sys.exit(status)

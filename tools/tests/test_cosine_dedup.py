@@ -22,3 +22,17 @@ def test_the_cosine_workflow_runs_end_to_end(tmp_path):
         assert p.returncode == 0, p.stderr
         assert "5 documents" in p.stdout
         assert "exact answer: 3 pairs; found 3 (recall 1.000), none wrong: True" in p.stdout
+
+
+def test_the_workflow_stops_quietly_when_its_reader_closes_the_pipe(tmp_path):
+    """`python3 tools/cosine_dedup.py | head -1`: no traceback, the status of `cat` there
+    (here the reader closes the pipe before the first line is written)."""
+    for i in range(20):
+        (tmp_path / f"p{i}").mkdir()
+        (tmp_path / f"p{i}" / "copyright").write_text(f"notice {i} " + "some words " * 50)
+    p = subprocess.Popen([sys.executable, os.path.join(ROOT, "tools", "cosine_dedup.py"),
+                          "--dir", str(tmp_path)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 141 and b"Traceback" not in err, err
