@@ -650,3 +650,28 @@ def test_annotate_gives_each_removed_row_the_similarity_and_evidence_of_its_repo
             assert g["simindex_evidence"] == "exact" and g["simindex_similarity"] >= 0.8
         else:
             assert g["simindex_similarity"] is None and g["simindex_evidence"] is None
+
+
+def test_a_reference_it_refuses_is_named_with_the_command_that_makes_one_it_takes(tmp_path):
+    base = " ".join(f"word{i}" for i in range(80))
+    ref_rows = [{"id": "r1", "text": base}, {"id": "r2", "text": "a reference text of its own"}]
+    write_jsonl(tmp_path / "ref.jsonl", ref_rows)
+    rows = [{"id": "a", "text": base + " and a tail"}, {"id": "b", "text": "fresh words here"}]
+    write_jsonl(tmp_path / "in.jsonl", rows)
+    built = run("build", tmp_path / "built", tmp_path / "ref.jsonl")
+    assert built.returncode == 0, built.stderr
+    args = ["dedup", tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--id-field", "id",
+            "--min-similarity", "0.7", "--against"]
+    r = run(*args, tmp_path / "built")
+    assert r.returncode == 1 and "make a reference this run can take" in r.stderr
+    command = r.stderr.split("`")[1]
+    assert command.startswith("simindex dedup REFERENCE_ROWS ")
+    made = run(*command.replace("REFERENCE_ROWS", str(tmp_path / "ref.jsonl"))
+               .replace("REFERENCE_KEPT.jsonl", str(tmp_path / "ref-kept.jsonl"))
+               .replace("NEW_REFERENCE", str(tmp_path / "ref")).split()[1:], "--id-field", "id")
+    assert made.returncode == 0, made.stderr
+    r = run(*args, tmp_path / "ref", "--removed", tmp_path / "gone.jsonl")
+    assert r.returncode == 0, r.stderr
+    assert [x["id"] for x in read_jsonl(tmp_path / "out.jsonl")] == ["b"]
+    assert [(x["id"], x["match"], x["reference"]) for x in read_jsonl(tmp_path / "gone.jsonl")] \
+        == [("a", "r1", True)]

@@ -152,16 +152,17 @@ def open_indexes(index: str, against: Optional[str], new: bool, cal: Optional[Ca
                 raise ParameterError(f"the reference index {against} does not exist (no "
                                      f"simindex index there)")
             ref = Index(against, readonly=True)
+            how = matching_reference(idx, min_similarity, measure)
             if ref.width != idx.width:
                 raise ParameterError(f"the reference index {against} holds {ref.width}-bit "
-                                     f"fingerprints, this run {idx.width}-bit ones")
+                                     f"fingerprints, this run {idx.width}-bit ones; {how}")
             if (idx.bands or ref.bands) and ref.scheme != idx.scheme:
                 raise ParameterError(f"the reference index {against} holds {ref.scheme} "
                                      f"fingerprints, this run {idx.scheme} ones: a band "
-                                     f"search compares band keys of one scheme only")
+                                     f"search compares band keys of one scheme only; {how}")
             if ref.k < idx.k:
                 raise ParameterError(f"the reference index {against} finds up to k="
-                                     f"{ref.k}, this run needs k={idx.k}")
+                                     f"{ref.k}, this run needs k={idx.k}; {how}")
         if idx.bands is not None and min_similarity is None:
             raise ParameterError(f"the index {index} holds {idx.scheme} band keys, which "
                                  f"find candidates for a similarity check: give "
@@ -185,6 +186,22 @@ def open_indexes(index: str, against: Optional[str], new: bool, cal: Optional[Ca
                       if stored is not None and (kk == stored["k"] or banded) else None,
                       "bands": idx.bands if banded else None}
     return idx, ref, kk, min_similarity, measure
+
+
+def matching_reference(idx: Index, min_similarity: Optional[float], measure: str) -> str:
+    """How to make a reference index a run with this index can take: the command that
+    makes one of its scheme, width and k (and threshold) from the reference's rows."""
+    flags = f"--scheme {idx.scheme or DEFAULT_SCHEME} --width {idx.width}"
+    if idx.bands is None:
+        flags += f" --k {idx.k}"
+    if min_similarity is not None:
+        flags += f" --min-similarity {min_similarity:g}"
+        if measure != "jaccard":
+            flags += " --containment"
+    return (f"make a reference this run can take from the reference's rows with `simindex "
+            f"dedup REFERENCE_ROWS --output REFERENCE_KEPT.jsonl --index NEW_REFERENCE "
+            f"{flags}` (its kept rows are the reference's distinct ones), then give "
+            f"--against NEW_REFERENCE")
 
 
 def judging(mode: str, k: int, measure: str, min_similarity: Optional[float]) -> str:
