@@ -49,11 +49,27 @@ ALIASES = ", ".join(f"{a} for {s.name}" for s in schemes.values() for a in s.ali
 
 
 def _progress(quiet, total=None, unit="rec"):
-    """A tqdm bar on an interactive stderr, otherwise nothing."""
+    """A tqdm bar on an interactive stderr, otherwise nothing; 80 columns by 24 lines on a
+    terminal that reports no size (tqdm would draw nothing there)."""
     if quiet or sys.stderr is None or not sys.stderr.isatty():
         return None
     from tqdm import tqdm
-    return tqdm(total=total, unit=unit, file=sys.stderr, dynamic_ncols=True)
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+        sized = size.columns > 0 and size.lines > 0
+    except (OSError, ValueError):
+        sized = False
+    if sized:
+        return tqdm(total=total, unit=unit, file=sys.stderr, dynamic_ncols=True)
+    return tqdm(total=total, unit=unit, file=sys.stderr, ncols=80, nrows=24)
+
+
+def _advance(bar, n):
+    """Count n more on a bar whose total is an estimate (raised when passed)."""
+    if bar is not None:
+        if bar.total is not None and bar.n + n > bar.total:
+            bar.total = bar.n + n
+        bar.update(n)
 
 
 @contextlib.contextmanager
@@ -692,7 +708,7 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
     it matched. With --index the kept rows stay indexed for later runs. INPUTS may be
     directories: their files, in name order."""
     from .datasets.run import Summary, decision_batches
-    from .datasets.settings import input_files
+    from .datasets.settings import input_files, rows_about
     from .datasets.reports import ANNOTATIONS, DedupOutputs
     from .datasets.rows import format_of
 
@@ -723,6 +739,9 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
     bar = _progress(quiet, unit="row")
     error = None
     try:
+        if bar is not None:
+            bar.total = rows_about(files, fmt)      # about: the rows are counted as read
+            bar.refresh()
         outputs = DedupOutputs(output, out_fmt, removed, clusters_out, annotate, summary)
         batches = decision_batches(
             files, text_field=text_field, id_field=id_field,
@@ -736,8 +755,9 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
         with _few_collections():
             for batch in batches:
                 outputs.add_all(batch)
-                if bar is not None:
-                    bar.update(len(batch))
+                _advance(bar, len(batch))
+        if bar is not None:
+            bar.total = bar.n                      # every row read: the bar ends at 100%
         outputs.commit()
         outputs = None
     except (Error, OSError, ValueError) as e:

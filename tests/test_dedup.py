@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -675,3 +676,33 @@ def test_a_reference_it_refuses_is_named_with_the_command_that_makes_one_it_take
     assert [x["id"] for x in read_jsonl(tmp_path / "out.jsonl")] == ["b"]
     assert [(x["id"], x["match"], x["reference"]) for x in read_jsonl(tmp_path / "gone.jsonl")] \
         == [("a", "r1", True)]
+
+
+def test_on_a_terminal_the_progress_tells_the_share_done_even_without_a_width(tmp_path):
+    """A pseudo-terminal reports 0 columns and 0 lines (as some CI consoles do): the bar is
+    drawn at 80 columns, with the rows read of about how many, the percent and the time
+    left, and ends at 100% of the rows read."""
+    import pty
+    import select
+    rows = [{"id": i, "text": f"row {i} of the input with words {i % 97} and {i % 89}"}
+            for i in range(30000)]
+    write_jsonl(tmp_path / "in.jsonl", rows)
+    main, sub = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "simindex", "dedup", str(tmp_path / "in.jsonl"),
+                          "-o", str(tmp_path / "out.jsonl"), "--k", "3"],
+                         stdin=sub, stdout=sub, stderr=sub, env=ENV)
+    os.close(sub)
+    out = b""
+    while select.select([main], [], [], 120)[0]:
+        try:
+            got = os.read(main, 65536)
+        except OSError:                 # the terminal's other end closed
+            break
+        if not got:
+            break
+        out += got
+    os.close(main)
+    assert p.wait(timeout=120) == 0
+    text = out.decode("utf-8", "replace")
+    assert "100%|" in text and "30000/30000 [" in text and "rows in 30000" in text
+    assert re.search(r"\d+%\|.*\| \d+/\d+ \[\d\d:\d\d<\d\d:\d\d", text)

@@ -76,7 +76,8 @@ def _pyarrow():
 GZIP_MAGIC = b"\x1f\x8b"        # the first bytes of a gzip stream
 
 
-def _open_bytes(path: str):
+def open_bytes(path: str):
+    """A file's bytes, read through gzip when they begin with its magic bytes."""
     raw: Any = open(path, "rb", buffering=READ_BUFFER)
     head = raw.peek(2)[:2]
     return gzip.GzipFile(fileobj=raw) if head == GZIP_MAGIC else raw
@@ -85,7 +86,7 @@ def _open_bytes(path: str):
 def _open_text(path: str):
     """A file's text; a byte that is not UTF-8 reads as a surrogate escape, for the reader
     to report with its row (never an error that stops the file)."""
-    return io.TextIOWrapper(_open_bytes(path), encoding="utf-8", errors="surrogateescape",
+    return io.TextIOWrapper(open_bytes(path), encoding="utf-8", errors="surrogateescape",
                             newline="")
 
 
@@ -128,7 +129,7 @@ def read_rows(path: str, fmt: Optional[str] = None,
 
 
 def _jsonl_rows(path, name):
-    with _open_bytes(path) as f:
+    with open_bytes(path) as f:
         for n, raw in enumerate(f, 1):
             row = json_row(raw, n, name)
             if row is not None:

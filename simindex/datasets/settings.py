@@ -18,7 +18,7 @@ from ..radius import DEFAULT_RECALL, SAMPLE_ROWS, Calibration, calibrate
 from ..radius import DEFAULT_SCHEME as SIMILARITY_SCHEME
 from ..signatures import _text
 from ..signatures.fingerprints import DEFAULT_SCHEME
-from .rows import format_of, read_rows
+from .rows import format_of, open_bytes, read_rows
 
 # what a run reads to choose its radius when none is given: the model decides k, the
 # sample the width (its pairs within k, the cost of each step)
@@ -325,3 +325,21 @@ def estimate_rows(paths: list, sample_rows: int, sample_bytes: int) -> int:
         except (OSError, ImportError, ValueError):
             total += sample_rows
     return max(total, sample_rows)
+
+
+PROGRESS_SAMPLE = 1 << 20       # bytes of the first input read to size its rows
+
+
+def rows_about(paths: list, fmt: Optional[str] = None) -> int:
+    """About how many rows the inputs hold, for a progress bar's total: estimate_rows,
+    with the bytes per row of the first lines of the first input that is not Parquet."""
+    for path in paths:
+        if format_of(path, fmt) == "parquet":
+            continue
+        try:
+            with open_bytes(path) as f:
+                head = f.read(PROGRESS_SAMPLE)
+        except OSError:
+            continue
+        return estimate_rows(paths, max(head.count(b"\n"), 1), max(len(head), 1))
+    return estimate_rows(paths, 1, 1)
