@@ -22,14 +22,14 @@ from .datasets.frames import dedup
 from .datasets.run import Decision, decisions
 from .index import Index, hamming
 from .engine.pairs import find_all
-from .engine.results import Match, Record
+from .engine.results import Match, Record, TextMatch
 from .signatures.vectors import (
     Hyperplanes, cosine_for_radius, match_probability, radius_for_cosine, simhash_rows,
 )
 
 __all__ = [
     "Decision", "decisions", "dedup", "calibrate", "Calibration", "TextCheck",
-    "Index", "Match", "Record", "find_all", "hamming", "repair", "__version__",
+    "Index", "Match", "Record", "TextMatch", "find_all", "hamming", "repair", "__version__",
     "FORMAT_VERSION",
     "simhash", "compute", "shingles", "tokenize", "fingerprint", "schemes", "Scheme",
     "HASHES", "WIDTHS", "Hyperplanes", "simhash_rows", "radius_for_cosine",

@@ -27,7 +27,7 @@ from .engine.results import (
 from .engine.shard import load_state
 from .engine.store import Store
 from .values import MAX_FP, check_fp, check_wide_fp, fp_array, words_array
-from .textcheck import Hit, TextCheck, keeps_sketches, text_check, text_sketch
+from .textcheck import Hit, TextCheck, keeps_sketches, text_check, text_matches, text_sketch
 
 Fingerprints = Union[Iterable[int], np.ndarray]
 _query_one = ReadContext.query_one
@@ -470,21 +470,24 @@ class Index:
         """(fingerprint, matches) of query_text (the server answers with both)."""
         st = self._open_store()
         check = self._text_check(st, k, min_similarity)
-        if check is None:
+        if check is None and (self.bands is not None or not keeps_sketches(
+                st.manifest.scheme, st.manifest.calibration)):
             fp = self.fingerprint(text)
             return fp, self.query(fp, k=k, where=where)
         fp, (sketch, size) = text_sketch(text, st.manifest.scheme, st.plan.width)
+        radius = check.k if check is not None else self._k(k, st)
         q = np.array([fp], dtype=np.uint64) if st.plan.width == 64 else \
             words_array([fp], st.plan.width)
         buf = st.buffer
         if buf is not None and buf.n:       # this process's buffered records too, unfolded
-            hits = buf.query(fp, check.k, lambda: list(map(
-                Hit._make, st.query(q, check.k, matches=False)[0])),
+            hits = buf.query(fp, radius, lambda: list(map(
+                Hit._make, st.query(q, radius, matches=False)[0])),
                 lambda id_, f, d, mb: Hit(d, f, 0, id_, mb), raw=True)
         else:
-            hits = st.query(q, check.k, matches=False)[0]
-        return fp, kept_where([match_of(h) for h in check.passing(sketch, size, hits, fp)],
-                              where)
+            hits = st.query(q, radius, matches=False)[0]
+        found = check.similar(sketch, size, hits, fp) if check is not None else \
+            text_matches(hits, sketch, size)
+        return fp, kept_where(found, where)
 
     def add_unique_text(self, id: Id, text: str, meta: Any = None,
                         k: Optional[int] = None,
@@ -514,10 +517,10 @@ class Index:
         mb = pack_meta(meta, id, (sketch, size))
         st.fold()
         if check is None:
-            return fp, [match_of(h) for h in st.add_unique(idk, fp, mb, self._k(k, st))]
+            return fp, text_matches(st.add_unique(idk, fp, mb, self._k(k, st)), sketch, size)
         hits = st.add_unique(idk, fp, mb, check.k,
                              lambda found: check.passing(sketch, size, found, fp))
-        return fp, [match_of(h) for h in hits]
+        return fp, text_matches(hits, sketch, size, check.measure)
 
     # ------------------------------------------------------------ all pairs
     def pairs(self, k: Optional[int] = None) -> Iterator[tuple[Id, Id, int]]:

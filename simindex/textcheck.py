@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Optional
 
 from .signatures import _text
 from .engine.codec import stored_sketch
+from .engine.results import TextMatch, match_of
 from .errors import ParameterError
 from .signatures.fingerprints import DEFAULT_SCHEME
 from .radius import DEFAULT_RECALL, DEFAULT_SCHEME as SIMILARITY_SCHEME, model_k
@@ -43,6 +44,13 @@ class TextCheck(NamedTuple):
     measure: str
     bands: bool = False
 
+    def similar(self, sketch: bytes, size: int, hits: list, fp: int = 0) -> list:
+        """TextMatches of the core's hits (distance, fingerprint, seq, id, meta bytes) of a
+        query `fp` whose stored text passes against a text of this sketch and shingle
+        count."""
+        return text_matches(self.passing(sketch, size, hits, fp), sketch, size,
+                            self.measure)
+
     def passing(self, sketch: bytes, size: int, hits: list, fp: int = 0) -> list:
         """The core's hits (distance, fingerprint, seq, id, meta bytes) of a query `fp`
         whose stored text passes against a text of this sketch and shingle count."""
@@ -53,6 +61,19 @@ class TextCheck(NamedTuple):
                                           theirs[1]) >= self.t:
                 out.append(h)
         return out
+
+
+def text_matches(hits: list, sketch: bytes, size: int, measure: str = "jaccard") -> list:
+    """TextMatches of the core's hits of a text of this sketch and shingle count: each
+    with its stored text's similarity, estimated from their sketches (None for a record
+    stored without one), rounded to 4 places as dedup reports it."""
+    out = []
+    for h in hits:
+        theirs = stored_sketch(h[4])
+        m = match_of(h)
+        out.append(TextMatch(*m, similarity=None if theirs is None else round(
+            estimate(measure, sketch, size, theirs[0], theirs[1]), 4)))
+    return out
 
 
 def keeps_sketches(scheme: Optional[str], calibration: Optional[dict]) -> bool:

@@ -160,13 +160,17 @@ def test_cluster_text_calls_judge_as_the_index_does(local_ray, tmp_path, bands):
         for n, (_a, b) in enumerate(pairs):
             assert [m.id for m in c.query_text(b)] == ([f"a{n}"] if n < 6 else [])
             assert c.query_text(b, min_similarity=0.99) == []
+        sims = [[m.similarity for m in c.query_text(b)] for _a, b in pairs]
         got = [c.add_unique_text(f"b{n}", b) for n, (_a, b) in enumerate(pairs)]
         assert [[m.id for m in ms] for ms in got] == \
             [[f"a{n}"] for n in range(6)] + [[] for _ in range(6)]
+        assert [[m.similarity for m in ms] for ms in got] == sims
     with simindex.Index(tmp_path / "i", readonly=True) as idx:
         assert len(idx) == 18
         for n, (_a, b) in enumerate(pairs[6:], 6):
             assert {m.id for m in idx.query_text(b)} == {f"b{n}"}
+        for n, (_a, b) in enumerate(pairs[:6]):         # the Index's estimates, as served
+            assert {m.id: m.similarity for m in idx.query_text(b)}[f"a{n}"] == sims[n][0]
 
 
 def test_a_killed_actor_comes_back_and_loses_nothing(local_ray, tmp_path):

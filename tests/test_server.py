@@ -301,6 +301,14 @@ def test_text_calls_judge_by_the_similarity_threshold(tmp_path, serve):
         assert (dup["added"], [m["id"] for m in dup["matches"]]) == (False, ["a"])
         assert c.post("/add-unique", json={"id": "g", "text": far_b}).json()["added"]
         assert [m["id"] for m in c.post("/query", json={"text": b}).json()["matches"]] == ["a"]
+        # a text's answers give the similarity its sketch estimates, as query_text does
+        (m,) = c.post("/query", json={"text": b}).json()["matches"]
+        with simindex.Index(str(path), readonly=True) as idx:
+            assert m["similarity"] == idx.query_text(b)[0].similarity >= 0.7
+            fp = format(idx.fingerprint(b), "032x")
+        assert dup["matches"][0]["similarity"] == m["similarity"]
+        assert all("similarity" not in x for x in
+                   c.post("/query", json={"fingerprint": fp}).json()["matches"])
         assert c.post("/query", json={"text": b, "min_similarity": 0.95}).json()["matches"] \
             == []
         for body, field in [({"fingerprint": "0" * 32, "min_similarity": 0.8}, "min_similarity"),

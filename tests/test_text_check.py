@@ -344,3 +344,34 @@ def test_cli_build_keeps_sketches_and_query_judges_texts(tmp_path):
     with simindex.Index(path, readonly=True) as idx:
         for n, (a, b) in enumerate(pairs):
             assert [m.id for m in idx.query_text(b)] == got[f"b{n}"]
+
+
+def test_a_text_answer_gives_each_match_the_similarity_its_sketch_estimates(tmp_path):
+    """query_text and add_unique_text answer TextMatches: the Match (equal to it, unpacked
+    as it) with the stored text's similarity, the sketch estimate the threshold judged by;
+    None for a record stored without a sketch. Without a threshold too, where the index
+    keeps sketches."""
+    rng = random.Random(9)
+    a, b, _ = pair_at(rng, 0.85, n=120)
+    cal = simindex.calibrate([], 0.7)
+    for made in (dict(calibration=cal), dict(scheme="minhash-v1", width=128, k=30)):
+        path = tmp_path / ("cal" if "calibration" in made else "plain")
+        with simindex.Index(path, **made) as idx:
+            idx.add_text("a", a, meta={"url": "u"})
+            idx.add("bits", idx.fingerprint(b))            # no text: no sketch
+            want = round(sketch_jaccard(sketch(shingle_set(a, "minhash-v1")),
+                                        sketch(shingle_set(b, "minhash-v1"))), 4)
+            for found in (idx.query_text(b), idx.add_unique_text("b", b)):
+                got = {m.id: m for m in found}
+                assert set(got) == {"a", "bits"}
+                assert isinstance(got["a"], simindex.TextMatch)
+                assert (got["a"].similarity, got["bits"].similarity) == (want, None)
+                assert 0.7 <= want < 1
+                id_, fp, dist, meta = got["a"]
+                assert (id_, meta) == ("a", {"url": "u"}) and got["a"] == \
+                    simindex.Match(id_, fp, dist, meta)
+            assert idx.query_text(b, min_similarity=min(want + 0.05, 1.0)) in (
+                [], [m for m in idx.query_text(b) if m.id == "bits"])
+    with simindex.Index(tmp_path / "simhash", k=3) as idx:           # keeps no sketches
+        idx.add_text("a", a)
+        assert all(type(m) is simindex.Match for m in idx.query_text(a))

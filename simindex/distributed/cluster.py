@@ -28,7 +28,8 @@ from ..engine.protocol import LAG_LIMIT
 from ..engine.results import (
     Id, Match, Record, check_where, match_of, record_of, kept_where, kept_where_many,
 )
-from ..textcheck import TextCheck, keeps_sketches, text_check, text_sketch
+from ..scheme_names import lsh_rows
+from ..textcheck import TextCheck, keeps_sketches, text_check, text_matches, text_sketch
 from ..engine.transactions import is_io
 from . import route
 from .parts import PART_RECORDS
@@ -413,6 +414,9 @@ class Cluster:
         if added is not None:
             prev, seqs = added
             self._apply([[(home, prev, seqs, self._fps([fp]), None)]])
+        if sketch is not None:           # a text's: each with its similarity
+            return text_matches(hits, sketch[0], sketch[1],
+                                check.measure if check is not None else "jaccard")
         return [match_of(h) for h in hits]
 
     def remove(self, id: Id) -> bool:
@@ -456,7 +460,7 @@ class Cluster:
         fp, sketch = text_sketch(text, self.scheme, self.plan.width)
         mb = pack_meta(meta, id, sketch)
         if check is None:
-            return self._add_unique(encode_id(id), fp, mb, self._k(k))
+            return self._add_unique(encode_id(id), fp, mb, self._k(k), sketch=sketch)
         return self._add_unique(encode_id(id), fp, mb, check.k, check, sketch)
 
     # ------------------------------------------------------------ reads
@@ -495,12 +499,15 @@ class Cluster:
         """As Index.query_text."""
         self._check()
         check = self.text_check(min_similarity, k)
-        if check is None:
+        if check is None and (lsh_rows(self.scheme) is not None or
+                              not self._keeps_sketches()):
             return self.query(self.fingerprint(text), k, where)
         fp, (sketch, size) = text_sketch(text, self.scheme, self.plan.width)
         q = self._fps([fp])
+        if check is None:
+            return kept_where(text_matches(self._hits(q, self._k(k))[0], sketch, size), where)
         hits = self._hits(q, check.k)[0]
-        return kept_where([match_of(h) for h in check.passing(sketch, size, hits, fp)], where)
+        return kept_where(check.similar(sketch, size, hits, fp), where)
 
     def get(self, id: Id) -> Optional[Record]:
         """The stored Record of `id`, or None."""

@@ -34,6 +34,31 @@ class Match(NamedTuple):
 set_match_type(Match, unpack)      # queries get their Match objects from the core
 
 
+class TextMatch(Match):
+    """A Match of a text call (query_text, add_unique_text): also `similarity`, the stored
+    text's to the asked one (Jaccard, or the index's measure), estimated from the sketch its
+    record keeps (None: a record stored without one, by `add`). As a tuple it is the Match:
+    equal to it, and unpacked as (id, fingerprint, distance, meta)."""
+
+    similarity: Optional[float] = None      # (a class default: _make gives it)
+
+    def __new__(cls, id: Id, fingerprint: int, distance: int, meta: Any = None,
+                similarity: Optional[float] = None) -> "TextMatch":
+        self = super().__new__(cls, id, fingerprint, distance, meta)
+        self.similarity = similarity
+        return self
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()[:-1]}, similarity={self.similarity!r})"
+
+    def __reduce__(self) -> tuple:
+        return TextMatch, (*self, self.similarity)
+
+    def _replace(self, **changes: Any) -> "TextMatch":
+        similarity = changes.pop("similarity", self.similarity)
+        return TextMatch(*Match._replace(self, **changes), similarity=similarity)
+
+
 def json_id(id_: Id) -> Union[str, int]:
     """An id as JSON holds it: bytes ids as UTF-8 text, undecodable bytes as backslash
     escapes (the CLI's output and the HTTP API's answers)."""

@@ -25,7 +25,7 @@ from ..errors import (
     StorageError,
 )
 from ..index import Index
-from ..engine.results import Match, json_id
+from ..engine.results import Match, TextMatch, json_id
 from ..textcheck import lowest_threshold
 from . import bodies
 from .asgi import (
@@ -193,8 +193,12 @@ class Api:
 
     def matches(self, ms: list[Match]) -> list[dict[str, Any]]:
         hexes = self.hexes
-        return [{"id": json_id(m.id), "fingerprint": format(m.fingerprint, hexes),
-                 "distance": m.distance, "meta": m.meta} for m in ms]
+        out = [{"id": json_id(m.id), "fingerprint": format(m.fingerprint, hexes),
+                "distance": m.distance, "meta": m.meta} for m in ms]
+        for o, m in zip(out, ms):
+            if isinstance(m, TextMatch):     # a text's answer: its similarity too
+                o["similarity"] = m.similarity
+        return out
 
     def source_of(self, obj: dict[str, Any], where: str = "") -> tuple:
         """(fingerprint, None) or (None, text) of a body: exactly one of `fingerprint` and

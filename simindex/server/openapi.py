@@ -104,7 +104,12 @@ def document(width: int, k: int, auth: bool, scheme: Optional[str] = None,
                 "Fingerprint": fp, "Id": rid, "Meta": meta,
                 "Match": _obj(["id", "fingerprint", "distance"], {
                     "id": ref["Id"], "fingerprint": {"type": "string"},
-                    "distance": {"type": "integer"}, "meta": {}}),
+                    "distance": {"type": "integer"}, "meta": {},
+                    "similarity": {
+                        "type": ["number", "null"], "minimum": 0, "maximum": 1,
+                        "description": "A text body's answers only: the stored text's "
+                                       "similarity to it, estimated from the sketch its record "
+                                       "keeps (null: a record stored without one)"}}),
                 "Error": {"type": "object", "required": ["error"], "properties": {
                     "error": {"type": "string"}, "field": {"type": "string"}}},
             },
