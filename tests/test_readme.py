@@ -84,3 +84,11 @@ def test_the_documentation_site_builds_strictly(tmp_path):
     readme = open(os.path.join(ROOT, "README.md")).read()
     for link in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert os.path.exists(os.path.join(ROOT, link)), link
+
+
+def test_ci_runs_the_test_command_in_a_fresh_virtual_environment():
+    """As README advises: a venv's python loses what the system's has installed."""
+    ci = open(os.path.join(ROOT, ".ci", "run")).read()
+    make, activate, command = (ci.index("python3 -m venv"), ci.index("/bin/activate"),
+                               ci.index("python3 -m pytest"))
+    assert make < activate < command
