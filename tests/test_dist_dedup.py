@@ -575,3 +575,41 @@ def test_a_ray_run_adds_nothing_when_another_writer_admitted_a_near_copy_meanwhi
     got = dist_dedup.dedup([str(path)], str(out), id_field="id", index=index,
                           on_error=lambda bad: None, **judge)
     assert (got.kept, got.removed) == (19, 1)
+
+
+def test_a_ray_dataset_gives_back_the_rows_one_machine_keeps(local_ray, tmp_path):
+    """read_parquet -> dedup -> write_parquet, the Ray Data way: a Ray Dataset in, a Ray
+    Dataset of the kept rows out (materialized, or read from `output`), the rows and
+    annotations simindex.dedup gives for the same rows in the same order."""
+    dist = importlib.import_module("simindex.distributed")
+    rows = corpus(5, count=80)
+    ctx = ray.data.DataContext.get_current()
+    was, ctx.execution_options.preserve_order = ctx.execution_options.preserve_order, True
+    try:
+        dataset_in_and_out(dist, rows, tmp_path)
+    finally:
+        ctx.execution_options.preserve_order = was
+
+
+def dataset_in_and_out(dist, rows, tmp_path):
+    ds = ray.data.from_items(rows, override_num_blocks=3)
+    for options in (dict(min_similarity=0.7), dict(k=8, mode="components", keep="score")):
+        want = simindex.dedup(rows, id_field="id", **options)
+        got = dist.dedup(ds, id_field="id", **options)
+        assert sorted(r["id"] for r in got.take_all()) == sorted(r["id"] for r in want)
+        assert got.schema().names == ["id", "text", "score"]
+        marked = {r["id"]: r for r in dist.dedup(ds, id_field="id", annotate=True,
+                                                 **options).take_all()}
+        for r in simindex.dedup(rows, id_field="id", annotate=True, **options):
+            assert {c: marked[r["id"]][c] for c in r} == r
+    out = tmp_path / "kept"
+    written = dist.dedup(ds, str(out), id_field="id", min_similarity=0.7)
+    assert sorted(os.listdir(out)) and all(n.endswith(".parquet") for n in os.listdir(out))
+    assert written.count() == len(simindex.dedup(rows, id_field="id", min_similarity=0.7))
+    assert dist.dedup(ds.limit(0), id_field="id", k=3).count() == 0
+    with pytest.raises(simindex.ParameterError, match="fmt= is not an option"):
+        dist.dedup(ds, fmt="csv")
+    with pytest.raises(simindex.ParameterError, match="needs output"):
+        dist.dedup(str(tmp_path / "in.jsonl"))
+    with pytest.raises(simindex.ParameterError, match=r"simindex.distributed.dedup\(data"):
+        simindex.dedup(ds, k=3)

@@ -343,6 +343,9 @@ def kind_of(data: Any) -> _Kind:
         return _Dataset(data)
     if module == "datasets" and name == "IterableDataset":
         return _IterableDataset(data)
+    if module == "ray":
+        raise ParameterError(f"a Ray {name} is judged on Ray: simindex.distributed.dedup(data, "
+                             f"...) gives back a Ray Dataset of the kept rows")
     if isinstance(data, (list, tuple)) or (hasattr(data, "__iter__") and
                                            not isinstance(data, (str, bytes, Mapping))):
         return _Dicts(data)

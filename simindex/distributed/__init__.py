@@ -13,6 +13,6 @@ except ImportError as e:                     # pragma: no cover - depends on the
 from .batch import clusters, pairs
 from .build import build
 from .cluster import Cluster
-from .datasets import dedup
+from .raydata import dedup
 
 __all__ = ["Cluster", "build", "clusters", "dedup", "pairs"]
