@@ -95,6 +95,9 @@ class Calibration(NamedTuple):
         sample = (f"{c.found}/{c.pairs} sample pairs found" if c.pairs else
                   "the model's, at the threshold" if c.model_recall is not None else
                   "no sample pair at the threshold")
+        if 0 < c.pairs < BOUND_PAIRS and c.model_recall is not None:
+            sample += (f": too few for the sample to bound the recall (all of "
+                       f"{BOUND_PAIRS} found would bound it at 0.95), so the model's")
         capped = (f"; k is capped by the time budget of {self.time_budget:g} s, below the "
                   f"{self.recall:g} recall asked for" if c.capped else "")
         search = f"{LSH_BANDS} bands of {lsh_rows(self.scheme)} rows" \
@@ -161,6 +164,11 @@ def _betainc(a: float, b: float, x: float) -> float:
         if abs(1.0 - c * d) < 1e-12:
             break
     return front * (f - 1.0)
+
+
+# sample pairs whose every one found bounds the recall at 0.95 (at CONFIDENCE): fewer say
+# little (1 pair found bounds it at 0.05), and the model's recall stands for them
+BOUND_PAIRS = 59
 
 
 def recall_lower_bound(found: int, pairs: int, confidence: float = CONFIDENCE) -> float:

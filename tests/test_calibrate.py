@@ -145,6 +145,17 @@ def test_a_calibration_reports_its_table_and_choice():
                       "expected_recall": c.expected_recall}
 
 
+@pytest.mark.parametrize("pairs", [1, 30, 59])
+def test_a_sample_of_few_pairs_says_it_cannot_bound_the_recall(pairs):
+    """All of 59 pairs found bound the recall at 0.95; fewer bound it lower for want of
+    pairs, not of recall, and the summary says the model's recall stands."""
+    c = cal.calibrate(planted_texts(random.Random(4), pairs, 0.8), 0.7, bands=False)
+    assert c.chosen.pairs == c.chosen.found == pairs
+    assert c.chosen.recall_low == pytest.approx(0.05 ** (1 / pairs))
+    assert ("too few for the sample to bound the recall" in c.describe()) == (pairs < 59)
+    assert (c.chosen.recall_low >= 0.95) == (pairs >= cal.BOUND_PAIRS)
+
+
 def test_a_simhash_scheme_is_calibrated_on_the_sample_alone():
     c = cal.calibrate(planted_texts(random.Random(4), 40, 0.75), 0.7, scheme="simindex-v1",
                       recall=0.9, widths=[64])
