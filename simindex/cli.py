@@ -17,7 +17,8 @@ import click
 import msgpack
 
 from . import (
-    FORMAT_VERSION, BadLine, CorruptError, Error, Index, ParameterError, __version__, schemes,
+    FORMAT_VERSION, BadLine, CorruptError, Error, Index, ParameterError, TextMatch,
+    __version__, schemes,
 )
 from .engine import manifest
 from .engine._lmdb import lmdb_version
@@ -153,8 +154,19 @@ def _open(path, k_at_most=None, **kw):
 
 
 common_input = [
-    click.option("--format", "fmt", type=click.Choice(FORMATS),
-                 help="Input format (default: from the first line: '{' means jsonl)."),
+    click.option("--format", "fmt", type=click.Choice([*FORMATS, "csv", "parquet"]),
+                 help="Input format (default: .csv and .parquet files by their extension, "
+                      "else from the first line: '{' means jsonl)."),
+    click.option("--text-field", help="Read the inputs as dedup reads a dataset's rows (JSON "
+                 "lines, CSV or Parquet files, or directories of them; other columns are not "
+                 "stored): the column holding each row's text (default: text). CSV, Parquet "
+                 "and directories are read so without it."),
+    click.option("--id-field", help="As --text-field: the column holding each row's id "
+                 "(default: id)."),
+    click.option("--fingerprint-field", help="As --text-field: a column of fingerprints (hex "
+                 "or integer) instead of texts."),
+    click.option("--meta-field", help="As --text-field: a column stored as each record's meta "
+                 "(default: none)."),
     click.option("--fp-format", type=click.Choice(FP_FORMATS), default="hex", show_default=True,
                  help="How fingerprints are written: hex digits, unsigned decimal, or signed "
                       "64-bit decimal (Spark/Java longs)."),
@@ -182,14 +194,46 @@ class _Skips:
         click.echo(f"simindex: skipped {bad}", err=True)
 
 
-def _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips, on_error):
+def _dataset_rows(inputs, fmt, fields):
+    """Whether the inputs are read as a dataset's rows (as dedup reads them): a column named,
+    a CSV or Parquet format or file, or a directory."""
+    from .datasets.rows import format_of
+    if any(v is not None for v in fields.values()) or fmt in ("csv", "parquet"):
+        return True
+    for path in inputs:
+        if path != "-" and os.path.isdir(path):
+            return True
+        try:
+            if fmt is None and format_of(path) in ("csv", "parquet"):
+                return True
+        except Error:
+            pass
+    return False
+
+
+def _items(inputs, fmt, fp_format, max_line, on_error, width, fields):
+    """The Items of the inputs: records of TSV or JSON lines, or a dataset's rows."""
+    if not _dataset_rows(inputs, fmt, fields):
+        return read_items(inputs or ["-"], fmt, fp_format, max_line, on_error=on_error,
+                          width=width)
+    from .datasets.rows import row_items
+    from .datasets.settings import input_files
+    if not inputs or "-" in inputs:
+        raise click.UsageError("a dataset's rows are read from files or directories, not "
+                               "stdin")
+    return row_items(input_files(inputs), None if fmt == "tsv" else fmt,
+                     fields["text_field"] or "text", fields["id_field"] or "id",
+                     fields["fingerprint_field"], fields["meta_field"], on_error, width)
+
+
+def _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips, on_error, fields):
     """(item, fingerprint, meta to store) of every input record; a text is fingerprinted
     with the index's scheme (its meta then keeps the text's sketch where the index keeps
     sketches), and a text without a fingerprint is a bad line like any other."""
     width = idx.width
     record = getattr(idx, "text_record", None)     # an Index (a Cluster keeps no sketch)
-    for item in read_items(inputs or ["-"], fmt, fp_format, max_line,
-                           on_error=skips if on_error == "skip" else None, width=width):
+    for item in _items(inputs, fmt, fp_format, max_line,
+                       skips if on_error == "skip" else None, width, fields):
         try:
             if item.text is None:
                 fp, meta = item.fingerprint, item.meta
@@ -204,6 +248,39 @@ def _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips, on_error):
             skips(bad)
             continue
         yield item, fp, meta
+
+
+def _build_calibration(index, inputs, fmt, fields, t, recall, *, scheme, width, ray):
+    """The calibration of a new index built with --min-similarity (None for an existing
+    one, which keeps its own and must have been made for t): from the input's first rows,
+    read as dedup reads them."""
+    from .datasets.settings import RUN_SAMPLE_BYTES, RUN_SAMPLE_ROWS, calibrate_inputs
+    from .datasets.settings import input_files
+    if ray is not None:
+        raise click.UsageError("--min-similarity makes a new index on this machine: build it "
+                               "without --ray, then serve it with a Cluster")
+    if os.path.exists(os.path.join(index, manifest.NAME)):
+        with _open(index, readonly=True) as idx:
+            stored = idx.calibration
+        if stored is None or stored["min_similarity"] != t or stored["measure"] != "jaccard":
+            had = "none" if stored is None else f"{stored['measure']} >= " \
+                f"{stored['min_similarity']:g}"
+            raise click.UsageError(f"the index {index} exists, made for a threshold of "
+                                   f"{had}: --min-similarity {t:g} makes a new index only")
+        return None
+    if not inputs or "-" in inputs:
+        raise click.UsageError("--min-similarity calibrates on the input's first rows: "
+                               "give files, not stdin")
+    try:
+        return calibrate_inputs(input_files(inputs), t,
+                                fmt=None if fmt in (None, "tsv") else fmt,
+                                text_field=fields.get("text_field") or "text", recall=recall,
+                                scheme=scheme, width=None if width is None else int(width),
+                                sample=RUN_SAMPLE_ROWS,
+                                sample_bytes=RUN_SAMPLE_BYTES, sample_truth=False,
+                                bands=scheme is None)
+    except Error as e:
+        _fail(str(e))
 
 
 READER_LEFT = 128 + 13        # the status of a producer whose reader closed the pipe (SIGPIPE)
@@ -259,19 +336,43 @@ def cli():
 @click.option("--ledgers", type=click.IntRange(1, 1024), help="With --ray, split a new "
               "index's records over this many ledger actors, so that adds commit in all "
               "of them at once (the index then opens read-only on one machine).")
+@click.option("--min-similarity", type=click.FloatRange(0, 1, min_open=True), help="A new "
+              "index made for this Jaccard threshold, as dedup makes one: its scheme, width "
+              "and k calibrated on the input's first rows (its text calls, and dedup "
+              "--index with it, judge by the threshold), or with --k (and --width, "
+              "--scheme: default minhash-v1) the index at that radius, as `dedup --k` makes "
+              "one. Texts only.")
+@click.option("--recall", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              help="With --min-similarity: the share of pairs at the threshold to find "
+              "(default 0.99).")
 @ray_option
 @input_options
 def build(index, inputs, k, blocks, width, prefix_blocks, shards, expected, scheme, jobs,
-          ledgers, ray_address, fmt, fp_format, max_line, on_error, quiet):
-    """Create INDEX if missing, then add every record of INPUT files ('-': stdin).
+          ledgers, min_similarity, recall, ray_address, fmt, fp_format, max_line, on_error,
+          quiet, **fields):
+    """Create INDEX if missing, then add every record of INPUT files ('-': stdin): TSV or
+    JSON lines records, or the rows of a dataset (JSON lines, CSV, Parquet, directories)
+    as dedup reads them (see --text-field).
 
     Incremental: run it again with more input to add to the same index.
     """
+    calibration = None
+    if min_similarity is not None and k is not None:   # a radius given: no calibration
+        scheme = scheme or "minhash-v1"                 # (a scheme that keeps sketches)
+    elif min_similarity is not None:
+        calibration = _build_calibration(index, inputs, fmt, fields, min_similarity, recall,
+                                         scheme=scheme, width=width, ray=ray_address)
+    elif recall is not None:
+        raise click.UsageError("--recall needs --min-similarity")
     if ray_address is None:
         if ledgers is not None:
             raise click.UsageError("--ledgers splits the records over Ray actors: give --ray")
+        if calibration is not None:            # a new index made for the threshold
+            k, scheme, width = calibration.k, calibration.scheme, calibration.width
+            expected = expected or calibration.expected_rows
         idx = _open(index, k=k, blocks=blocks, shards=shards, scheme=scheme, expected=expected,
-                    prefix_blocks=prefix_blocks, width=None if width is None else int(width))
+                    prefix_blocks=prefix_blocks, width=None if width is None else int(width),
+                    calibration=None if calibration is None else calibration.stored())
         write = lambda batch: idx.add_many(batch, jobs=jobs)
     else:
         idx = _cluster(index, ray_address, ledgers, k=k, blocks=blocks, shards=shards,
@@ -297,7 +398,7 @@ def build(index, inputs, k, blocks, width, prefix_blocks, shards, expected, sche
     error = None
     try:
         for item, fp, meta in _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips,
-                                             on_error):
+                                             on_error, fields):
             batch.append((item.id, fp, meta))
             if len(batch) >= BATCH:
                 commit()
@@ -328,7 +429,8 @@ def build(index, inputs, k, blocks, width, prefix_blocks, shards, expected, sche
               "query_id<TAB>match_id<TAB>distance line per match.")
 @ray_option
 @input_options
-def query(index, inputs, k, output, ray_address, fmt, fp_format, max_line, on_error, quiet):
+def query(index, inputs, k, output, ray_address, fmt, fp_format, max_line, on_error, quiet,
+          **fields):
     """Print the near-duplicates in INDEX of every record of INPUT ('-': stdin)."""
     if sys.stdout is None:
         _fail("standard output is closed")
@@ -358,14 +460,16 @@ def query(index, inputs, k, output, ray_address, fmt, fp_format, max_line, on_er
             else:
                 out.write(json.dumps({"id": qid, "matches": [
                     {"id": json_id(m.id), "fingerprint": _hex(m.fingerprint, width),
-                     "distance": m.distance} for m in ms]}) + "\n")
+                     "distance": m.distance, **({"similarity": m.similarity}
+                                                if isinstance(m, TextMatch) else {})}
+                    for m in ms]}) + "\n")
         n += len(batch)
         batch.clear()
 
     error = None
     try:
         for item, fp, _meta in _fingerprinted(idx, inputs, fmt, fp_format, max_line, skips,
-                                              on_error):
+                                              on_error, fields):
             if judged and item.text is not None:
                 flush()
                 batch.append((item.id, fp))

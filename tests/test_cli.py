@@ -281,3 +281,50 @@ def test_every_option_of_every_command_says_what_it_does():
               for p in cmd.params if isinstance(p, click.Option) and not p.hidden and
               not (p.help or "").strip()]
     assert silent == []
+
+
+def test_build_and_query_read_a_datasets_rows_as_dedup_reads_them(tmp_path):
+    """Parquet, CSV and directories of them (other columns left out), the columns named by
+    --id-field, --text-field and --meta-field; a row without its id is a bad line naming it."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    base = " ".join(f"word{i}" for i in range(80))
+    rows = [{"doc": "r1", "body": base, "src": "x", "n": 1},
+            {"doc": "r2", "body": "a text of its own, far from the other", "src": "y", "n": 2}]
+    (tmp_path / "dir").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows[:1]), tmp_path / "dir" / "a.parquet")
+    (tmp_path / "dir" / "b.csv").write_text("doc,body,src,n\nr2,a text of its own, far from "
+                                            "the other,y,2\n".replace("own, far", "own far"))
+    fields = ["--id-field", "doc", "--text-field", "body", "--meta-field", "src"]
+    run("build", tmp_path / "i", tmp_path / "dir", *fields, check=0)
+    with simindex.Index(tmp_path / "i", readonly=True) as idx:
+        assert len(idx) == 2 and idx.get("r1").meta == "x" and idx.get("r2").meta == "y"
+        assert idx.get("r1").fingerprint == idx.fingerprint(base)
+    pq.write_table(pa.Table.from_pylist([{"doc": "q", "body": base + " tail"}]),
+                   tmp_path / "q.parquet")
+    got = json.loads(run("query", tmp_path / "i", tmp_path / "q.parquet", *fields[:4],
+                         check=0).stdout)
+    assert got["id"] == "q" and [m["id"] for m in got["matches"]] == ["r1"]
+    pq.write_table(pa.Table.from_pylist([{"body": "no id here"}]), tmp_path / "bad.parquet")
+    r = run("build", tmp_path / "i", tmp_path / "bad.parquet", "--text-field", "body", check=1)
+    assert f"{tmp_path / 'bad.parquet'}:1: id field \"id\" is missing" in r.stderr
+
+
+def test_build_with_a_threshold_makes_an_index_that_judges_by_it(tmp_path):
+    base = " ".join(f"word{i}" for i in range(80))
+    (tmp_path / "ref.jsonl").write_text(json.dumps({"id": "r1", "text": base}) + "\n")
+    (tmp_path / "q.jsonl").write_text(json.dumps({"id": "q", "text": base + " tail"}) + "\n")
+    run("build", tmp_path / "i", tmp_path / "ref.jsonl", "--min-similarity", "0.7", check=0)
+    with simindex.Index(tmp_path / "i", readonly=True) as idx:
+        assert idx.calibration["min_similarity"] == 0.7
+        (m,) = idx.query_text(base + " tail")
+    (got,) = json.loads(run("query", tmp_path / "i", tmp_path / "q.jsonl", check=0).stdout
+                        )["matches"]
+    assert (got["id"], got["similarity"]) == ("r1", m.similarity) and m.similarity >= 0.7
+    r = run("build", tmp_path / "i", tmp_path / "ref.jsonl", "--min-similarity", "0.8",
+            check=2)
+    assert "made for a threshold of jaccard >= 0.7" in r.stderr
+    run("build", tmp_path / "j", tmp_path / "ref.jsonl", "--min-similarity", "0.7", "--k", "20",
+        "--width", "128", check=0)
+    with simindex.Index(tmp_path / "j", readonly=True) as idx:
+        assert (idx.scheme, idx.width, idx.k) == ("minhash-v1", 128, 20)

@@ -665,17 +665,20 @@ def test_a_reference_it_refuses_is_named_with_the_command_that_makes_one_it_take
             "--min-similarity", "0.7", "--against"]
     r = run(*args, tmp_path / "built")
     assert r.returncode == 1 and "make a reference this run can take" in r.stderr
-    command = r.stderr.split("`")[1]
-    assert command.startswith("simindex dedup REFERENCE_ROWS ")
-    made = run(*command.replace("REFERENCE_ROWS", str(tmp_path / "ref.jsonl"))
-               .replace("REFERENCE_KEPT.jsonl", str(tmp_path / "ref-kept.jsonl"))
-               .replace("NEW_REFERENCE", str(tmp_path / "ref")).split()[1:], "--id-field", "id")
-    assert made.returncode == 0, made.stderr
-    r = run(*args, tmp_path / "ref", "--removed", tmp_path / "gone.jsonl")
-    assert r.returncode == 0, r.stderr
-    assert [x["id"] for x in read_jsonl(tmp_path / "out.jsonl")] == ["b"]
-    assert [(x["id"], x["match"], x["reference"]) for x in read_jsonl(tmp_path / "gone.jsonl")] \
-        == [("a", "r1", True)]
+    build, dedup = r.stderr.split("`")[1::2][:2]
+    assert build.startswith("simindex build NEW_REFERENCE REFERENCE_ROWS ")
+    assert dedup.startswith("simindex dedup REFERENCE_ROWS ")
+    for n, command in enumerate((build, dedup)):
+        made = run(*command.replace("REFERENCE_ROWS", str(tmp_path / "ref.jsonl"))
+                   .replace("REFERENCE_KEPT.jsonl", str(tmp_path / "ref-kept.jsonl"))
+                   .replace("NEW_REFERENCE", str(tmp_path / f"ref{n}")).split()[1:],
+                   *(["--id-field", "id"] if command is dedup else []))
+        assert made.returncode == 0, made.stderr
+        r = run(*args, tmp_path / f"ref{n}", "--removed", tmp_path / "gone.jsonl")
+        assert r.returncode == 0, r.stderr
+        assert [x["id"] for x in read_jsonl(tmp_path / "out.jsonl")] == ["b"]
+        assert [(x["id"], x["match"], x["reference"])
+                for x in read_jsonl(tmp_path / "gone.jsonl")] == [("a", "r1", True)]
 
 
 def test_on_a_terminal_the_progress_tells_the_share_done_even_without_a_width(tmp_path):

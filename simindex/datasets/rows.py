@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 import msgspec
 
 from ..errors import BadLine, ParameterError
+from ..engine.codec import pack_meta
+from ..inputs import Item, check_id, parse_fp
 from .publish import publish, temporary_file
 
 FORMATS = ("jsonl", "csv", "parquet")
@@ -409,3 +411,44 @@ class RowWriter:
         except OSError:
             pass
         self.release()
+
+
+def row_items(paths: list, fmt: Optional[str], text_field: str, id_field: str,
+              fingerprint_field: Optional[str] = None, meta_field: Optional[str] = None,
+              on_error: Optional[Callable[[BadLine], None]] = None,
+              width: int = 64) -> Iterator[Item]:
+    """The Items `simindex build` adds from dataset rows (JSON lines, CSV or Parquet, as
+    dedup reads them): a row's id and text (or fingerprint) from the columns named, its
+    meta from `meta_field` (none without it); its other columns are not stored. A row
+    without them is a BadLine, raised or given to `on_error`."""
+    for path in paths:
+        for row in read_rows(path, fmt, on_error):
+            try:
+                data = row.data
+                if id_field not in data:
+                    raise ValueError(f'id field "{id_field}" is missing')
+                id_ = check_id(data[id_field])
+                meta = data.get(meta_field) if meta_field is not None else None
+                if meta is not None:
+                    pack_meta(meta)            # InputError names what it cannot hold
+                if fingerprint_field is not None:
+                    fp = data.get(fingerprint_field)
+                    if isinstance(fp, str):
+                        fp = parse_fp(fp, "hex", width)
+                    elif isinstance(fp, int) and not isinstance(fp, bool):
+                        fp = parse_fp(str(fp), "int", width)
+                    else:
+                        raise ValueError(f'fingerprint field "{fingerprint_field}" is '
+                                         f'missing or not a hex string or an integer')
+                    yield Item(id_, fp, None, meta, row.where)
+                    continue
+                text = data.get(text_field)
+                if not isinstance(text, str):
+                    raise ValueError(f'text field "{text_field}" is missing or not text '
+                                     f'(got {type(text).__name__})')
+                yield Item(id_, None, text, meta, row.where)
+            except ValueError as e:
+                bad = BadLine(row.where, str(e))
+                if on_error is None:
+                    raise bad from None
+                on_error(bad)

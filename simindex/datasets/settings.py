@@ -199,9 +199,9 @@ def matching_reference(idx: Index, min_similarity: Optional[float], measure: str
         if measure != "jaccard":
             flags += " --containment"
     return (f"make a reference this run can take from the reference's rows with `simindex "
-            f"dedup REFERENCE_ROWS --output REFERENCE_KEPT.jsonl --index NEW_REFERENCE "
-            f"{flags}` (its kept rows are the reference's distinct ones), then give "
-            f"--against NEW_REFERENCE")
+            f"build NEW_REFERENCE REFERENCE_ROWS {flags}` (or `simindex dedup REFERENCE_ROWS "
+            f"--output REFERENCE_KEPT.jsonl --index NEW_REFERENCE {flags}`, which keeps the "
+            f"reference's distinct rows only), then give --against NEW_REFERENCE")
 
 
 def judging(mode: str, k: int, measure: str, min_similarity: Optional[float]) -> str:
