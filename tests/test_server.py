@@ -695,6 +695,29 @@ def test_the_web_page_renders_the_near_duplicates_of_a_fingerprint(tmp_path, ser
     assert "No near-duplicates of the text" in dom
 
 
+def test_the_api_page_lets_a_browser_try_every_operation(tmp_path, serve):
+    """/docs: Swagger UI from the installed package (no CDN), reading /openapi.json, linked
+    from the search page; its files only, nothing else of the disk."""
+    path = tmp_path / "idx"
+    simindex.Index(str(path), k=3).close()
+    s = serve(path)
+    with s.client() as c:
+        page = c.get("/docs")
+        assert page.status_code == 200 and "/docs/swagger-ui-bundle.js" in page.text
+        js = c.get("/docs/swagger-ui-bundle.js")
+        assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+        assert "SwaggerUIBundle" in js.text
+        for bad in ("/docs/../../pyproject.toml", "/docs/core.py", "/docs/index.css"):
+            assert c.get(bad).status_code == 404, bad
+        assert 'href="/docs"' in c.get("/").text
+    dom = subprocess.run([shutil.which("chromium"), "--headless", "--no-sandbox",
+                          "--disable-gpu", "--virtual-time-budget=15000", "--dump-dom",
+                          f"{s.url}/docs"], capture_output=True, text=True, timeout=120).stdout
+    for op in ("/query", "/add-unique", "/records/{id}", "/stats"):
+        assert f'data-path="{op}"' in dom, op
+    assert "opblock-tag" in dom and "simindex" in dom
+
+
 FULL_DISK_SERVER = r"""
 import os, subprocess, sys, simindex
 d, port = sys.argv[1], sys.argv[2]

@@ -27,7 +27,7 @@ from ..errors import (
 from ..index import Index
 from ..engine.results import Match, TextMatch, json_id
 from ..textcheck import lowest_threshold
-from . import bodies
+from . import bodies, docs
 from .asgi import (
     Answer, Call, Disconnected, Receive, Route, Routes, Scope, Send, error, send_answer,
     to_json,
@@ -95,6 +95,8 @@ class Api:
             ("GET", "/health", self.health, {"auth": False}),
             ("GET", "/openapi.json", self.openapi, {"auth": False}),
             ("GET", "/", self.home, {"auth": False}),
+            ("GET", "/docs", self.docs_page, {"auth": False}),
+            ("GET", "/docs/{file}", self.docs_file, {"auth": False}),
         ]:
             self.routes.add(method, path, Route(handler, **kw))
 
@@ -372,6 +374,20 @@ class Api:
 
     async def home(self, call: Call) -> Any:
         return Answer(200, body=page().encode("utf-8"), content_type=b"text/html; charset=utf-8")
+
+    async def docs_page(self, call: Call) -> Any:
+        if not docs.available():
+            return error(404, docs.MISSING)
+        return Answer(200, body=docs.PAGE.encode("utf-8"),
+                      content_type=b"text/html; charset=utf-8")
+
+    async def docs_file(self, call: Call) -> Any:
+        got = docs.file(call.tail)
+        if got is None:
+            return error(404, docs.MISSING if not docs.available() else
+                         f"no file {call.tail!r} on the API page")
+        return Answer(200, body=got[0], content_type=got[1],
+                      headers=[(b"cache-control", b"max-age=86400")])
 
     # -------------------------------------------------------------- writes
     async def add(self, call: Call) -> Any:

@@ -137,10 +137,13 @@ class Routes:
     def __init__(self) -> None:
         self.exact: dict[str, dict[str, Route]] = {}
         self.prefixes: dict[str, dict[str, Route]] = {}
+        self.params: dict[str, str] = {}     # prefix -> its parameter, as "{id}"
 
     def add(self, method: str, path: str, route: Route) -> None:
-        if path.endswith("{id}"):
-            self.prefixes.setdefault(path[:-4], {})[method] = route
+        if path.endswith("}") and "{" in path:
+            at = path.rindex("{")
+            self.prefixes.setdefault(path[:at], {})[method] = route
+            self.params[path[:at]] = path[at:]
         else:
             self.exact.setdefault(path, {})[method] = route
 
@@ -165,7 +168,7 @@ class Routes:
     def described(self) -> set[tuple[str, str]]:
         """Every (path, method) served, paths as in the OpenAPI document."""
         out = {(p, m) for p, ms in self.exact.items() for m in ms}
-        return out | {(p + "{id}", m) for p, ms in self.prefixes.items() for m in ms}
+        return out | {(p + self.params[p], m) for p, ms in self.prefixes.items() for m in ms}
 
 
 async def send_answer(send: Send, status: int, body: bytes,

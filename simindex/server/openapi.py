@@ -123,6 +123,20 @@ def document(width: int, k: int, auth: bool, scheme: Optional[str] = None,
                               "text/html": {"schema": {"type": "string"}}}}}}},
             "/openapi.json": {"get": _op("This description", {"type": "object"}, errors=(),
                                          auth=False)},
+            "/docs": {"get": {"summary": "A page to try every operation (Swagger UI, served "
+                                         "from the swagger-ui-py package)", "security": [],
+                              "responses": {"200": {"description": "HTML", "content": {
+                                  "text/html": {"schema": {"type": "string"}}}},
+                                  "404": {"description": "swagger-ui-py is not installed"}}}},
+            "/docs/{file}": {"get": {
+                "summary": "One of the page's files (its script, style and icon)",
+                "security": [],
+                "parameters": [{"name": "file", "in": "path", "required": True,
+                                "schema": {"type": "string", "enum": [
+                                    "swagger-ui-bundle.js", "swagger-ui.css",
+                                    "favicon-32x32.png"]}}],
+                "responses": {"200": {"description": "The file"},
+                              "404": {"description": "Not one of the page's files"}}}},
             "/health": {"get": _op("Liveness", {"type": "object"}, errors=(), auth=False)},
             "/stats": {"get": _op("The index's counts, parameters and bytes on disk",
                                   {"type": "object"}, errors=())},
