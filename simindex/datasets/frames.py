@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import msgspec
 
 from ..errors import BadLine, ParameterError
-from .reports import ANNOTATIONS, _key
+from .reports import ANNOTATIONS, GroupSizes
 from .run import decisions
 from .run import dedup as dedup_files
 
@@ -145,19 +145,11 @@ def _placed(e: BadLine, odd: dict) -> BadLine:
 
 def _annotations(judged: list) -> dict:
     """The --annotate columns of judged rows (Decisions, in order), as lists."""
-    sizes: dict = {}
-    heads_removed: set = set()
+    groups = GroupSizes()
     for d in judged:
-        if not d.kept:
-            sizes[_key(d.cluster)] = sizes.get(_key(d.cluster), 0) + 1
-            if _key(d.id) == _key(d.cluster):
-                heads_removed.add(_key(d.cluster))
-
-    def size(cluster: Any) -> int:
-        key = _key(cluster)
-        return sizes.get(key, 0) + (0 if key in heads_removed else 1)
-    values = [(d.match, d.distance, d.cluster, size(d.cluster), d.similarity, d.evidence)
-              for d in judged]
+        groups.add(d)
+    values = [(d.match, d.distance, d.cluster, groups.size(d.cluster), d.similarity,
+               d.evidence) for d in judged]
     return {name: [v[c] for v in values] for c, name in enumerate(ANNOTATIONS)}
 
 

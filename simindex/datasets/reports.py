@@ -20,9 +20,29 @@ ANNOTATIONS = ("simindex_duplicate_of", "simindex_distance", "simindex_cluster",
                "simindex_cluster_size", "simindex_similarity", "simindex_evidence")
 
 
-def _key(id_: Any) -> tuple:
+def id_key(id_: Any) -> tuple:
     """An id as a dict key that keeps 1 and "1" apart."""
     return (type(id_).__name__, id_)
+
+
+class GroupSizes:
+    """The size of each group of a run's decisions: its removed rows and its head (the kept
+    row or earlier record they are removed for), unless drop_all removed the head too."""
+
+    def __init__(self) -> None:
+        self.removed: dict = {}        # cluster key -> removed rows in it
+        self.heads_removed: set = set()
+
+    def add(self, d: Decision) -> None:
+        if not d.kept:
+            key = id_key(d.cluster)
+            self.removed[key] = self.removed.get(key, 0) + 1
+            if id_key(d.id) == key:
+                self.heads_removed.add(key)
+
+    def size(self, cluster: Any) -> int:
+        key = id_key(cluster)
+        return self.removed.get(key, 0) + (0 if key in self.heads_removed else 1)
 
 
 def removed_line(id_: Any, where: str, match: Any, distance: Optional[int], reference: bool,
@@ -55,8 +75,7 @@ class DedupOutputs:
         self.out = self._writer(output, fmt)
         self.removed = self._writer(removed, "jsonl") if removed else None
         self.clusters = self._writer(clusters, "jsonl") if clusters else None
-        self.sizes: dict = {}         # cluster key -> removed rows in it
-        self.removed_heads: set = set()   # groups whose head was removed too (drop_all)
+        self.groups = GroupSizes()
         self.members: list = []       # (id, cluster id) of the removed rows (for clusters)
         self.scratch = None           # annotated rows before their group sizes are known
         if annotate:
@@ -69,10 +88,8 @@ class DedupOutputs:
         return w
 
     def add(self, d: Decision) -> None:
+        self.groups.add(d)
         if not d.kept:
-            self.sizes[_key(d.cluster)] = self.sizes.get(_key(d.cluster), 0) + 1
-            if _key(d.id) == _key(d.cluster):
-                self.removed_heads.add(_key(d.cluster))
             if self.clusters is not None:
                 self.members.append((d.id, d.cluster))
             if self.removed is not None:
@@ -103,10 +120,6 @@ class DedupOutputs:
                 self.add(d)             # to the reports only: never to the output
         self.out.write_many(kept)
 
-    def _size(self, cluster: Any) -> int:
-        key = _key(cluster)
-        return self.sizes.get(key, 0) + (0 if key in self.removed_heads else 1)
-
     def commit(self) -> None:
         """Write what needs every decision (group sizes), then commit every file."""
         if self.scratch is not None:
@@ -116,20 +129,20 @@ class DedupOutputs:
                     row, match, distance, cluster, sim, how = pickle.load(self.scratch)
                 except EOFError:
                     break
-                row.update(zip(ANNOTATIONS, (match, distance, cluster, self._size(cluster),
+                row.update(zip(ANNOTATIONS, (match, distance, cluster, self.groups.size(cluster),
                                              sim, how)))
                 self.out.write(row)
         if self.clusters is not None:
             heads: dict = {}
             for _id, cluster in self.members:
-                heads.setdefault(_key(cluster), cluster)
+                heads.setdefault(id_key(cluster), cluster)
             for cluster in heads.values():
                 self.clusters.write({"id": cluster, "cluster": cluster,
-                                     "size": self._size(cluster)})
+                                     "size": self.groups.size(cluster)})
             for id_, cluster in self.members:
-                if _key(id_) != _key(cluster):
+                if id_key(id_) != id_key(cluster):
                     self.clusters.write({"id": id_, "cluster": cluster,
-                                         "size": self._size(cluster)})
+                                         "size": self.groups.size(cluster)})
         for w in self.writers:          # every file written and synced: then all appear
             w.finish()
         publish([(w.tmp, w.path) for w in self.writers])

@@ -33,7 +33,7 @@ import ray
 from ..bands import band_plan
 from ..datasets.check import Check, Shingles
 from ..datasets.publish import distinct, publish, temporary_dir
-from ..datasets.reports import ANNOTATIONS, _key, removed_line
+from ..datasets.reports import ANNOTATIONS, id_key, removed_line
 from ..datasets.rows import RowWriter, format_of, read_rows
 from ..datasets.rules import (
     components_outside, greedy_outside, greedy_verdict, held, id_taken, matches, near_pairs,
@@ -376,17 +376,17 @@ def _assemble(job: _Job, p: int, offset: int, fps: np.ndarray, rest: dict,
     kept_ids: list = [[] for _ in range(job.reduces)]
     for i, d in enumerate(decided):
         if d[0]:
-            key = _key(ids[i])
+            key = id_key(ids[i])
             kept_ids[_hash_key(key, job.reduces)].append((key, offset + i, ids[i]))
     pieces: list = [({}, []) for _ in range(job.reduces if job.sizes else 0)]
     if job.sizes:
         for i, d in enumerate(decided):
-            key = _key(d[4])
+            key = id_key(d[4])
             counts, needed = pieces[_hash_key(key, job.reduces)]
             if not d[0]:
                 c = counts.setdefault(key, [0, False, offset + i, d[4]])
                 c[0] += 1
-                c[1] |= _key(ids[i]) == key
+                c[1] |= id_key(ids[i]) == key
             if job.annotate or not d[0]:
                 needed.append(key)
     return (decided, {"adds": adds, "kept": kept, "removed": n - kept}, *kept_ids, *pieces)
@@ -493,11 +493,11 @@ def _write(job: _Job, p: int, path: str, shown: str, offset: int, decided: list,
                     gone.write(removed_line(id_, row.where, match, distance, reference, sim,
                                             how, job.radius))
                 if "clusters" in job.tmp:
-                    key = _key(cluster)
+                    key = id_key(cluster)
                     size, first = sizes[key]
                     if first == offset + i:
                         heads.append({"id": cluster, "cluster": cluster, "size": size})
-                    if _key(id_) != key:
+                    if id_key(id_) != key:
                         members.append({"id": id_, "cluster": cluster, "size": size})
             if job.annotate:
                 clash = [c for c in ANNOTATIONS if c in row.data]
@@ -506,7 +506,7 @@ def _write(job: _Job, p: int, path: str, shown: str, offset: int, decided: list,
                                      f"{clash[0]!r} that --annotate adds")
                 data = dict(row.data)
                 data.update(zip(ANNOTATIONS, (match, distance, cluster,
-                                              sizes[_key(cluster)][0], sim, how)))
+                                              sizes[id_key(cluster)][0], sim, how)))
                 out.write(data)
             elif kept:
                 out.write(row.data)
