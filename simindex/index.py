@@ -523,6 +523,11 @@ class Index:
         return fp, text_matches(hits, sketch, size, check.measure)
 
     # ------------------------------------------------------------ all pairs
+    def _stored_pairs(self, k: int) -> list:
+        """stored_pairs of this index's records, of one ledger or of several."""
+        st = self._folded_store()
+        return ledgers.stored_pairs(st, k) if st.nledgers > 1 else stored_pairs(st, k)
+
     def pairs(self, k: Optional[int] = None) -> Iterator[tuple[Id, Id, int]]:
         """Every stored pair within k bits, once: (id_a, id_b, distance), a added before b
         (in an index of several ledgers, a before b in global seq order).
@@ -530,7 +535,7 @@ class Index:
         The pairs of one snapshot, computed before the first is returned.
         """
         k = self._k(k)
-        found = stored_pairs(self._folded_store(), k)
+        found = self._stored_pairs(k)
         return iter([(ia, ib, d) for _sa, _sb, d, ia, ib in found])
 
     def clusters(self, k: Optional[int] = None) -> Iterator[list[Id]]:
@@ -540,7 +545,7 @@ class Index:
         A generator: the pairs are computed (in one snapshot) at the first next().
         """
         k = self._k(k)
-        found = stored_pairs(self._folded_store(), k)
+        found = self._stored_pairs(k)
         yield from group_pairs((sa, sb, ia, ib) for sa, sb, _d, ia, ib in found)
 
     # ------------------------------------------------------------ maintenance

@@ -8,7 +8,8 @@ from typing import Any, Optional, Union
 
 from ..engine import manifest
 from ..index import Index
-from .cluster import Cluster, connect, release
+from .cluster import Cluster
+from .session import connect, release
 from .parts import collect, partitions
 
 

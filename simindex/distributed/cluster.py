@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import uuid
@@ -32,9 +31,11 @@ from ..scheme_names import lsh_rows
 from ..textcheck import TextCheck, keeps_sketches, text_check, text_matches, text_sketch
 from ..engine.transactions import is_io
 from . import route
+from .batch import clusters, pairs
 from .parts import PART_RECORDS
 from .route import fetch
 from .servers import LedgerServer, ShardServer
+from .session import connect, release
 
 # Actors hold an environment, not a CPU: they wait on disk and network, so they reserve
 # none (a 2-core node can serve 16 shards). Ray restarts one that dies and retries its calls
@@ -43,45 +44,6 @@ ACTOR_OPTIONS = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": -1}
 # records a replay fetches from the ledger and sends to every shard at once (each shard
 # keeps only its own entries: protocol.Entries)
 REPLAY_CHUNK = 1 << 24
-
-_ray_lock = threading.Lock()
-_ray_users = 0          # Clusters and calls using a Ray that this process started
-
-
-def connect(address: Optional[str] = None) -> bool:
-    """Join the Ray cluster at `address`, or start a local one; True if this process started
-    it (then release() shuts it down when its last user is done). ConnectionError when Ray
-    does not start or cannot be joined (whatever Ray raised)."""
-    global _ray_users
-    with _ray_lock:
-        if ray.is_initialized():
-            if _ray_users:
-                _ray_users += 1
-                return True
-            return False
-        try:
-            if address in (None, "local"):
-                ray.init(include_dashboard=False, logging_level=logging.WARNING)
-            else:
-                ray.init(address=address, logging_level=logging.WARNING)
-        except Exception as e:             # noqa: BLE001 - Ray raises plain Exceptions too
-            if ray.is_initialized():
-                ray.shutdown()
-            raise ConnectionError(f"{type(e).__name__}: {e}") from e
-        _ray_users = 1
-        return True
-
-
-def release(started: bool) -> None:
-    """The end of a use that connect() reported as started here."""
-    global _ray_users
-    if not started:
-        return
-    with _ray_lock:
-        _ray_users -= 1
-        if _ray_users == 0 and ray.is_initialized():
-            ray.shutdown()
-
 
 class Cluster:
     """An index whose shards are served by Ray actors: the answers of simindex.Index.
@@ -530,14 +492,12 @@ class Cluster:
     def pairs(self, k: Optional[int] = None, partitions: Optional[int] = None
               ) -> list[tuple[Id, Id, int]]:
         """distributed.pairs over this index's stored records."""
-        from .batch import pairs
         self._check()
         return pairs(self.path, k=self._k(k), partitions=partitions)
 
     def clusters(self, k: Optional[int] = None, partitions: Optional[int] = None
                  ) -> list[list[Id]]:
         """distributed.clusters over this index's stored records."""
-        from .batch import clusters
         self._check()
         return clusters(self.path, k=self._k(k), partitions=partitions)
 

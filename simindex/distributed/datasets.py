@@ -52,7 +52,7 @@ from ..radius import MEASURES
 from ..signatures.fingerprints import scheme_name
 from ..values import words_array
 from .batch import _join, _split
-from .cluster import connect, release
+from .session import connect, release
 from .components import components
 from .route import fetch
 

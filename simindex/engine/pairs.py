@@ -102,13 +102,11 @@ def _sorted_pairs(parts):
 def stored_pairs(store, k: int) -> list:
     """[(seq_a, seq_b, distance, id_a, id_b)] of every stored pair within k, once each.
 
-    Computed whole inside one snapshot of `store`, so iterating never holds the index open.
+    Computed whole inside one snapshot of `store` (of one ledger: an index of several has
+    ledgers.stored_pairs), so iterating never holds the index open.
     Records above the lowest applied seq (not yet in every shard) join each table's entries
     directly, so the answer is exact for the snapshot.
     """
-    if store.nledgers > 1:
-        from .ledgers import stored_pairs as ledgers_pairs
-        return ledgers_pairs(store, k)
     plan = store.plan
     pa, pb, pd = [], [], []
     with store.snapshot() as (rtxn, *stxns):
