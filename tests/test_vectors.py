@@ -139,7 +139,7 @@ def test_simhash_rows_takes_any_finite_weight():
     X = np.array([[1.0, -2.0, 0.5], [-1.0, 0.0, 0.0]])
     vocab = ["a", "b", "c"]
     fps = simindex.simhash_rows(X, vocab, width=64)
-    hashes = simindex.signatures.fingerprints._token_hashes(vocab, "xxh3", 64)[:, 0]
+    hashes = simindex.signatures.fingerprints.token_hashes(vocab, "xxh3", 64)[:, 0]
     for r in range(2):
         v = [sum(X[r, j] * (1 if (int(hashes[j]) >> i) & 1 else -1) for j in range(3))
              for i in range(64)]

@@ -42,7 +42,7 @@ def _index_records(path, words, sums, nledgers=1):
 
 
 @ray.remote
-def _split(fps, positions, table, plan_args, pbits):
+def split_keys(fps, positions, table, plan_args, pbits):
     """Map: one table's keys of a partition, cut into 2**pbits parts by leading bits (of
     the first word: wide keys are (n, words) arrays sorted and joined by it). `positions`:
     the records' positions, or an int, the first of consecutive ones."""
@@ -57,7 +57,7 @@ def _split(fps, positions, table, plan_args, pbits):
 
 
 @ray.remote
-def _join(table, k, plan_args, *parts):
+def join_keys(table, k, plan_args, *parts):
     """Reduce: the pairs of one prefix partition of one table, not found by earlier tables."""
     keys = np.concatenate([p[0] for p in parts])
     pos = np.concatenate([p[1] for p in parts])
@@ -123,12 +123,12 @@ def _pair_positions(source, k, blocks, partitions_, fmt, fp_format, width):
     joins = []
     for t in range(plan.ntables):
         # one ref per prefix part of each input partition: a part moves only to its join
-        splits = [_split.options(num_returns=1 << pbits).remote(f, p, t, args, pbits)
+        splits = [split_keys.options(num_returns=1 << pbits).remote(f, p, t, args, pbits)
                   for p, f in parts]
         if not pbits:
             splits = [[s] for s in splits]
         for p in range(1 << pbits):
-            joins.append(_join.remote(t, k, args, *[s[p] for s in splits]))
+            joins.append(join_keys.remote(t, k, args, *[s[p] for s in splits]))
     a, b, d = [], [], []
     for x, y, z in fetch(joins):
         a.append(x)

@@ -51,7 +51,7 @@ from ..index import Index
 from ..radius import MEASURES
 from ..signatures.fingerprints import scheme_name
 from ..values import words_array
-from .batch import _join, _split
+from .batch import join_keys, split_keys
 from .session import connect, release
 from .components import components
 from .route import fetch
@@ -726,13 +726,13 @@ def _run(job: _Job, paths: list, parts: int, idx: Optional[Index], since: int,
         pbits = 0 if plan.flips else \
             min(max(parts - 1, 0).bit_length(), min(plan.prefix_bits), 16)
         for t in range(plan.ntables):
-            splits = [_refs(_split.options(num_returns=1 << pbits).remote(
+            splits = [_refs(split_keys.options(num_returns=1 << pbits).remote(
                 fps[f], int(offsets[f]), t, args, pbits), 1 << pbits)
                 for f in range(files) if counts[f]]
             if shuffled is not None:
                 shuffled += splits
             for q in range(1 << pbits):
-                joins.append(_join.remote(t, job.k, args, *[s[q] for s in splits]))
+                joins.append(join_keys.remote(t, job.k, args, *[s[q] for s in splits]))
     stages.done("join", joins + (shuffled or []))
     del shuffled
     # stage 3: the links that pass the check, cut by the file of their earlier row

@@ -274,7 +274,7 @@ def shingles(tokens: Sequence[str], width: int = 3) -> Iterator[tuple[str, ...]]
         yield tuple(tokens[i:i + width])
 
 
-def _check_width(width):
+def check_width(width):
     if isinstance(width, bool) or not isinstance(width, int):
         raise ParameterError(f"width must be an int, got {width!r}")
     if width not in WIDTHS:
@@ -329,7 +329,7 @@ def _probe(fn, width):
         _probed[key] = True
 
 
-def _token_hashes(features, hash, width):
+def token_hashes(features, hash, width):
     """The (n, width/64) uint64 token hashes, most significant word first, of a list of
     str/bytes features under a named hash or a callable."""
     words = width // 64
@@ -397,7 +397,7 @@ def simhash(features: Iterable[Any], *, width: int = 64, hash: HashArg = None) -
     Integer weights are summed exactly; float weights in float64, in the given order (PyPI
     simhash rounds float weights differently, so only integer weights match it bit for bit).
     """
-    _check_width(width)
+    check_width(width)
     if hash is None:
         hash = DEFAULT_HASH[width]
     elif not callable(hash):
@@ -430,7 +430,7 @@ def simhash(features: Iterable[Any], *, width: int = 64, hash: HashArg = None) -
             feats.append(_feature(item, n))
     if not feats:
         raise InputError("no features: an empty feature set has no fingerprint")
-    hashes = _token_hashes(feats, hash, width)
+    hashes = token_hashes(feats, hash, width)
     if not weighted:
         return _fingerprint.vote(hashes)
     if all(isinstance(w, int) for w in weights):
@@ -445,7 +445,7 @@ def compute(hashes: Union[Iterable[Any], np.ndarray], *, width: int = 64) -> int
     compute). Hashes are ints in [0, 2**width), big-endian bytes of width/8, or an array
     of shape (n, width/64) uint64, most significant word first (or (n,) at width 64)."""
     from ..values import words_array
-    _check_width(width)
+    check_width(width)
     arr = words_array(hashes, width, what="hash")
     if len(arr) == 0:
         raise InputError("no hashes: an empty hash list has no fingerprint")
@@ -457,7 +457,7 @@ def scheme_width(scheme: Union[str, "Scheme"], width: Optional[int]) -> int:
     s = _scheme(scheme)
     if width is None:
         return s.widths[0]
-    _check_width(width)
+    check_width(width)
     if width not in s.widths:
         raise ParameterError(f"scheme {s.name!r} makes {', '.join(map(str, s.widths))}-bit "
                              f"fingerprints, not {width}")

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _fingerprint
 from ..errors import InputError, InputTypeError, ParameterError, ParameterTypeError
-from .fingerprints import HashArg, _check_width, _token_hashes
+from .fingerprints import HashArg, check_width, token_hashes
 
 DISTRIBUTIONS = ("normal", "sign")
 _BATCH = 8192
@@ -113,7 +113,7 @@ class Hyperplanes:
     def __init__(self, dim: int, *, width: int = 64, seed: int = 0,
                  distribution: str = "normal") -> None:
         self.dim = _int_param("dim", dim, 1)
-        _check_width(width)
+        check_width(width)
         self.width = width
         self.seed = _int_param("seed", seed, 0, (1 << 64) - 1)
         if distribution not in DISTRIBUTIONS:
@@ -179,7 +179,7 @@ def simhash_rows(X: Any, vocabulary: Optional[Sequence[Any]] = None, *, width: i
     in every corpus; None names column j by str(j). Returns what Hyperplanes.fingerprints
     returns. A row with no nonzero value is an InputError.
     """
-    _check_width(width)
+    check_width(width)
     X = _matrix(X, "words", None)
     if vocabulary is None:
         vocabulary = [str(j) for j in range(X.shape[1])]
@@ -191,7 +191,7 @@ def simhash_rows(X: Any, vocabulary: Optional[Sequence[Any]] = None, *, width: i
             raise InputTypeError(f"vocabulary entry {j} must be str or bytes, got "
                                  f"{type(w).__name__} {w!r:.40}")
     from .fingerprints import DEFAULT_HASH
-    hashes = _token_hashes(list(vocabulary), DEFAULT_HASH[width] if hash is None else hash,
+    hashes = token_hashes(list(vocabulary), DEFAULT_HASH[width] if hash is None else hash,
                            width)
     parts = []
     for start in range(0, X.shape[0], _BATCH):
@@ -242,7 +242,7 @@ def _recall(r):
 def match_probability(cosine: float, k: int, width: int) -> float:
     """The probability that two vectors at this cosine get Gaussian-hyperplane signatures
     within k bits: P[Binomial(width, arccos(cosine)/pi) <= k]."""
-    _check_width(width)
+    check_width(width)
     k = _int_param("k", k, 0, width)
     return _probability(math.acos(_cosine(cosine)) / math.pi, k, width)
 
@@ -250,7 +250,7 @@ def match_probability(cosine: float, k: int, width: int) -> float:
 def radius_for_cosine(cosine: float, width: int, recall: float = 0.99) -> int:
     """The smallest k that finds a pair at `cosine` (so any pair at least as close) with
     probability >= recall, for `width`-bit Gaussian-hyperplane signatures."""
-    _check_width(width)
+    check_width(width)
     p, r = math.acos(_cosine(cosine)) / math.pi, _recall(recall)
     for k in range(width + 1):
         if _probability(p, k, width) >= r:
@@ -261,7 +261,7 @@ def radius_for_cosine(cosine: float, width: int, recall: float = 0.99) -> int:
 def cosine_for_radius(k: int, width: int, recall: float = 0.99) -> float:
     """The lowest cosine at which a pair is found within k bits with probability >=
     recall (the inverse of radius_for_cosine), for `width`-bit Gaussian signatures."""
-    _check_width(width)
+    check_width(width)
     k, r = _int_param("k", k, 0, width), _recall(recall)
     lo, hi = 0.0, 1.0                 # angle/pi: found at lo, maybe not at hi
     if _probability(hi, k, width) >= r:
