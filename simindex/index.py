@@ -526,7 +526,8 @@ class Index:
     def _stored_pairs(self, k: int) -> list:
         """stored_pairs of this index's records, of one ledger or of several."""
         st = self._folded_store()
-        return ledgers.stored_pairs(st, k) if st.nledgers > 1 else stored_pairs(st, k)
+        return ledgers.stored_pairs(st, k) if isinstance(st, ledgers.LedgerReader) \
+            else stored_pairs(st, k)
 
     def pairs(self, k: Optional[int] = None) -> Iterator[tuple[Id, Id, int]]:
         """Every stored pair within k bits, once: (id_a, id_b, distance), a added before b
