@@ -881,7 +881,7 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
 def _ray_dedup(files, output, address, quiet, **options):
     """dedup --ray: simindex.distributed.dedup, its errors turned into exit 1."""
     try:
-        from .distributed.session import connect, release
+        from .distributed.connection import connect, release
         from .distributed.datasets import dedup as ray_dedup
     except ImportError as e:
         _fail(str(e))

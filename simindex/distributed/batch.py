@@ -17,7 +17,7 @@ from ..engine.pairs import group_pairs, join_table
 from ..engine.plan import DEFAULT_K, Plan, default_plan
 from ..engine.shard import entry_order
 from ..engine.transactions import TxnRunner
-from .session import connect, release
+from .connection import connect, release
 from .route import fetch
 from .parts import collect, partitions
 

@@ -9,7 +9,7 @@ from typing import Any, Optional, Union
 from ..engine import manifest
 from ..index import Index
 from .cluster import Cluster
-from .session import connect, release
+from .connection import connect, release
 from .parts import collect, partitions
 
 

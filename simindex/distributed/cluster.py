@@ -35,7 +35,7 @@ from .batch import clusters, pairs
 from .parts import PART_RECORDS
 from .route import fetch
 from .servers import LedgerServer, ShardServer
-from .session import connect, release
+from .connection import connect, release
 
 # Actors hold an environment, not a CPU: they wait on disk and network, so they reserve
 # none (a 2-core node can serve 16 shards). Ray restarts one that dies and retries its calls

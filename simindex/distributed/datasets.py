@@ -52,7 +52,7 @@ from ..radius import MEASURES
 from ..signatures.fingerprints import scheme_name
 from ..values import words_array
 from .batch import join_keys, split_keys
-from .session import connect, release
+from .connection import connect, release
 from .components import components
 from .route import fetch
 
