@@ -272,8 +272,10 @@ def _build_calibration(index, inputs, fmt, fields, t, recall, *, scheme, width, 
         raise click.UsageError("--min-similarity calibrates on the input's first rows: "
                                "give files, not stdin")
     try:
-        return calibrate_inputs(input_files(inputs), t,
-                                fmt=None if fmt in (None, "tsv") else fmt,
+        files = input_files(inputs)
+        if fmt in (None, "tsv") and not all(_known_format(f) for f in files):
+            fmt = "jsonl"                  # texts are records of JSON lines, whatever the name
+        return calibrate_inputs(files, t, fmt=None if fmt in (None, "tsv") else fmt,
                                 text_field=fields.get("text_field") or "text", recall=recall,
                                 scheme=scheme, width=None if width is None else int(width),
                                 sample=RUN_SAMPLE_ROWS,
@@ -297,11 +299,25 @@ class _Commands(click.Group):
                 sys.stdout.flush()   # a pipe closed after the last write fails here
             return rv
         except BrokenPipeError:
+            if not _stdout_closed():
+                raise                # another pipe (a socket, a child): an error like any
             try:                     # what is still buffered for the closed pipe goes nowhere
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             except (OSError, ValueError):
                 pass
             raise SystemExit(READER_LEFT) from None
+
+
+def _stdout_closed():
+    """Whether stdout is a pipe whose reader has closed it (its write end then polls as an
+    error)."""
+    import select
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _fd, ev in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
@@ -358,6 +374,8 @@ def build(index, inputs, k, blocks, width, prefix_blocks, shards, expected, sche
     """
     calibration = None
     if min_similarity is not None and k is not None:   # a radius given: no calibration
+        if recall is not None:
+            raise click.UsageError("--recall chooses k: give it or --k, not both")
         scheme = scheme or "minhash-v1"                 # (a scheme that keeps sketches)
     elif min_similarity is not None:
         calibration = _build_calibration(index, inputs, fmt, fields, min_similarity, recall,

@@ -583,15 +583,6 @@ def test_a_ray_dataset_gives_back_the_rows_one_machine_keeps(local_ray, tmp_path
     annotations simindex.dedup gives for the same rows in the same order."""
     dist = importlib.import_module("simindex.distributed")
     rows = corpus(5, count=80)
-    ctx = ray.data.DataContext.get_current()
-    was, ctx.execution_options.preserve_order = ctx.execution_options.preserve_order, True
-    try:
-        dataset_in_and_out(dist, rows, tmp_path)
-    finally:
-        ctx.execution_options.preserve_order = was
-
-
-def dataset_in_and_out(dist, rows, tmp_path):
     ds = ray.data.from_items(rows, override_num_blocks=3)
     for options in (dict(min_similarity=0.7), dict(k=8, mode="components", keep="score")):
         want = simindex.dedup(rows, id_field="id", **options)
@@ -611,5 +602,7 @@ def dataset_in_and_out(dist, rows, tmp_path):
         dist.dedup(ds, fmt="csv")
     with pytest.raises(simindex.ParameterError, match="needs output"):
         dist.dedup(str(tmp_path / "in.jsonl"))
+    with pytest.raises(simindex.ParameterError, match="with index=, give id_field"):
+        dist.dedup(ds, k=3, index=str(tmp_path / "idx"))
     with pytest.raises(simindex.ParameterError, match=r"simindex.distributed.dedup\(data"):
         simindex.dedup(ds, k=3)

@@ -172,3 +172,40 @@ def test_an_index_kept_by_a_call_in_memory_serves_the_next_call_and_the_cli(tmp_
                         "--index", idx, "--id-field", "id", "--min-similarity", "0.8"],
                        capture_output=True, text=True, env=ENV, timeout=300)
     assert r.returncode == 0 and "kept 0, removed 1" in r.stderr, r.stderr
+
+
+def test_what_users_hold_is_read_as_they_hold_it_or_refused_by_name(tmp_path):
+    """numpy scalars read as numbers and text; a subclass of a DataFrame is one; an id
+    column of any name is the user's; an id taken twice, text that is not Unicode and a
+    stream with skipped rows are named by the row's position; what is not rows is refused."""
+    import numpy as np
+    rows = [{"text": np.str_("one two three four"), "s": np.float64(2.0), "id": np.int64(5)},
+            {"text": "one two three four", "s": 3, "id": 6}]
+    assert simindex.dedup(rows, id_field="id", k=3, keep="s") == [rows[1]]
+
+    class Frame(pd.DataFrame):
+        pass
+    assert len(simindex.dedup(Frame({"text": ["a b c d", "a b c d"]}), k=3)) == 1
+    named = [{"simindex_row": "a", "text": "p q r s"}, {"simindex_row": "b", "text": "p q r s"}]
+    (_, b) = simindex.dedup(named, id_field="simindex_row", k=3, annotate=True)
+    assert (b["simindex_duplicate_of"], b["simindex_cluster"]) == ("a", "a")
+    with pytest.raises(simindex.IdExistsError, match=r"^row 2: the id 'a'"):
+        simindex.dedup([{"id": "a", "text": "x y z w"}, {"id": "b", "text": "q r s t"},
+                        {"id": "a", "text": "far other words"}], id_field="id", k=3)
+    with pytest.raises(simindex.BadLine, match=r"^row 0: a value holds text that is not "
+                                               r"valid Unicode"):
+        simindex.dedup([{"text": "bad \udc80 text"}], k=3)
+    assert simindex.dedup([{"text": "bad \udc80"}, {"text": "good text"}], k=3,
+                          on_error="skip") == [{"text": "good text"}]
+    stream = datasets.Dataset.from_list([{"text": "a b c d"}, {"text": None},
+                                         {"text": "a b c d"}]).to_iterable_dataset()
+    got = list(simindex.dedup(stream, k=3, annotate=True, on_error="skip"))
+    assert [r["simindex_duplicate_of"] for r in got] == [None, 0]
+    with pytest.raises(simindex.ParameterError, match="with index=, give id_field"):
+        simindex.dedup([{"text": "a b c d"}], k=3, index=str(tmp_path / "i"))
+    with pytest.raises(simindex.ParameterError, match="the Series holds strs"):
+        simindex.dedup(pd.Series(["a b", "c d"]), k=3)
+    with pytest.raises(simindex.ParameterError, match="named by a string, not 0"):
+        simindex.dedup(pd.DataFrame({0: ["a b c"]}), text_field=0, k=3)
+    with pytest.raises(simindex.ParameterError, match="two columns named 'text'"):
+        simindex.dedup(pd.DataFrame([["a b c", "x"]], columns=["text", "text"]), k=3)

@@ -8,14 +8,18 @@ rows are then taken from the caller's own object, which keeps its columns, types
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Mapping
+from contextlib import closing
 from typing import Any, Iterator
 
 import msgspec
+import numpy as np
 
-from ..errors import BadLine, ParameterError
+from ..errors import BadLine, Error, ParameterError
 from .reports import ANNOTATIONS, GroupSizes
 from .run import decisions
 from .run import dedup as dedup_files
@@ -76,11 +80,22 @@ def _judged(kind: "_Kind", options: dict) -> list:
     if keep not in ("first", "longest"):
         fields.append(keep)
     fields = list(dict.fromkeys(fields))
-    missing = [f for f in fields if f not in kind.columns()]
+    for f in fields:
+        if not isinstance(f, str):
+            raise ParameterError(f"a column is named by a string, not {f!r}")
+    columns = kind.columns()
+    missing = [f for f in fields if f not in columns]
     if missing and not kind.open_columns:
         raise ParameterError(f"the data has no column {missing[0]!r} (its columns: "
-                             f"{', '.join(map(str, kind.columns())) or 'none'})")
-    if options.get("id_field") is None:
+                             f"{', '.join(map(str, columns)) or 'none'})")
+    twice = [f for f in fields if columns.count(f) > 1]
+    if twice:
+        raise ParameterError(f"the data has two columns named {twice[0]!r}")
+    positions = options.get("id_field") is None
+    if positions:
+        if options.get("index") is not None:
+            raise ParameterError("with index=, give id_field: a row's position is no id "
+                                 "across calls (the next call's row 0 would be another)")
         options = dict(options, id_field=ROW_ID)
     odd: dict = {}                      # position -> why a value was written as null
     on_error = options.get("on_error", "stop")
@@ -89,16 +104,26 @@ def _judged(kind: "_Kind", options: dict) -> list:
     scratch = tempfile.mkdtemp(prefix="simindex-data-")
     try:
         path = os.path.join(scratch, "rows.jsonl")
-        _write_rows(kind, fields, options["id_field"] == ROW_ID, path, odd)
+        _write_rows(kind, fields, positions, path, odd)
         out = []
         try:
-            for d in decisions(path, **options):
-                out.append((_position(d.where), d))
+            with closing(decisions(path, **options)) as judged:
+                for d in judged:
+                    out.append((_position(d.where), d))
         except BadLine as e:
             raise _placed(e, odd) from None
+        except Error as e:              # a rule broken by a row (an id taken): named by it
+            e.args = (_rows_named(str(e), path), *e.args[1:])
+            raise
         return out
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _rows_named(message: str, path: str) -> str:
+    """A message with the scratch file's places ("path:7") as the rows' positions."""
+    return re.sub(re.escape(path) + r":(\d+)", lambda m: f"row {int(m.group(1)) - 1}",
+                  message)
 
 
 def _write_rows(kind: "_Kind", fields: list, positions: bool, path: str, odd: dict) -> None:
@@ -112,17 +137,29 @@ def _write_rows(kind: "_Kind", fields: list, positions: bool, path: str, odd: di
                 row = {}
                 for name in fields:
                     v = columns[name][i]
+                    if isinstance(v, np.generic):  # numpy's scalars, as Python's
+                        v = v.item()
                     if isinstance(v, _NotARow):
                         odd[at + i] = f"the row is a {type(v.row).__name__}, not a mapping"
                         v = None
-                    elif not isinstance(v, _PLAIN):
+                    elif type(v) not in _PLAIN:
                         odd.setdefault(at + i, f'field "{name}" holds a {type(v).__name__}, '
                                                f'not a string or a number')
                         v = None
                     row[name] = v
                 if positions:
                     row[ROW_ID] = at + i
-                lines.append(encode(row))
+                try:
+                    lines.append(encode(row))
+                except UnicodeEncodeError as e:
+                    odd.setdefault(at + i, f"a value holds text that is not valid Unicode "
+                                           f"({e.reason})")
+                    lines.append(encode({**{k: None for k in row}, **(
+                        {ROW_ID: at + i} if positions else {})}))
+                except (TypeError, OverflowError) as e:
+                    odd.setdefault(at + i, f"a value cannot be read: {e}")
+                    lines.append(encode({**{k: None for k in row}, **(
+                        {ROW_ID: at + i} if positions else {})}))
             lines.append(b"")
             f.write(b"\n".join(lines))
             at += n
@@ -312,35 +349,40 @@ class _IterableDataset(_Kind):
         return self.data.filter(lambda _, i: i in wanted, with_indices=True)
 
     def annotated(self, positions: list, columns: dict) -> Any:
-        at = {p: i for i, p in enumerate(positions)}
         names = list(columns)
 
-        def add(row: dict, i: int) -> dict:
-            return {n: columns[n][at[i]] for n in names}
+        def add(row: dict, i: int) -> dict:     # i: the row's place in the filtered stream
+            return {n: columns[n][i] for n in names}
         return self.take(positions).map(add, with_indices=True)
+
+
+# (module, classes, _Kind) of the libraries' data (subclasses too: a GeoDataFrame is one)
+_KINDS = [("pandas", ("DataFrame",), _Pandas), ("polars", ("DataFrame",), _Polars),
+          ("pyarrow", ("Table", "RecordBatch"), _Arrow), ("datasets", ("Dataset",), _Dataset),
+          ("datasets", ("IterableDataset",), _IterableDataset)]
 
 
 def kind_of(data: Any) -> _Kind:
     """The _Kind of data in memory; anything else is a ParameterError naming its type."""
-    t = type(data)
-    module = t.__module__.split(".")[0]
-    name = t.__name__
-    if module == "pandas" and name == "DataFrame":
-        return _Pandas(data)
-    if module == "polars" and name == "DataFrame":
-        return _Polars(data)
-    if module == "pyarrow" and name in ("Table", "RecordBatch"):
-        return _Arrow(data)
-    if module == "datasets" and name == "Dataset":
-        return _Dataset(data)
-    if module == "datasets" and name == "IterableDataset":
-        return _IterableDataset(data)
-    if module == "ray":
+    name = type(data).__name__
+    for module, names, kind in _KINDS:
+        lib = sys.modules.get(module)      # a library not imported holds none of the data
+        if lib is not None:
+            for cls in names:
+                found = getattr(lib, cls, None)
+                if isinstance(found, type) and isinstance(data, found):
+                    return kind(data)
+    ray = sys.modules.get("ray.data")
+    if ray is not None and isinstance(data, getattr(ray, "Dataset", ())):
         raise ParameterError(f"a Ray {name} is judged on Ray: simindex.distributed.dedup(data, "
                              f"...) gives back a Ray Dataset of the kept rows")
     if isinstance(data, (list, tuple)) or (hasattr(data, "__iter__") and
                                            not isinstance(data, (str, bytes, Mapping))):
-        return _Dicts(data)
+        rows = _Dicts(data)
+        if rows.data and not any(isinstance(r, Mapping) for r in rows.data):
+            raise ParameterError(f"dedup takes rows as mappings (dicts); the "
+                                 f"{name} holds {type(rows.data[0]).__name__}s")
+        return rows
     raise ParameterError(f"dedup takes files (a path or a list of paths) or data in memory "
                          f"(a list of dicts, a pandas or polars DataFrame, a pyarrow Table, "
                          f"a datasets.Dataset or IterableDataset), not a {name}")

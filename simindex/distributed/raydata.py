@@ -35,10 +35,12 @@ def dedup(data: Any, output: Optional[str] = None, *, scratch: Optional[str] = N
     rules of the files' run (`text_field`, `id_field`, `min_similarity`, `mode`, `keep`,
     `index`, `annotate`, `removed`, `clusters`, ...) and the kept rows come back as a Ray
     Dataset: read from `output` (a directory, where they are written as Parquet part files)
-    or, without it, materialized in Ray's object store. Without `id_field` a row is known by
-    its place in the written part files ("part-000003-000000.parquet:17"). `scratch`: where
-    the dataset is written to be judged (default: the temporary directory; it must be at the
-    same path on every node, a shared filesystem or one machine)."""
+    or, without it, materialized in Ray's object store. Give `id_field`: without it a row is
+    known by its place in the scratch part files, a name of no use after the call (and
+    refused with `index=`). `scratch`: where the dataset is written to be judged, at the
+    same path on every node (a shared filesystem; on a cluster of one node, by default the
+    temporary directory). The rows are written in the dataset's order (Ray Data's
+    preserve_order is set while they are)."""
     if not isinstance(data, ray.data.Dataset):
         if output is None:
             raise ParameterError("dedup of files needs output, the directory its kept rows "
@@ -50,10 +52,23 @@ def dedup(data: Any, output: Optional[str] = None, *, scratch: Optional[str] = N
         if name in options:
             raise ParameterError(f"{name}= is not an option of a Ray Dataset's run: it is "
                                  f"written and read back as Parquet")
+    if options.get("index") is not None and options.get("id_field") is None:
+        raise ParameterError("with index=, give id_field: a row's place in the scratch "
+                             "files is no id across calls")
+    if scratch is None and len([n for n in ray.nodes() if n.get("Alive")]) > 1:
+        raise ParameterError("on a cluster of several nodes, give scratch=, a folder at "
+                             "the same path on every node (a shared filesystem): the "
+                             "dataset is written there to be judged")
     folder = tempfile.mkdtemp(prefix="simindex-raydata-", dir=scratch)
+    context = ray.data.DataContext.get_current()
+    ordered = context.execution_options.preserve_order
     try:
         rows = os.path.join(folder, "rows")
-        data.write_parquet(rows, filename_provider=_InOrder())
+        context.execution_options.preserve_order = True    # part names in the rows' order
+        try:
+            data.write_parquet(rows, filename_provider=_InOrder())
+        finally:
+            context.execution_options.preserve_order = ordered
         if not os.path.isdir(rows) or not os.listdir(rows):      # no rows: nothing kept
             return data.limit(0).materialize()
         out = output if output is not None else os.path.join(folder, "kept")

@@ -52,12 +52,16 @@ def available() -> bool:
     return _folder() is not None
 
 
-@lru_cache(maxsize=len(FILES))
 def file(name: str) -> Optional[tuple]:
     """(bytes, content type) of one of the page's files, or None (not one of them, or the
     package is missing)."""
+    return _read(name) if name in FILES else None
+
+
+@lru_cache(maxsize=len(FILES))
+def _read(name: str) -> Optional[tuple]:
     folder = _folder()
-    if name not in FILES or folder is None:
+    if folder is None:
         return None
     try:
         with open(os.path.join(folder, name), "rb") as f:
