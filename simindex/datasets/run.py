@@ -217,7 +217,8 @@ class _Judge:
         return out, adds
 
 
-def decisions(inputs: Union[str, Iterable[str]], **options: Any) -> Iterator[Decision]:
+def decisions(inputs: Union[str, Iterable[str]], **options: Any
+              ) -> Generator[Decision, None, None]:
     """A Decision for every row of `inputs`, in input order; the options are `dedup`'s."""
     for batch in decision_batches(inputs, **options):
         yield from batch
