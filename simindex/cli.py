@@ -5,8 +5,6 @@ stdout, progress and messages to stderr; exit 0 on success, 1 on an error (messa
 never a traceback), 2 on a usage error, 141 (quietly) when the reader of stdout closed it.
 """
 
-import contextlib
-import gc
 import json
 import os
 import sys
@@ -71,21 +69,6 @@ def _advance(bar, n):
         if bar.total is not None and bar.n + n > bar.total:
             bar.total = bar.n + n
         bar.update(n)
-
-
-@contextlib.contextmanager
-def _few_collections():
-    """Rare cyclic garbage collections while a command streams rows: its objects die young,
-    and the collector's full passes over everything imported cost several percent of a
-    run. The collector's settings are put back after."""
-    old = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(20000, 50, 50)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
-        gc.unfreeze()
 
 
 def _say(msg, quiet=False):
@@ -830,7 +813,7 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
     is within k bits (the crawler's rule, add_unique); each removed row names the kept row
     it matched. With --index the kept rows stay indexed for later runs. INPUTS may be
     directories: their files, in name order."""
-    from .datasets.run import Summary, decision_batches
+    from .datasets.run import Summary, decision_batches, few_collections
     from .datasets.settings import input_files, rows_about
     from .datasets.reports import ANNOTATIONS, DedupOutputs
     from .datasets.rows import format_of
@@ -875,7 +858,7 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
             jobs=jobs or os.cpu_count() or 1,
             on_error=_Skips(quiet) if on_error == "skip" else "stop", summary=summary,
             reserved=ANNOTATIONS if annotate else ())
-        with _few_collections():
+        with few_collections():
             for batch in batches:
                 outputs.add_all(batch)
                 _advance(bar, len(batch))

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import BadLine, Error, ParameterError
 from .reports import ANNOTATIONS, GroupSizes
-from .run import decisions
+from .run import decisions, few_collections
 from .run import dedup as dedup_files
 
 CHUNK = 8192                 # rows whose columns are read from the caller's object at a time
@@ -57,7 +57,8 @@ def dedup(data: Any, *, annotate: bool = False, **options: Any) -> Any:
         if clash:
             raise ParameterError(f"the data already has the column {clash[0]!r} that "
                                  f"annotate=True adds")
-    verdicts = _judged(kind, options)
+    with few_collections():
+        verdicts = _judged(kind, options)
     if not annotate:
         return kind.take([p for p, d in verdicts if d.kept])
     return kind.annotated([p for p, _ in verdicts], _annotations([d for _, d in verdicts]))
