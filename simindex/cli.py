@@ -145,7 +145,7 @@ common_input = [
                  "stored): the column holding each row's text (default: text). CSV, Parquet "
                  "and directories are read so without it."),
     click.option("--id-field", help="As --text-field: the column holding each row's id "
-                 "(default: id)."),
+                 "(default: FILE:ROW, as dedup names rows)."),
     click.option("--fingerprint-field", help="As --text-field: a column of fingerprints (hex "
                  "or integer) instead of texts."),
     click.option("--meta-field", help="As --text-field: a column stored as each record's meta "
@@ -205,7 +205,7 @@ def _items(inputs, fmt, fp_format, max_line, on_error, width, fields):
         raise click.UsageError("a dataset's rows are read from files or directories, not "
                                "stdin")
     return row_items(input_files(inputs), None if fmt == "tsv" else fmt,
-                     fields["text_field"] or "text", fields["id_field"] or "id",
+                     fields["text_field"] or "text", fields["id_field"],
                      fields["fingerprint_field"], fields["meta_field"], on_error, width)
 
 
@@ -912,7 +912,7 @@ def _ray_dedup(files, output, address, quiet, **options):
 @click.option("--workers", "-w", type=click.IntRange(1, 256), default=os.cpu_count() or 1,
               show_default="all cores", help="Worker processes; each opens the index once.")
 @click.option("--token-file", type=click.Path(dir_okay=False), help="A file whose first line is "
-              "the bearer token every request but /, /health and /openapi.json must carry "
+              "the bearer token every request but /, /docs, /health and /openapi.json must carry "
               "(or set SIMINDEX_TOKEN; never on the command line).")
 @click.option("--readonly", is_flag=True, help="Serve queries only; writes answer 403.")
 @click.option("--max-body", type=click.IntRange(1), default=8 << 20, show_default=True,

@@ -306,8 +306,12 @@ def test_build_and_query_read_a_datasets_rows_as_dedup_reads_them(tmp_path):
                          check=0).stdout)
     assert got["id"] == "q" and [m["id"] for m in got["matches"]] == ["r1"]
     pq.write_table(pa.Table.from_pylist([{"body": "no id here"}]), tmp_path / "bad.parquet")
-    r = run("build", tmp_path / "i", tmp_path / "bad.parquet", "--text-field", "body", check=1)
-    assert f"{tmp_path / 'bad.parquet'}:1: id field \"id\" is missing" in r.stderr
+    r = run("build", tmp_path / "i", tmp_path / "bad.parquet", "--text-field", "body",
+            "--id-field", "doc", check=1)
+    assert f"{tmp_path / 'bad.parquet'}:1: id field \"doc\" is missing" in r.stderr
+    run("build", tmp_path / "i", tmp_path / "bad.parquet", "--text-field", "body", check=0)
+    with simindex.Index(tmp_path / "i", readonly=True) as idx:      # named as dedup names it
+        assert idx.get(f"{tmp_path / 'bad.parquet'}:1") is not None
 
 
 def test_build_with_a_threshold_makes_an_index_that_judges_by_it(tmp_path):

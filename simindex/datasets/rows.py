@@ -413,21 +413,25 @@ class RowWriter:
         self.release()
 
 
-def row_items(paths: list, fmt: Optional[str], text_field: str, id_field: str,
+def row_items(paths: list, fmt: Optional[str], text_field: str, id_field: Optional[str],
               fingerprint_field: Optional[str] = None, meta_field: Optional[str] = None,
               on_error: Optional[Callable[[BadLine], None]] = None,
               width: int = 64) -> Iterator[Item]:
     """The Items `simindex build` adds from dataset rows (JSON lines, CSV or Parquet, as
-    dedup reads them): a row's id and text (or fingerprint) from the columns named, its
-    meta from `meta_field` (none without it); its other columns are not stored. A row
-    without them is a BadLine, raised or given to `on_error`."""
+    dedup reads them): a row's id and text (or fingerprint) from the columns named (without
+    `id_field`, the row's "FILE:ROW", as dedup names it), its meta from `meta_field` (none
+    without it); its other columns are not stored. A row without them is a BadLine, raised
+    or given to `on_error`."""
     for path in paths:
         for row in read_rows(path, fmt, on_error):
             try:
                 data = row.data
-                if id_field not in data:
+                if id_field is None:
+                    id_ = check_id(row.where)
+                elif id_field not in data:
                     raise ValueError(f'id field "{id_field}" is missing')
-                id_ = check_id(data[id_field])
+                else:
+                    id_ = check_id(data[id_field])
                 meta = data.get(meta_field) if meta_field is not None else None
                 if meta is not None:
                     pack_meta(meta)            # InputError names what it cannot hold
