@@ -44,6 +44,8 @@ class _SchemeChoice(click.Choice):
 
 
 SCHEME = _SchemeChoice()
+THRESHOLD = click.FloatRange(0, 1, min_open=True)           # a similarity to reach
+RECALL = click.FloatRange(0, 1, min_open=True, max_open=True)  # a share of pairs to find
 ALIASES = ", ".join(f"{a} for {s.name}" for s in schemes.values() for a in s.aliases)
 
 
@@ -335,13 +337,13 @@ def cli():
 @click.option("--ledgers", type=click.IntRange(1, 1024), help="With --ray, split a new "
               "index's records over this many ledger actors, so that adds commit in all "
               "of them at once (the index then opens read-only on one machine).")
-@click.option("--min-similarity", type=click.FloatRange(0, 1, min_open=True), help="A new "
+@click.option("--min-similarity", type=THRESHOLD, help="A new "
               "index made for this Jaccard threshold, as dedup makes one: its scheme, width "
               "and k calibrated on the input's first rows (its text calls, and dedup "
               "--index with it, judge by the threshold), or with --k (and --width, "
               "--scheme: default minhash-v1) the index at that radius, as `dedup --k` makes "
               "one. Texts only.")
-@click.option("--recall", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+@click.option("--recall", type=RECALL,
               help="With --min-similarity: the share of pairs at the threshold to find "
               "(default 0.99).")
 @ray_option
@@ -676,9 +678,9 @@ def plan(size, k, width, top):
 
 @cli.command(short_help="Print the width and k that a similarity threshold needs.")
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--min-similarity", type=click.FloatRange(0, 1, min_open=True), required=True,
+@click.option("--min-similarity", type=THRESHOLD, required=True,
               help="The similarity threshold: pairs at or above it are the ones to find.")
-@click.option("--recall", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+@click.option("--recall", type=RECALL,
               default=0.99, show_default=True, help="The share of pairs at the threshold "
               "each width's k must find.")
 @click.option("--containment", is_flag=True, help="Calibrate for the share of a row's "
@@ -773,12 +775,12 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
               "simindex_duplicate_of, simindex_distance, simindex_cluster, "
               "simindex_cluster_size, simindex_similarity and simindex_evidence appended (empty "
               "for a kept row; the similarity with --min-similarity).")
-@click.option("--min-similarity", type=click.FloatRange(0, 1, min_open=True), help="Count a "
+@click.option("--min-similarity", type=THRESHOLD, help="Count a "
               "match only if the Jaccard similarity of the two texts' shingles is at least "
               "this (exact for rows of this run, from stored sketches for earlier runs'). "
               "Without --k, a new index takes the minhash-v1 scheme and the width and k "
               "calibrated on the input's first rows for --recall (see `simindex calibrate`).")
-@click.option("--recall", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+@click.option("--recall", type=RECALL,
               help="With --min-similarity and no --k: the share of pairs at the threshold "
               "the chosen k must find (default 0.99).")
 @click.option("--containment", is_flag=True, help="With --min-similarity: the check is the "

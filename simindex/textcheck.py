@@ -48,32 +48,42 @@ class TextCheck(NamedTuple):
         """TextMatches of the core's hits (distance, fingerprint, seq, id, meta bytes) of a
         query `fp` whose stored text passes against a text of this sketch and shingle
         count."""
-        return text_matches(self.passing(sketch, size, hits, fp), sketch, size,
-                            self.measure)
+        return [TextMatch(*match_of(h), similarity=_rounded(sim))
+                for h, sim in self._judged(sketch, size, hits, fp)]
 
     def passing(self, sketch: bytes, size: int, hits: list, fp: int = 0) -> list:
         """The core's hits (distance, fingerprint, seq, id, meta bytes) of a query `fp`
         whose stored text passes against a text of this sketch and shingle count."""
-        out = []
-        for h in (band_hits(fp, hits) if self.bands else hits):
-            theirs = stored_sketch(h[4])
-            if theirs is None or estimate(self.measure, sketch, size, theirs[0],
-                                          theirs[1]) >= self.t:
-                out.append(h)
-        return out
+        return [h for h, _sim in self._judged(sketch, size, hits, fp)]
+
+    def _judged(self, sketch: bytes, size: int, hits: list, fp: int) -> list:
+        """(hit, estimated similarity or None) of the hits that pass, each estimated once."""
+        found = band_hits(fp, hits) if self.bands else hits
+        return [(h, sim) for h, sim in zip(found, similarities(found, sketch, size,
+                                                                 self.measure))
+                if sim is None or sim >= self.t]
+
+
+def similarities(hits: list, sketch: bytes, size: int, measure: str = "jaccard") -> list:
+    """Per hit, its stored text's similarity to a text of this sketch and shingle count,
+    estimated from their sketches (None for a record stored without one)."""
+    out: list = []
+    for h in hits:
+        theirs = stored_sketch(h[4])
+        out.append(None if theirs is None else
+                   estimate(measure, sketch, size, theirs[0], theirs[1]))
+    return out
+
+
+def _rounded(sim: Optional[float]) -> Optional[float]:
+    return None if sim is None else round(sim, 4)     # as dedup reports it
 
 
 def text_matches(hits: list, sketch: bytes, size: int, measure: str = "jaccard") -> list:
     """TextMatches of the core's hits of a text of this sketch and shingle count: each
-    with its stored text's similarity, estimated from their sketches (None for a record
-    stored without one), rounded to 4 places as dedup reports it."""
-    out = []
-    for h in hits:
-        theirs = stored_sketch(h[4])
-        m = match_of(h)
-        out.append(TextMatch(*m, similarity=None if theirs is None else round(
-            estimate(measure, sketch, size, theirs[0], theirs[1]), 4)))
-    return out
+    with its stored text's similarity (see similarities), rounded to 4 places."""
+    return [TextMatch(*match_of(h), similarity=_rounded(sim))
+            for h, sim in zip(hits, similarities(hits, sketch, size, measure))]
 
 
 def keeps_sketches(scheme: Optional[str], calibration: Optional[dict]) -> bool:

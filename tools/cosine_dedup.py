@@ -109,10 +109,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        status = main()
-        sys.stdout.flush()           # a pipe closed after the last write fails here
-    except BrokenPipeError:          # `| head`: quietly, as a producer killed by SIGPIPE
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        status = 141
-    sys.exit(status)
+    from piped import exit_with     # `| head`: quietly, as a producer killed by SIGPIPE
+    exit_with(main)

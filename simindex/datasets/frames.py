@@ -152,15 +152,11 @@ def _write_rows(kind: "_Kind", fields: list, positions: bool, path: str, odd: di
                     row[ROW_ID] = at + i
                 try:
                     lines.append(encode(row))
-                except UnicodeEncodeError as e:
+                except (UnicodeEncodeError, TypeError, OverflowError) as e:
                     odd.setdefault(at + i, f"a value holds text that is not valid Unicode "
-                                           f"({e.reason})")
-                    lines.append(encode({**{k: None for k in row}, **(
-                        {ROW_ID: at + i} if positions else {})}))
-                except (TypeError, OverflowError) as e:
-                    odd.setdefault(at + i, f"a value cannot be read: {e}")
-                    lines.append(encode({**{k: None for k in row}, **(
-                        {ROW_ID: at + i} if positions else {})}))
+                                           f"({e.reason})" if isinstance(e, UnicodeEncodeError)
+                                   else f"a value cannot be read: {e}")
+                    lines.append(encode({k: at + i if k == ROW_ID else None for k in row}))
             lines.append(b"")
             f.write(b"\n".join(lines))
             at += n
