@@ -109,8 +109,8 @@ def _judged(kind: "_Kind", options: dict) -> list:
         out = []
         try:
             with closing(decisions(path, **options)) as judged:
-                for d in judged:
-                    out.append((_position(d.where), d))
+                for d in judged:           # the row's columns are the caller's: not kept
+                    out.append((_position(d.where), d._replace(row=None)))
         except BadLine as e:
             raise _placed(e, odd) from None
         except Error as e:              # a rule broken by a row (an id taken): named by it
