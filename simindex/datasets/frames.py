@@ -110,7 +110,7 @@ def _judged(kind: "_Kind", options: dict) -> list:
         try:
             with closing(decisions(path, **options)) as judged:
                 for d in judged:           # the row's columns are the caller's: not kept
-                    out.append((_position(d.where), d._replace(row=None)))
+                    out.append((_position(d.where), d._replace(row={})))
         except BadLine as e:
             raise _placed(e, odd) from None
         except Error as e:              # a rule broken by a row (an id taken): named by it
