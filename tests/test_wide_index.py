@@ -1,4 +1,4 @@
-"""Indexes of 128- and 256-bit fingerprints: every call against a brute-force scan with
+"""Indexes of 128-, 256- and 512-bit fingerprints: every call against a brute-force scan with
 planted near-duplicates at every distance 0..k+1 (packed, spread, the first and the last
 bit), for the paper's plans and plans with flips, across reopen, compaction, records no
 shard has applied, kill -9 of a writer, and the state machine."""
@@ -59,6 +59,8 @@ PLANS = [
     (256, 16, None, None, 8),
     (256, 31, None, None, 2),       # flips over 16-bit blocks
     (256, 5, 6, 1, 1),              # prefixes longer than 64 bits: scanned by the first 64
+    (512, 15, 16, 1, 4),            # a table per 32-bit block: the band plan of 16 bands
+    (512, 7, 8, None, 2),           # prefixes of 64 bits and more
 ]
 
 
@@ -180,7 +182,7 @@ def test_wide_errors_name_the_width(tmp_path):
         simindex.Index(tmp_path / "s", width=128, scheme="seomoz-simhash")
     with simindex.Index(tmp_path / "m", width=128, k=20, scheme="md5-128-notebook") as idx:
         assert idx.scheme == "md5-128-notebook"
-    with pytest.raises(simindex.ParameterError, match="width \\(96\\) must be 64, 128 or 256"):
+    with pytest.raises(simindex.ParameterError, match="width \\(96\\) must be 64, 128, 256 or 512"):
         simindex.Index(tmp_path / "w", width=96)
 
 
@@ -262,7 +264,7 @@ class WideIndexMachine(IndexMachine):
 
 
 # ---------------------------------------------------------------- the write buffer
-@pytest.mark.parametrize("width,k", [(128, 8), (256, 16)])
+@pytest.mark.parametrize("width,k", [(128, 8), (256, 16), (512, 15)])
 def test_buffered_wide_queries_equal_a_brute_force_and_the_answers_after_flush(tmp_path,
                                                                                width, k):
     stored, queries = dataset(width, k, seed=11, bases=6, randoms=200)
@@ -300,7 +302,7 @@ def test_buffered_wide_queries_equal_a_brute_force_and_the_answers_after_flush(t
         _testing.tune(**saved)
 
 
-@pytest.mark.parametrize("width", [128, 256])
+@pytest.mark.parametrize("width", [128, 256, 512])
 def test_kill_9_of_a_buffered_wide_writer_loses_nothing(tmp_path, width):
     path = str(tmp_path / "i")
     p, log = start_buffered(path, 200, width)

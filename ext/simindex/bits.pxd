@@ -4,6 +4,9 @@
 # (LMDB keys) go byte by byte.
 from libc.stdint cimport uint32_t, uint64_t
 
+cdef enum:
+    MAX_WORDS = 8        # 64-bit words of the widest fingerprint (512 bits)
+
 cdef extern from *:
     """
     #include <stdint.h>

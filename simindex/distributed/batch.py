@@ -112,7 +112,7 @@ def _check_k(k, most):
 def _pair_positions(source, k, blocks, partitions_, fmt, fp_format, width):
     k, args, parts, name = _sources(source, k, blocks, fmt, fp_format, width)
     if not parts:
-        return np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.uint8), name
+        return np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.uint16), name
     plan = Plan(shards=1, **args)
     args = dict(args, blocks=plan.blocks, prefix_blocks=plan.prefix_blocks, shards=1)
     if partitions_ is None:
@@ -135,7 +135,7 @@ def _pair_positions(source, k, blocks, partitions_, fmt, fp_format, width):
         b.append(y)
         d.append(z)
     if not a:
-        return np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.uint8), name
+        return np.empty(0, np.uint64), np.empty(0, np.uint64), np.empty(0, np.uint16), name
     a, b, d = np.concatenate(a), np.concatenate(b), np.concatenate(d)
     order = entry_order(a, b)
     return a[order], b[order], d[order], name

@@ -235,7 +235,7 @@ def _route(offset: int, parts: int, nlabels: int, fps: np.ndarray, rest: dict,
         label[(nodes - _U64(offset)).astype(np.int64)] = lbls.astype(np.int64)
     lo = np.concatenate([e[0] for e in edges]) if edges else np.empty(0, _U64)
     cols: list = [np.concatenate([e[c] for e in edges]) for c in range(1, 5)] if edges else \
-        [np.empty(0, _U64), np.empty(0, np.uint8), np.empty(0), np.empty(0, np.int8)]
+        [np.empty(0, _U64), np.empty(0, np.uint16), np.empty(0), np.empty(0, np.int8)]
     elabel = label[(lo - _U64(offset)).astype(np.int64)]
     out: list = []
     for r in range(parts):

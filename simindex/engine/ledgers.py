@@ -231,7 +231,7 @@ def gather(scans: list, n: int, nledgers: int) -> tuple:
         ds.append(d)
     if not scans:
         empty = np.empty(0, dtype=_U64)
-        return empty, empty, np.empty(0, dtype=np.uint8), applied
+        return empty, empty, np.empty(0, dtype=np.uint16), applied
     return np.concatenate(qs), np.concatenate(ss), np.concatenate(ds), applied
 
 

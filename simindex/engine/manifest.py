@@ -15,9 +15,8 @@ from .._version import __version__ as _version
 from .codec import pack, unpack
 from ..scheme_names import NAMES, known as known_scheme
 from ..errors import CorruptError, FormatError, NotAnIndexError, ParameterError, StorageError
-from .plan import Plan
+from .plan import WIDTHS, Plan
 
-WIDTHS = (64, 128, 256)
 MAX_LEDGERS = 1024
 
 # Slab layouts a table may hold, and the field that names each one's slab size: v1 (16

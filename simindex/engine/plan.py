@@ -25,6 +25,8 @@ from ._layout import WIDTH
 from ._permute import Permuter, WidePermuter
 from ..errors import ParameterError, ParameterTypeError
 
+WIDTHS = (64, 128, 256, 512)     # bits of the fingerprints an index holds
+
 DEFAULT_K = 3            # the largest distance a new index guarantees, unless told
 MAX_TABLES = 1024
 MAX_PROBES = 1 << 16     # prefixes probed per query over all tables
@@ -204,8 +206,8 @@ class Plan:
                  shards: int = DEFAULT_SHARDS, prefix_blocks: Optional[int] = None,
                  width: int = WIDTH) -> None:
         width = _check_int("width", width)
-        if width not in (64, 128, 256):
-            raise ParameterError(f"width ({width}) must be 64, 128 or 256")
+        if width not in WIDTHS:
+            raise ParameterError(f"width ({width}) must be 64, 128, 256 or 512")
         k = _check_int("k", k)
         if not 0 <= k < width:
             raise ParameterError(f"k ({k}) must be between 0 and {width - 1}")

@@ -6,7 +6,7 @@ once over all tables).
 
 import numpy as np
 
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memset
 
@@ -20,7 +20,7 @@ def hamming(uint64_t a, uint64_t b):
 
 
 cdef size_t _within(const uint64_t *fps, size_t n, size_t words, const uint64_t *q, int k,
-                    uint32_t *pos, uint8_t *dist) noexcept nogil:
+                    uint32_t *pos, uint16_t *dist) noexcept nogil:
     """Write the position and distance of every fingerprint of `words` words (rows of fps)
     within k bits of q; returns how many."""
     cdef size_t i, w, m = 0
@@ -31,7 +31,7 @@ cdef size_t _within(const uint64_t *fps, size_t n, size_t words, const uint64_t 
             d += bits.popcount(fps[i * words + w] ^ q[w])
         if d <= k:
             pos[m] = <uint32_t>i
-            dist[m] = <uint8_t>d
+            dist[m] = <uint16_t>d
             m += 1
     return m
 
@@ -40,7 +40,7 @@ cdef list _hits(const uint64_t *fps, Py_ssize_t n, Py_ssize_t rows, size_t words
                 const uint64_t *q, int k):
     """within()'s list for the first n of `rows` fingerprints."""
     cdef uint32_t *pos
-    cdef uint8_t *dist
+    cdef uint16_t *dist
     cdef size_t m, i
     if n < 0 or n > rows:
         raise ValueError(f"within: n ({n}) must be between 0 and the array's length ({rows})")
@@ -49,7 +49,7 @@ cdef list _hits(const uint64_t *fps, Py_ssize_t n, Py_ssize_t rows, size_t words
     if n == 0:
         return []
     pos = <uint32_t *>malloc(n * sizeof(uint32_t))
-    dist = <uint8_t *>malloc(n)
+    dist = <uint16_t *>malloc(n * sizeof(uint16_t))
     if pos == NULL or dist == NULL:
         free(pos)
         free(dist)
@@ -82,7 +82,7 @@ def within_words(const uint64_t[:, ::1] fps, Py_ssize_t n, const uint64_t[::1] q
     return _hits(&fps[0, 0], n, fps.shape[0], q.shape[0], &q[0], k)
 
 
-cdef int pair_push(PairBuf *p, uint64_t a, uint64_t b, uint8_t d) noexcept nogil:
+cdef int pair_push(PairBuf *p, uint64_t a, uint64_t b, uint16_t d) noexcept nogil:
     """Append the triple (a, b, d); 0, or NO_MEMORY."""
     cdef size_t cap
     cdef void *t
@@ -96,10 +96,10 @@ cdef int pair_push(PairBuf *p, uint64_t a, uint64_t b, uint8_t d) noexcept nogil
         if t == NULL:
             return NO_MEMORY
         p.b = <uint64_t *>t
-        t = realloc(p.d, cap)
+        t = realloc(p.d, cap * 2)
         if t == NULL:
             return NO_MEMORY
-        p.d = <uint8_t *>t
+        p.d = <uint16_t *>t
         p.cap = cap
     p.a[p.n] = a
     p.b[p.n] = b
@@ -127,7 +127,7 @@ cdef inline int _pair_check(PairBuf *p, uint64_t x, uint64_t a, uint64_t b,
             return 0
     if a > b:
         a, b = b, a
-    return pair_push(p, a, b, <uint8_t>d)
+    return pair_push(p, a, b, <uint16_t>d)
 
 
 cdef int _group_sub(PairBuf *p, const uint64_t *keys, const uint64_t *ids, Py_ssize_t g0,
@@ -299,17 +299,17 @@ def pairs_sorted(const uint64_t[::1] keys, const uint64_t[::1] ids, uint64_t pma
 
 
 cdef tuple pair_arrays(PairBuf *p):
-    """The (a, b, d) columns of a pair buffer as numpy arrays (u64, u64, u8)."""
+    """The (a, b, d) columns of a pair buffer as numpy arrays (u64, u64, u16)."""
     A = np.empty(p.n, dtype=np.uint64)
     B = np.empty(p.n, dtype=np.uint64)
-    D = np.empty(p.n, dtype=np.uint8)
+    D = np.empty(p.n, dtype=np.uint16)
     cdef uint64_t[::1] av = A
     cdef uint64_t[::1] bv = B
-    cdef uint8_t[::1] dv = D
+    cdef uint16_t[::1] dv = D
     if p.n:
         memcpy(&av[0], p.a, p.n * 8)
         memcpy(&bv[0], p.b, p.n * 8)
-        memcpy(&dv[0], p.d, p.n)
+        memcpy(&dv[0], p.d, p.n * 2)
     return A, B, D
 
 
@@ -340,7 +340,7 @@ cdef inline int _wide_check(PairBuf *p, const uint64_t *x, const uint64_t *y, in
             return 0
     if a > b:
         a, b = b, a
-    return pair_push(p, a, b, <uint8_t>d)
+    return pair_push(p, a, b, <uint16_t>d)
 
 
 def pairs_wide(const uint64_t[:, ::1] keys, const uint64_t[::1] ids, uint64_t pmask,

@@ -14,6 +14,7 @@ import numpy as np
 from libc.stdint cimport int8_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
 
+cimport simindex.bits as bits
 cimport simindex.engine.layout as layout
 
 
@@ -309,7 +310,7 @@ cdef class WidePermuter:
         self.omask = NULL
         self.probe = NULL
         self.probe_start = NULL
-        if words not in (2, 4) or m < 1 or m > width or sum(widths) != width or T < 1 or \
+        if words not in (2, 4, 8) or m < 1 or m > width or sum(widths) != width or T < 1 or \
                 not 0 <= shard_bits <= 8 or len(prefix_bits) != T or flips < 0:
             raise ValueError("invalid permutation plan")
         self.words = words
@@ -428,8 +429,8 @@ cdef class WidePermuter:
 
     def key(self, int t, fp):
         """The permuted key of one fingerprint (an int) in table `t`, as an int."""
-        cdef uint64_t a[4]
-        cdef uint64_t r[4]
+        cdef uint64_t a[bits.MAX_WORDS]
+        cdef uint64_t r[bits.MAX_WORDS]
         cdef int w
         self._table(t)
         for w in range(self.words):
@@ -459,7 +460,7 @@ cdef class WidePermuter:
         cdef int t, s, s0, s1
         cdef uint32_t j
         cdef uint64_t lo, hi
-        cdef uint64_t key[4]
+        cdef uint64_t key[bits.MAX_WORDS]
         out = np.zeros((1 << self.shard_bits, n), dtype=np.bool_)
         cdef uint8_t[:, ::1] o = out.view(np.uint8)
         if n and fps.shape[1] != self.words:
@@ -478,7 +479,7 @@ cdef class WidePermuter:
         """A (shards, n) bool array: shard s holds an entry of fingerprint i in some table."""
         cdef Py_ssize_t i, n = fps.shape[0]
         cdef int t, sb = self.shard_bits
-        cdef uint64_t key[4]
+        cdef uint64_t key[bits.MAX_WORDS]
         out = np.zeros((1 << sb, n), dtype=np.bool_)
         cdef uint8_t[:, ::1] o = out.view(np.uint8)
         if n and fps.shape[1] != self.words:

@@ -9,7 +9,7 @@ and reset after it (an idle reader pins no pages). scan_shard is the same scan f
 shard of a distributed index (its candidates are resolved by the ledger's ReadContext).
 """
 
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, calloc, realloc, free, qsort
 from libc.string cimport memcpy, memmove, memset
 
@@ -192,7 +192,7 @@ cdef object _rows(queries):
     """Queries as an (n, words) uint64 array: a flat (n,) one as (n, 1), a view."""
     if queries.ndim == 1:
         return queries.reshape(queries.shape[0], 1)
-    if queries.ndim != 2 or queries.shape[1] not in (1, 2, 4):
+    if queries.ndim != 2 or queries.shape[1] not in (1, 2, 4, 8):
         raise ValueError(f"queries must be an (n,) or (n, words) array, got shape "
                          f"{queries.shape}")
     return queries

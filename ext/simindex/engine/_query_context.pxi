@@ -277,7 +277,7 @@ cdef class ReadContext(Handle):
         cdef ShardView *sv
         cdef ProbeBuf probes
         cdef size_t w, e
-        cdef uint64_t *keys = <uint64_t *>malloc(<size_t>n * T * 4 * sizeof(uint64_t))
+        cdef uint64_t *keys = <uint64_t *>malloc(<size_t>n * T * bits.MAX_WORDS * sizeof(uint64_t))
         for t in range(T):
             per += tb.probe_start[t + 1] - tb.probe_start[t]
         items = <ProbeItem *>malloc((<size_t>n * per or 1) * sizeof(ProbeItem))
@@ -287,7 +287,7 @@ cdef class ReadContext(Handle):
             return NO_MEMORY
         for qi in range(n):
             for t in range(T):
-                pkw = keys + (<size_t>qi * T + t) * 4
+                pkw = keys + (<size_t>qi * T + t) * bits.MAX_WORDS
                 pk = _key(tb, wp, t, queries + qi * words, words, pkw)
                 for j in range(tb.probe_start[t], tb.probe_start[t + 1]):
                     items[ni].pk = pk
@@ -473,7 +473,7 @@ cdef class ReadContext(Handle):
         free_tail(tail)
 
     def resolve(self, queries, const uint64_t[::1] qidx,
-                const uint64_t[::1] seqs, const uint8_t[::1] dists,
+                const uint64_t[::1] seqs, const uint16_t[::1] dists,
                 const uint64_t[::1] applied, int k, Txn txn=None):
         """query() for candidates found elsewhere (a distributed query's shard scans).
 
@@ -588,7 +588,7 @@ cdef class ReadContext(Handle):
         cdef WidePermuter wp = perm if words > 1 else None
         cdef const Tables *tb = &(<Permuter>perm).c if words == 1 else &wp.c
         cdef const uint64_t *qp
-        cdef uint64_t pkw[4]
+        cdef uint64_t pkw[bits.MAX_WORDS]
         cdef uint64_t *pkws = NULL     # each table's key words, 4 per table
         cdef uint64_t *pkt              # a table's key words in pkws
         cdef ProbeBuf probes
@@ -626,7 +626,7 @@ cdef class ReadContext(Handle):
             given = txn.txn
         self.records.check()
         qstart = <size_t *>malloc((n + 1) * sizeof(size_t))
-        pkws = <uint64_t *>malloc(<size_t>T * 4 * sizeof(uint64_t))
+        pkws = <uint64_t *>malloc(<size_t>T * bits.MAX_WORDS * sizeof(uint64_t))
         if qstart == NULL or pkws == NULL:
             free(qstart)
             free(pkws)
@@ -704,7 +704,7 @@ cdef class ReadContext(Handle):
                     minA = 0xFFFFFFFFFFFFFFFF
                     probes.n = 0
                     for t in range(T):
-                        pkt = pkws + t * 4
+                        pkt = pkws + t * bits.MAX_WORDS
                         pk = _key(tb, wp, t, qp, words, pkt)
                         for j in range(tb.probe_start[t], tb.probe_start[t + 1]):
                             prefix_range(tb, t, pk ^ tb.probe[j], &lo, &hi, &s0, &s1)

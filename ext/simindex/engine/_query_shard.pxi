@@ -28,7 +28,7 @@ cdef tuple _scan_shard(Txn txn, object perm, int shard, const uint64_t *queries,
     cdef WidePermuter wp = perm if words > 1 else None
     cdef const Tables *tb = &(<Permuter>perm).c if words == 1 else &wp.c
     cdef const uint64_t *qp
-    cdef uint64_t pkw[4]
+    cdef uint64_t pkw[bits.MAX_WORDS]
     cdef Py_ssize_t qi
     cdef int T = tb.ntables, t, s0, s1, rc = 0
     cdef uint64_t pk, lo, hi
@@ -71,7 +71,7 @@ cdef tuple _scan_shard(Txn txn, object perm, int shard, const uint64_t *queries,
                 # one (qidx, seq, distance) per candidate; `a` carries the query index
                 i = before
                 while i < hits.n and rc == 0:
-                    rc = pair_push(&out, <uint64_t>qi, hits.h[i].seq, <uint8_t>hits.h[i].dist)
+                    rc = pair_push(&out, <uint64_t>qi, hits.h[i].seq, <uint16_t>hits.h[i].dist)
                     i += 1
                 hits.n = 0
                 qi += 1
