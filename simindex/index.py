@@ -17,7 +17,7 @@ from .signatures.fingerprints import DEFAULT_SCHEME, scheme_name, scheme_width
 from .signatures.fingerprints import fingerprint as _fingerprint
 from .engine.pairs import group_pairs, stored_pairs
 from .engine.plan import DEFAULT_K, Plan, default_plan, default_shards
-from .bands import BAND_RADIUS, band_hits, band_hits_many, band_plan, is_band_index
+from .bands import band_hits, band_hits_many, band_plan, is_band_index
 from .radius import Calibration
 from .scheme_names import lsh_rows
 from .engine.records import last_seq, stale
@@ -197,7 +197,7 @@ class Index:
 
     @property
     def width(self) -> int:
-        """Bits per fingerprint: 64, 128 or 256 (recorded at creation)."""
+        """Bits per fingerprint: 64, 128, 256 or 512 (recorded at creation)."""
         return self._open_store().plan.width
 
     @staticmethod
@@ -247,7 +247,7 @@ class Index:
             return plan.k
         if isinstance(k, bool) or not isinstance(k, int):
             raise ParameterError(f"k must be an int, got {type(k).__name__} {k!r}")
-        if k == BAND_RADIUS and is_band_index(self.scheme, plan):
+        if k >= plan.width and is_band_index(self.scheme, plan):
             return k                  # a band index's search: every record sharing a band
         if not 0 <= k <= plan.k:
             raise ParameterError(
@@ -359,7 +359,7 @@ class Index:
             if buf.n:
                 return kept_where(self._query_buffered(st, fp, k), where)
         if k > plan.k:
-            return kept_where(band_hits(fp, st.query_one(fp, k)), where)
+            return kept_where(band_hits(fp, st.query_one(fp, k), plan.k + 1), where)
         if plan.width != 64 or st.nledgers > 1:
             return kept_where(st.query_one(fp, k), where)
         out = st.read(_query_one, plan.permuter, fp, k)
@@ -371,7 +371,7 @@ class Index:
         path's closure holds only what its own lambda needs)."""
         assert st.buffer is not None
         out = st.buffer.query(fp, k, lambda: st.query_one(fp, k), Match)
-        return band_hits(fp, out) if k > st.plan.k else out
+        return band_hits(fp, out, st.plan.k + 1) if k > st.plan.k else out
 
     def query_many(self, fingerprints: Fingerprints, k: Optional[int] = None,
                    where: Optional[Callable[[int, Match], bool]] = None) -> list[list[Match]]:
@@ -390,7 +390,7 @@ class Index:
     def _held(q: np.ndarray, found: list, k: int, st: Store) -> list:
         """The answers of a band search (k beyond the plan's) as the tables hold them: the
         records sharing a band with each query (see simindex/bands.py)."""
-        return found if k <= st.plan.k else band_hits_many(q, found)
+        return found if k <= st.plan.k else band_hits_many(q, found, st.plan.k + 1)
 
     def queries(self, fingerprints: Fingerprints) -> np.ndarray:
         """Fingerprints checked against the index's width, as the array its batch calls

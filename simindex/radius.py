@@ -26,11 +26,11 @@ import numpy as np
 from .signatures import _text
 from .errors import InputError, ParameterError
 from .signatures.fingerprints import (
-    LSH_BANDS, WORD_SCHEMES, pass_args, scheme_name, scheme_width, schemes,
+    WORD_SCHEMES, pass_args, scheme_name, scheme_width, schemes,
 )
 from .engine.plan import SEEK_NS, default_plan, query_cost
-from .bands import BAND_K, BAND_WIDTH, KEY_BITS, band_recall, rows_for
-from .scheme_names import LSH_ROWS, lsh_name, lsh_rows
+from .bands import BANDS, KEY_BITS, band_recall, band_width, rows_for
+from .scheme_names import LSH_ROWS, lsh_name, lsh_rows, lsh_shape
 from .signatures.similarity import shingle_set
 
 DEFAULT_SCHEME = "minhash-v1"     # the scheme a similarity threshold gets unless told
@@ -100,8 +100,8 @@ class Calibration(NamedTuple):
                        f"{BOUND_PAIRS} found would bound it at 0.95), so the model's")
         capped = (f"; k is capped by the time budget of {self.time_budget:g} s, below the "
                   f"{self.recall:g} recall asked for" if c.capped else "")
-        search = f"{LSH_BANDS} bands of {lsh_rows(self.scheme)} rows" \
-            if lsh_rows(self.scheme) is not None else f"k={self.k}"
+        shape = lsh_shape(self.scheme)
+        search = f"{shape[0]} bands of {shape[1]} rows" if shape is not None else f"k={self.k}"
         return (f"{self.measure} >= {self.min_similarity:g}: {self.scheme} {self.width} "
                 f"bits, {search}, expected recall {self.expected_recall:.4f} ({sample}), "
                 f"estimated {c.seconds:.3g} s{capped}")
@@ -205,6 +205,10 @@ COMMON = 32          # a hash bucket in more sample sets than this is common (se
 # The exact check of a candidate pair: a call, then a merge of the two sorted sets (measured
 # on a 2-core VM: 8.4 us for two sets of 2,000 shingles)
 CHECK_NS, CHECK_NS_PER_SHINGLE = 3000.0, 2.1
+# A band search's cost per band and row: the lookup of the row's key in the band's table and
+# the write of its entry (measured on a 2-core VM with 300,000 random codes added in
+# batches of 10,000 and 50,000 looked up: ~0.9 us and ~0.6 us a band, at 8 and 16 bands)
+BAND_NS = 1500.0
 
 
 def sample_pairs(sets: Sequence[np.ndarray], t: float, measure: str = "jaccard") -> tuple:
@@ -348,17 +352,19 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
     if measure not in MEASURES:
         raise ParameterError(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}")
     texts = [x for x in texts]
-    fixed = lsh_rows(scheme)
+    fixed = lsh_shape(scheme)
     if fixed is not None:
         return _band_calibration(texts, fixed, t, recall, measure, expected_rows, widths,
                                  sample_truth, sets, pass_seconds, time_budget)
+    shapes = _band_shapes(t, recall, widths) if bands and scheme == "minhash-v1" and \
+        measure == "jaccard" else []
     if not texts:
         if scheme != "minhash-v1" or measure != "jaccard":
             raise InputError(f"calibrating {scheme} for {measure} needs a sample of texts; "
                              f"only minhash-v1 and Jaccard have a model to go without")
         return _model_calibration(t, recall, expected_rows or MODEL_ROWS,
                                   list(schemes[scheme].widths if widths is None else widths),
-                                  time_budget, bands)
+                                  time_budget, shapes)
     n = len(texts)
     rows = max(n, expected_rows or n)
     widths = list(schemes[scheme].widths if widths is None else widths)
@@ -401,50 +407,59 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
                           found, recall_lower_bound(found, len(true_d)) if len(true_d)
                           else None, candidates, query_ns / 1000, seconds, capped, scheme)
         table.append(_within_budget(choice, min(k, w - 1), time_budget))
-    r = rows_for(t, recall) if bands and minhash and measure == "jaccard" and \
-        BAND_WIDTH in widths else None
-    if r is not None:
+    for b, r in shapes:
         table.append(_band_within_budget(
-            lambda r_, capped: _band_choice(sets, r_, t, pi, pj, rows, pass_s, check_s,
-                                            capped), r, time_budget))
+            lambda r_, capped, b=b: _band_choice(sets, b, r_, t, pi, pj, rows, pass_s,
+                                                 check_s, capped), b, r, time_budget))
     return _chosen(table, scheme, t, measure, recall, n, rows, time_budget)
 
 
-def _band_within_budget(choice: Any, r: int, budget: Optional[float]) -> Choice:
+def _band_shapes(t: float, recall: float, widths: Optional[Sequence[int]]) -> list:
+    """(bands, rows) of each band search that reaches `recall` at t: per band count, the
+    most rows per band that does (its width among `widths` when they are given)."""
+    out = []
+    for b in BANDS:
+        r = rows_for(t, recall, b)
+        if r is not None and (widths is None or band_width(b) in widths or
+                              (b != 8 and band_width(8) in widths)):
+            out.append((b, r))
+    return out
+
+
+def _band_within_budget(choice: Any, bands: int, r: int, budget: Optional[float]) -> Choice:
     """choice(r, False), or with a budget it exceeds, choice(r', True) of the fewest rows
     per band r' > r (fewer candidates, less recall) that fits it (the most when none
     does)."""
     c = choice(r, False)
     if budget is None or c.seconds <= budget:
         return c
-    for more in range(r + 1, LSH_ROWS[-1] + 1):
+    for more in range(r + 1, LSH_ROWS[bands][-1] + 1):
         c = choice(more, True)
         if c.seconds <= budget:
             break
     return c if c.capped else choice(r, True)
 
 
-def _band_calibration(texts: list, r: int, t: float, recall: float, measure: str,
+def _band_calibration(texts: list, shape: tuple, t: float, recall: float, measure: str,
                       expected_rows: Optional[int], widths: Optional[Sequence[int]],
                       sample_truth: bool, sets: Optional[list], pass_seconds: Optional[float],
                       budget: Optional[float]) -> Calibration:
     """calibrate() for a minhash-lsh-v1 scheme the caller named: its one band search, with
-    the rows per band the name gives (its recall is the S-curve's at t, whatever asked)."""
-    scheme = lsh_name(r)
+    the bands and rows per band the name gives (its recall is the S-curve's at t, whatever
+    asked)."""
+    bands, r = shape
+    scheme = lsh_name(r, bands)
+    width = band_width(bands)
     if measure != "jaccard":
         raise ParameterError(f"{scheme} finds candidates at a Jaccard similarity; a "
                              f"{measure} threshold needs minhash-v1's search by distance")
-    if widths is not None and list(widths) != [BAND_WIDTH]:
-        raise ParameterError(f"{scheme} makes {BAND_WIDTH}-bit fingerprints, not "
+    if widths is not None and list(widths) != [width]:
+        raise ParameterError(f"{scheme} makes {width}-bit fingerprints, not "
                              f"{', '.join(map(str, widths))}")
     if not texts:
         rows = expected_rows or MODEL_ROWS
-        candidates = (rows - 1) / 2 * LSH_BANDS / 2.0 ** KEY_BITS
-        query_ns = LSH_BANDS * SEEK_NS
-        choice = Choice(BAND_WIDTH, BAND_K, band_recall(r, t), 0, 0, None, candidates,
-                        query_ns / 1000, rows * (query_ns + candidates * CHECK_NS) * 1e-9,
-                        False, scheme)
-        return _chosen([choice], scheme, t, measure, recall, 0, rows, budget)
+        return _chosen([_model_band_choice(bands, r, t, rows)], scheme, t, measure, recall, 0,
+                       rows, budget)
     n = len(texts)
     rows = max(n, expected_rows or n)
     sets, _, pass_s = _sample(texts, scheme, [], sets, pass_seconds)
@@ -452,7 +467,7 @@ def _band_calibration(texts: list, r: int, t: float, recall: float, measure: str
         (np.empty(0, np.int64), np.empty(0, np.int64))
     mean_set = float(np.mean([len(x) for x in sets])) if sets else 0.0
     check_s = (CHECK_NS + 2 * mean_set * CHECK_NS_PER_SHINGLE) * 1e-9
-    choice = _band_choice(sets, r, t, pi, pj, rows, pass_s, check_s)   # its r, as named
+    choice = _band_choice(sets, bands, r, t, pi, pj, rows, pass_s, check_s)   # as named
     return _chosen([choice], scheme, t, measure, recall, n, rows, budget)
 
 
@@ -460,12 +475,13 @@ GROUP_PAIRS = 64    # rows of one band key whose pairs are listed one by one
 
 
 def band_pairs(codes: np.ndarray) -> tuple:
-    """(i, j, more) of minhash-lsh-v1 codes ((n, 4) uint64): the arrays of the pairs i < j
-    that share a band's key, each pair once, and `more`, the pairs of keys shared by more
-    than GROUP_PAIRS rows, counted (once per band) but not listed."""
+    """(i, j, more) of minhash-lsh-v1 codes ((n, words) uint64, two bands a word): the
+    arrays of the pairs i < j that share a band's key, each pair once, and `more`, the
+    pairs of keys shared by more than GROUP_PAIRS rows, counted (once per band) but not
+    listed."""
     found: set = set()
     more = 0
-    for b in range(LSH_BANDS):
+    for b in range(2 * codes.shape[1]):
         word = codes[:, b // 2]
         keys = (word >> np.uint64(32)) if b % 2 == 0 else (word & np.uint64(0xFFFFFFFF))
         order = np.argsort(keys, kind="stable")
@@ -519,27 +535,38 @@ def _jaccard(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _share_band(codes: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
-    """Whether codes i and j (rows of an (n, 4) uint64 array) share a band's key."""
+    """Whether codes i and j (rows of an (n, words) uint64 array) share a band's key."""
     x = codes[i] ^ codes[j]
     lo, hi = x & np.uint64(0xFFFFFFFF), x >> np.uint64(32)
     return ((lo == 0) | (hi == 0)).any(axis=1)
 
 
-def _band_choice(sets: list, r: int, t: float, pi: np.ndarray, pj: np.ndarray, rows: int,
-                 pass_s: float, check_s: float, capped: bool = False) -> Choice:
-    """The band search's row of a calibration: `r` rows per band, its S-curve's recall at
-    t; its candidates per row are the sample's pairs that share a band (candidates_per_row)
-    and the 32-bit collisions of the rows' keys, its search a lookup per band."""
-    codes = _text.minhash_codes(sets, BAND_WIDTH // 64, r)
+def _band_choice(sets: list, bands: int, r: int, t: float, pi: np.ndarray, pj: np.ndarray,
+                 rows: int, pass_s: float, check_s: float, capped: bool = False) -> Choice:
+    """The band search's row of a calibration: `bands` bands of `r` rows, its S-curve's
+    recall at t; its candidates per row are the sample's pairs that share a band
+    (candidates_per_row) and the 32-bit collisions of the rows' keys, its search a lookup
+    per band."""
+    codes = _text.minhash_codes(sets, bands // 2, r)
     found = int(_share_band(codes, pi, pj).sum()) if len(pi) else 0
     bi, bj, more = band_pairs(codes)
     candidates = candidates_per_row(sets, bi, bj, rows, more) + \
-        (rows - 1) / 2 * LSH_BANDS / 2.0 ** KEY_BITS
-    query_ns = LSH_BANDS * SEEK_NS
+        (rows - 1) / 2 * bands / 2.0 ** KEY_BITS
+    query_ns = bands * BAND_NS
     seconds = rows * (pass_s + query_ns * 1e-9 + candidates * check_s)
-    return Choice(BAND_WIDTH, BAND_K, band_recall(r, t), len(pi), found,
+    return Choice(band_width(bands), bands - 1, band_recall(r, t, bands), len(pi), found,
                   recall_lower_bound(found, len(pi)) if len(pi) else None, candidates,
-                  query_ns / 1000, seconds, capped, lsh_name(r))
+                  query_ns / 1000, seconds, capped, lsh_name(r, bands))
+
+
+def _model_band_choice(bands: int, r: int, t: float, rows: int) -> Choice:
+    """The band search's row of a calibration without a sample: unrelated texts share no
+    band but by a 32-bit collision."""
+    candidates = (rows - 1) / 2 * bands / 2.0 ** KEY_BITS
+    query_ns = bands * BAND_NS
+    return Choice(band_width(bands), bands - 1, band_recall(r, t, bands), 0, 0, None,
+                  candidates, query_ns / 1000, rows * (query_ns + candidates * CHECK_NS) * 1e-9,
+                  False, lsh_name(r, bands))
 
 
 def _within_budget(choice: Any, k: int, budget: Optional[float]) -> Choice:
@@ -571,7 +598,7 @@ def _chosen(table: list, scheme: str, t: float, measure: str, recall: float, n: 
 
 
 def _model_calibration(t: float, recall: float, rows: int, widths: list,
-                       budget: Optional[float] = None, bands: bool = True) -> Calibration:
+                       budget: Optional[float] = None, shapes: Sequence = ()) -> Calibration:
     """calibrate() without a sample: minhash-v1's k from the model, and the width of least
     estimated time taking unrelated texts as sharing no shingle (their bits differ with
     probability 1/2) and the pass's time as the same at every width."""
@@ -587,13 +614,7 @@ def _model_calibration(t: float, recall: float, rows: int, widths: list,
             return Choice(w, k, model_recall(w, k, t), 0, 0, None, candidates,
                           query_ns / 1000, seconds, capped, "minhash-v1")
         table.append(_within_budget(choice, model_k(w, t, recall), budget))
-    r = rows_for(t, recall) if bands and BAND_WIDTH in widths else None
-    if r is not None:        # unrelated texts share no band but by a 32-bit collision
-        candidates = (rows - 1) / 2 * LSH_BANDS / 2.0 ** KEY_BITS
-        query_ns = LSH_BANDS * SEEK_NS
-        table.append(Choice(BAND_WIDTH, BAND_K, band_recall(r, t), 0, 0, None, candidates,
-                            query_ns / 1000, rows * (query_ns + candidates * CHECK_NS) * 1e-9,
-                            False, lsh_name(r)))
+    table += [_model_band_choice(b, r, t, rows) for b, r in shapes]
     return _chosen(table, "minhash-v1", t, "jaccard", recall, 0, rows, budget)
 
 

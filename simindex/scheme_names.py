@@ -8,9 +8,11 @@ from types import MappingProxyType
 from typing import Any, Optional
 
 NAMES = ("simindex-v1", "minhash-v1", "pypi-simhash", "seomoz-simhash", "md5-128-notebook")
-# MinHash LSH band keys, one scheme per rows per band: "minhash-lsh-v1-r1" ... "-r32"
-LSH_PREFIX = "minhash-lsh-v1-r"
-LSH_ROWS = range(1, 33)
+# MinHash LSH band keys, one scheme per bands and rows per band: 8 bands of 1 to 32 rows
+# ("minhash-lsh-v1-r1" ... "-r32", 256-bit codes) and 16 bands of 1 to 16 rows
+# ("minhash-lsh-v1-b16-r1" ... "-b16-r16", 512-bit codes); a band's key is 32 bits
+LSH_PREFIX = "minhash-lsh-v1-"
+LSH_ROWS = MappingProxyType({8: range(1, 33), 16: range(1, 17)})    # rows, by bands
 # older names, kept so that indexes recording them open: each is another name of a scheme
 ALIASES = MappingProxyType({"1e0ng": "pypi-simhash", "seomoz": "seomoz-simhash",
                             "memosstilvi": "md5-128-notebook"})
@@ -24,19 +26,36 @@ def known(name: Any) -> Optional[str]:
     return name if name in NAMES or lsh_rows(name) is not None else None
 
 
-def lsh_rows(name: Any) -> Optional[int]:
-    """The rows per band of a minhash-lsh-v1 scheme's name, or None for any other name."""
+def lsh_shape(name: Any) -> Optional[tuple[int, int]]:
+    """(bands, rows per band) of a minhash-lsh-v1 scheme's name, or None for any other."""
     if not isinstance(name, str) or not name.startswith(LSH_PREFIX):
         return None
-    digits = name[len(LSH_PREFIX):]
-    if not (digits.isascii() and digits.isdigit()) or digits != str(int(digits)) or int(digits) not in LSH_ROWS:
+    rest = name[len(LSH_PREFIX):]
+    bands = 8
+    if rest.startswith("b16-"):
+        bands, rest = 16, rest[4:]
+    digits = rest[1:]
+    if not rest.startswith("r") or not (digits.isascii() and digits.isdigit()) or \
+            digits != str(int(digits)) or int(digits) not in LSH_ROWS[bands]:
         return None
-    return int(digits)
+    return bands, int(digits)
 
 
-def lsh_name(rows: int) -> str:
-    """The name of the minhash-lsh-v1 scheme of `rows` rows per band."""
-    return f"{LSH_PREFIX}{rows}"
+def lsh_rows(name: Any) -> Optional[int]:
+    """The rows per band of a minhash-lsh-v1 scheme's name, or None for any other name."""
+    shape = lsh_shape(name)
+    return None if shape is None else shape[1]
+
+
+def lsh_bands(name: Any) -> Optional[int]:
+    """The bands of a minhash-lsh-v1 scheme's name, or None for any other name."""
+    shape = lsh_shape(name)
+    return None if shape is None else shape[0]
+
+
+def lsh_name(rows: int, bands: int = 8) -> str:
+    """The name of the minhash-lsh-v1 scheme of `bands` bands of `rows` rows."""
+    return f"{LSH_PREFIX}r{rows}" if bands == 8 else f"{LSH_PREFIX}b{bands}-r{rows}"
 
 
 def aliases_of(name: str) -> tuple[str, ...]:

@@ -22,9 +22,8 @@ from .errors import ParameterError
 from .signatures.fingerprints import DEFAULT_SCHEME
 from .radius import DEFAULT_RECALL, DEFAULT_SCHEME as SIMILARITY_SCHEME, model_k
 from .signatures.similarity import estimate, fingerprint_and_set
-from .signatures.fingerprints import LSH_BANDS
 from .bands import BAND_RADIUS, band_hits, band_recall, is_band_scheme
-from .scheme_names import lsh_rows
+from .scheme_names import lsh_shape
 
 
 class Hit(NamedTuple):
@@ -38,11 +37,12 @@ class Hit(NamedTuple):
 
 class TextCheck(NamedTuple):
     """A threshold `t` on `measure` ("jaccard" or "containment"), searched at radius `k`
-    (with `bands`, among the records that share a band's key: see simindex/bands.py)."""
+    (with `bands` > 0, among the records that share one of that many bands' keys: see
+    simindex/bands.py)."""
     k: int
     t: float
     measure: str
-    bands: bool = False
+    bands: int = 0
 
     def similar(self, sketch: bytes, size: int, hits: list, fp: int = 0) -> list:
         """TextMatches of the core's hits (distance, fingerprint, seq, id, meta bytes) of a
@@ -58,7 +58,7 @@ class TextCheck(NamedTuple):
 
     def _judged(self, sketch: bytes, size: int, hits: list, fp: int) -> list:
         """(hit, estimated similarity or None) of the hits that pass, each estimated once."""
-        found = band_hits(fp, hits) if self.bands else hits
+        found = band_hits(fp, hits, self.bands) if self.bands else hits
         return [(h, sim) for h, sim in zip(found, similarities(found, sketch, size,
                                                                  self.measure))
                 if sim is None or sim >= self.t]
@@ -126,19 +126,20 @@ def text_check(scheme: Optional[str], width: int, index_k: int,
                              f"{min_similarity!r}")
     else:
         t = float(min_similarity)
-    rows = lsh_rows(scheme)
+    shape = lsh_shape(scheme)
     if k is not None:             # beyond the index's k, a band index's search
-        return TextCheck(k, t, measure, rows is not None and k > index_k)
-    if rows is not None:
+        return TextCheck(k, t, measure, shape[0] if shape is not None and k > index_k else 0)
+    if shape is not None:
+        bands, rows = shape
         recall = calibration["recall"] if calibration is not None else DEFAULT_RECALL
-        if measure == "jaccard" and band_recall(rows, t) < recall and (
+        if measure == "jaccard" and band_recall(rows, t, bands) < recall and (
                 calibration is None or t < calibration["min_similarity"]):
             raise ParameterError(
                 f"Jaccard >= {t:g} at recall {recall:g} needs fewer rows per band than this "
-                f"index's {rows} ({LSH_BANDS} bands of {rows} find a pair at {t:g} with "
-                f"probability {band_recall(rows, t):.4f}): pass a k to search by distance, or "
-                f"make an index for this threshold")
-        return TextCheck(BAND_RADIUS, t, measure, True)
+                f"index's {rows} ({bands} bands of {rows} find a pair at {t:g} with "
+                f"probability {band_recall(rows, t, bands):.4f}): pass a k to search by "
+                f"distance, or make an index for this threshold")
+        return TextCheck(BAND_RADIUS, t, measure, bands)
     if calibration is not None and t >= calibration["min_similarity"]:
         return TextCheck(min(calibration["k"], index_k), t, measure)
     if scheme == SIMILARITY_SCHEME and measure == "jaccard":

@@ -286,9 +286,10 @@ def test_cli_calibrate_prints_the_trade(tmp_path):
         assert int(x[2]) == cal.model_k(w, 0.8, 0.99)
         assert (int(x[4]), int(x[5])) == (40, 40)
     bands = [x for x in lines[1:] if x[0] != "minhash-v1"]     # the band search, weighed
-    rows = rows_for(0.8, 0.99)
-    assert [x[:4] for x in bands] == [[f"minhash-lsh-v1-r{rows}", "256", "7",
-                                       f"{band_recall(rows, 0.8):.4f}"]]
+    r8, r16 = rows_for(0.8, 0.99), rows_for(0.8, 0.99, 16)
+    assert [x[:4] for x in bands] == [
+        [f"minhash-lsh-v1-r{r8}", "256", "7", f"{band_recall(r8, 0.8):.4f}"],
+        [f"minhash-lsh-v1-b16-r{r16}", "512", "15", f"{band_recall(r16, 0.8, 16):.4f}"]]
     assert sum(x[-1].startswith("<- chosen") for x in lines[1:]) == 1
     assert "expected recall" in r.stderr
     r = run("calibrate", tmp_path / "in.jsonl", "--min-similarity", "0.8", "--width", "128",

@@ -16,6 +16,7 @@ from conftest import (
     popcount, shard_boundary_fps,
 )
 from simindex import _testing
+from simindex.bands import BAND_RADIUS
 from simindex.engine.plan import Plan
 from textpairs import pairs_within
 
@@ -152,7 +153,7 @@ def test_cluster_text_calls_judge_as_the_index_does(local_ray, tmp_path, bands):
     simindex.Index(tmp_path / "i", calibration=cal, shards=4).close()
     pairs = pairs_within(rng, cal, 6, 0.85) + pairs_within(rng, cal, 6, 0.4)
     with dist.Cluster(tmp_path / "i") as c:
-        assert c.text_check() == (simindex.TextCheck(256, 0.7, "jaccard", True) if bands
+        assert c.text_check() == (simindex.TextCheck(BAND_RADIUS, 0.7, "jaccard", 8) if bands
                                   else simindex.TextCheck(cal.k, 0.7, "jaccard"))
         for n, (a, _b) in enumerate(pairs):
             c.add_text(f"a{n}", a, meta={"n": n})

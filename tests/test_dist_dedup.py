@@ -124,6 +124,7 @@ def ray_run(tmp, inputs, name, **options):
 # search of minhash-lsh-v1 (which a threshold alone chooses for large inputs)
 MH = ["--scheme", "minhash-v1"]
 BANDS = "minhash-lsh-v1-r2"
+BANDS16 = "minhash-lsh-v1-b16-r2"      # 16 bands: 512-bit codes, a table per band
 OPTIONS = [
     ("greedy", ["--k", "8"], dict(k=8)),
     ("components", ["--k", "8", "--mode", "components"], dict(k=8, mode="components")),
@@ -141,6 +142,8 @@ OPTIONS = [
     ("bands-components", ["--min-similarity", "0.6", "--scheme", BANDS, "--mode",
                           "components", "--keep", "longest"],
      dict(min_similarity=0.6, scheme=BANDS, mode="components", keep="longest")),
+    ("bands-16", ["--min-similarity", "0.6", "--scheme", BANDS16],
+     dict(min_similarity=0.6, scheme=BANDS16)),
     # band codes searched by bits within the band plan's k, not by bands
     ("bands-k", ["--min-similarity", "0.7", "--scheme", BANDS, "--k", "7"],
      dict(min_similarity=0.7, scheme=BANDS, k=7)),
@@ -176,7 +179,8 @@ def stored_records(path):
 
 
 @pytest.mark.parametrize("mode,scheme", [("greedy", "minhash-v1"), ("components", "minhash-v1"),
-                                         ("greedy", BANDS), ("components", BANDS)])
+                                         ("greedy", BANDS), ("components", BANDS),
+                                         ("greedy", BANDS16)])
 def test_runs_into_a_kept_index_then_against_it_match_one_machine(local_ray, tmp_path, mode,
                                                                   scheme):
     rows = corpus(5)
@@ -194,7 +198,7 @@ def test_runs_into_a_kept_index_then_against_it_match_one_machine(local_ray, tmp
     # against the kept index, with the radius it was calibrated for (a band index: its
     # band keys, of the run's own scheme)
     with simindex.Index(tmp_path / "one-idx", readonly=True) as idx:
-        k, width = (None, None) if scheme == BANDS else (idx.k, idx.width)
+        k, width = (None, None) if scheme in (BANDS, BANDS16) else (idx.k, idx.width)
     again = write_shards(tmp_path / "again", corpus(6), 2, "jsonl")
     ref = ["--scheme", scheme, "--min-similarity", "0.7"] + \
         ([] if k is None else ["--k", k, "--width", width])

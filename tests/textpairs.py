@@ -33,7 +33,7 @@ def pairs_within(rng, calibration, count, jaccard, n=60):
 
     def near(a, b):
         if is_band_scheme(calibration.scheme):
-            return shares_band(fp(a), fp(b))
+            return shares_band(fp(a), fp(b), calibration.k + 1)
         return simindex.hamming(fp(a), fp(b)) <= calibration.k
     out = []
     while len(out) < count:

@@ -12,7 +12,7 @@ plain and gzipped text files under /usr/share/doc and /usr/share/common-licenses
 1 to 15 letters, lowercased; the table is kept in --workdir too). 5% of the rows are near
 copies of an earlier row (one word in 50 replaced by another), 2% exact copies.
 
-The modes: a threshold t (0.5, 0.7 or 0.9) is the rule "a row is removed when a row kept
+The modes: a threshold t (0.5, 0.6, 0.7 or 0.9) is the rule "a row is removed when a row kept
 before it has a Jaccard similarity of word 3-shingles of at least t"; k3 is simindex's rule
 without a threshold (a kept row within 3 bits of the row's 64-bit fingerprint), which the
 MinHash libraries have no counterpart of: only simindex runs it.
@@ -75,7 +75,7 @@ from jaccard_bench import NUM_PERM, jaccard, lsh_params, shingles  # noqa: E402
 
 ROWS = (100_000, 300_000, 1_000_000)
 BIG = (3_000_000, 10_000_000)
-MODES = ("0.5", "0.7", "0.9", "k3")
+MODES = ("0.5", "0.6", "0.7", "0.9", "k3")
 SYSTEMS = ("simindex", "rensa", "rensa-dedup", "rensa-split", "gaoya", "datasketch")
 DOC_ROOTS = ("/usr/share/doc", "/usr/share/common-licenses")
 TEXT_SUFFIXES = ("", ".txt", ".md", ".rst", ".gz")

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from .run import Decision
 from ..errors import InputError
-from ..signatures.fingerprints import LSH_BANDS
+from ..scheme_names import lsh_bands
 from .publish import distinct, publish, temporary_file
 from .rows import RowWriter
 
@@ -56,7 +56,7 @@ def removed_line(id_: Any, where: str, match: Any, distance: Optional[int], refe
         out.update(scheme=radius["scheme"], width=radius["width"], k=radius["k"],
                    expected_recall=radius["expected_recall"])
         if radius.get("bands"):
-            out.update(bands=LSH_BANDS, rows_per_band=radius["bands"])
+            out.update(bands=lsh_bands(radius["scheme"]), rows_per_band=radius["bands"])
     return out
 
 

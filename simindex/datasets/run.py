@@ -45,10 +45,10 @@ from ..radius import MEASURES, Calibration
 from ..engine.codec import encode_ids, pack_metas
 from ..values import check_fp, check_wide_fp
 from ..errors import BadLine, Error, IdExistsError, InputError
-from ..signatures.fingerprints import DEFAULT_SCHEME, LSH_BANDS, WORD_SCHEMES, scheme_name
+from ..signatures.fingerprints import DEFAULT_SCHEME, WORD_SCHEMES, scheme_name
 from ..index import Index
 from ..inputs import check_id, parse_fp
-from ..scheme_names import lsh_rows
+from ..scheme_names import lsh_bands, lsh_rows
 from .check import Check, Shingles, batch_signatures
 from .publish import temporary_dir
 from .parts import in_order, lines_of, parts_of, read_part, splittable
@@ -122,8 +122,8 @@ class Summary:
                f"{self.skipped}, in {secs:.2f} s ({rate:,.0f} rows/s)")
         if self.radius is not None:
             r = self.radius
-            search = f"{LSH_BANDS} bands of {r['bands']} rows" if r.get("bands") else \
-                f"k={r['k']}"
+            search = f"{lsh_bands(r['scheme'])} bands of {r['bands']} rows" \
+                if r.get("bands") else f"k={r['k']}"
             out += f"; {r['scheme']} {r['width']} bits, {search}"
             if r.get("min_similarity") is not None:
                 out += f", {r['measure']} >= {r['min_similarity']:g}"

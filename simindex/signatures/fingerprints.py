@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _fingerprint, _text
 from ..errors import InputError, InputTypeError, ParameterError
-from ..scheme_names import LSH_PREFIX, LSH_ROWS, aliases_of, lsh_name, lsh_rows
+from ..scheme_names import LSH_ROWS, aliases_of, lsh_name, lsh_rows, lsh_shape
 
 WIDTHS = (64, 128, 256)
 DEFAULT_SCHEME = "simindex-v1"     # what a new index records unless told otherwise
@@ -56,17 +56,18 @@ _WORDS = ("NFKC normalization, then str.casefold(); tokens are runs of word char
 class _Schemes(Mapping[str, Scheme]):
     """The read-only mapping name -> Scheme of every scheme under its name; a lookup (`[]`,
     `in`, `get`) also takes an alias, and the name of each minhash-lsh-v1 scheme
-    ("minhash-lsh-v1-r1" to "-r32", one per rows per band), which iterating and `len` leave
-    out (the similarity threshold's calibration chooses among them)."""
+    ("minhash-lsh-v1-r1" to "-r32", 8 bands of that many rows, and "minhash-lsh-v1-b16-r1"
+    to "-b16-r16", 16 bands), which iterating and `len` leave out (the similarity
+    threshold's calibration chooses among them)."""
 
     def __init__(self, *entries: Scheme) -> None:
         self._by_name = MappingProxyType({s.name: s for s in entries})
         self._aliases = MappingProxyType({a: s.name for s in entries for a in s.aliases})
 
     def __getitem__(self, name: str) -> Scheme:
-        rows = lsh_rows(name)
-        if rows is not None:
-            return lsh_scheme(rows)
+        shape = lsh_shape(name)
+        if shape is not None:
+            return lsh_scheme(shape[1], shape[0])
         return self._by_name[self._aliases.get(name, name)]
 
     def __iter__(self) -> Iterator[str]:
@@ -140,24 +141,24 @@ schemes = _Schemes(
         widths=(128,), aliases=aliases_of("md5-128-notebook")),
 )
 
-LSH_BANDS = 8       # bands of a minhash-lsh-v1 code: 32 bits each at its width, 256
-
-
 @lru_cache(maxsize=None)
-def lsh_scheme(rows: int) -> Scheme:
-    """The minhash-lsh-v1 scheme of `rows` rows per band (1 to 32)."""
-    if rows not in LSH_ROWS:
-        raise ParameterError(f"a minhash-lsh-v1 scheme has 1 to {LSH_ROWS[-1]} rows per band, "
-                             f"not {rows!r}")
-    bins = 1 << (LSH_BANDS * rows - 1).bit_length()
+def lsh_scheme(rows: int, bands: int = 8) -> Scheme:
+    """The minhash-lsh-v1 scheme of `bands` bands (8 or 16) of `rows` rows (1 to 32 with 8
+    bands, 1 to 16 with 16): 32 bits a band, so a 256- or a 512-bit code."""
+    if bands not in LSH_ROWS:
+        raise ParameterError(f"a minhash-lsh-v1 scheme has 8 or 16 bands, not {bands!r}")
+    if rows not in LSH_ROWS[bands]:
+        raise ParameterError(f"a minhash-lsh-v1 scheme of {bands} bands has 1 to "
+                             f"{LSH_ROWS[bands][-1]} rows per band, not {rows!r}")
+    bins = 1 << (bands * rows - 1).bit_length()
     return Scheme(
-        name=lsh_name(rows), version=1, tokenizer=_WORDS, shingle_width=3,
+        name=lsh_name(rows, bands), version=1, tokenizer=_WORDS, shingle_width=3,
         joiner="single space",
         hash="xxh3-64 (seed 0) of the UTF-8 shingle, as an unsigned integer x",
         weighting="none: the set of distinct shingles (a repeat changes nothing)",
         bit_rule=f"MinHash LSH band keys: the bins of minhash-v1's rule, {bins} of them "
-                 f"(the least power of two that holds {LSH_BANDS} bands of {rows}; each "
-                 f"bin's smallest pair (attempt, value)), cut into {LSH_BANDS} bands of "
+                 f"(the least power of two that holds {bands} bands of {rows}; each "
+                 f"bin's smallest pair (attempt, value)), cut into {bands} bands of "
                  f"{rows} bins, band t holding bins t*{rows} to t*{rows}+{rows - 1}; a band's key "
                  f"is the high 32 bits of h, which starts at (t + 1) * 0x9E3779B97F4A7C15 "
                  f"and takes each bin in order as h = mix(mix(h ^ value) + attempt) (mix: "
@@ -166,7 +167,7 @@ def lsh_scheme(rows: int) -> Scheme:
                  f"share a band's key with probability J**{rows} (J the Jaccard similarity "
                  f"of their shingle sets), or by a 32-bit collision",
         short_text="fewer than 3 tokens: one shingle of all of them; no token: InputError",
-        widths=(256,))
+        widths=(32 * bands,))
 
 
 class _WordSchemes:
@@ -176,13 +177,14 @@ class _WordSchemes:
     _names = ("simindex-v1", "minhash-v1")
 
     def __contains__(self, name: object) -> bool:
-        return name in self._names or lsh_rows(name) is not None
+        return name in self._names or lsh_shape(name) is not None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
 
     def __repr__(self) -> str:
-        return f"({', '.join(self._names)}, {LSH_PREFIX}1 .. {LSH_PREFIX}{LSH_ROWS[-1]})"
+        return (f"({', '.join(self._names)}, {lsh_name(1)} .. {lsh_name(LSH_ROWS[8][-1])}, "
+                f"{lsh_name(1, 16)} .. {lsh_name(LSH_ROWS[16][-1], 16)})")
 
 
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f"
@@ -457,7 +459,8 @@ def scheme_width(scheme: Union[str, "Scheme"], width: Optional[int]) -> int:
     s = _scheme(scheme)
     if width is None:
         return s.widths[0]
-    check_width(width)
+    if width not in s.widths or width != 512:     # a band code of 16 bands is 512 bits
+        check_width(width)
     if width not in s.widths:
         raise ParameterError(f"scheme {s.name!r} makes {', '.join(map(str, s.widths))}-bit "
                              f"fingerprints, not {width}")

@@ -48,7 +48,7 @@ cdef extern from "shingles.h" nogil:
     void si_vote_bits(const si_pass *s, uint64_t *out)
     void si_mh_bits(const si_pass *s, uint64_t *out)
     void si_mh_bands(const si_pass *s, int rows, uint64_t *out)
-    int SI_BANDS
+    int SI_MAX_BINS
     void si_mh_add(si_pass *s, uint64_t x)
     size_t si_unique64(uint64_t *a, uint64_t *tmp, size_t n)
 
@@ -153,9 +153,9 @@ cdef int _install_tables() except -1:
 
 cdef int _check(int width, int vote_kind, int vote_words, int mh_words,
                 bint shingles, int mh_rows=0) except -1:
-    if mh_rows and not (mh_words == 4 and 1 <= mh_rows <= 256 // SI_BANDS):
-        raise ValueError(f"MinHash band keys take 4 words and 1..{256 // SI_BANDS} rows, not "
-                         f"{mh_words} words and {mh_rows} rows")
+    if mh_rows and not (mh_words in (4, 8) and 1 <= mh_rows <= SI_MAX_BINS // (2 * mh_words)):
+        raise ValueError(f"MinHash band keys take 4 words (8 bands of 1..32 rows) or 8 (16 "
+                         f"bands of 1..16 rows), not {mh_words} words and {mh_rows} rows")
     if not 1 <= width <= SI_MAX_SHINGLE:
         raise ValueError(f"shingle width must be 1..{SI_MAX_SHINGLE}, got {width}")
     if vote_kind >= 0 and mh_words > 0:
@@ -169,7 +169,7 @@ cdef int _check(int width, int vote_kind, int vote_words, int mh_words,
             raise ValueError(f"vote kind {vote_kind} at {vote_words} words is not supported")
         if (vote_kind == 0) != (vote_words == 1) or (vote_kind == 4) != (vote_words == 4):
             raise ValueError(f"vote kind {vote_kind} does not make {vote_words} words")
-    elif mh_words not in (1, 2, 4):
+    elif mh_words not in (1, 2, 4) and not mh_rows:
         raise ValueError(f"a MinHash code has 1, 2 or 4 words, not {mh_words}")
     return 0
 
@@ -227,13 +227,13 @@ def normalize_around(text):
     return "".join(pieces), 2
 
 
-cdef int _bins(int mh_rows) noexcept:
+cdef int _bins(int mh_rows, int mh_words) noexcept:
     """The bins of a band code of `mh_rows` rows per band: the least power of two that
-    holds SI_BANDS bands (0: a minhash-v1 code's, 64 per word)."""
+    holds its bands, two per word (0: a minhash-v1 code's, 64 per word)."""
     cdef int bins = 1
     if mh_rows == 0:
         return 0
-    while bins < SI_BANDS * mh_rows:
+    while bins < 2 * mh_words * mh_rows:
         bins *= 2
     return bins
 
@@ -251,7 +251,7 @@ cdef int _run(si_pass *s, text, int width, int vote_kind, int vote_words, int mh
     if not text.isascii():
         _ensure_tables()
     while True:
-        if si_pass_init(s, width, vote_kind, vote_words, mh_words, shingles, _bins(mh_rows)):
+        if si_pass_init(s, width, vote_kind, vote_words, mh_words, shingles, _bins(mh_rows, mh_words)):
             raise MemoryError()
         s.normalized = mode
         kind = PyUnicode_KIND(text)
@@ -302,7 +302,7 @@ def signature(text, int width, int vote_kind=-1, int vote_words=1, int mh_words=
     bands of that many bins instead), or none (mh_words 0: the shingles alone); a text
     without tokens has 0 shingles (and code 0)."""
     cdef si_pass s
-    cdef uint64_t r[4]
+    cdef uint64_t r[8]
     cdef int words = _words(vote_kind, vote_words, mh_words)
     _check(width, vote_kind, vote_words, mh_words, shingles, mh_rows)
     s.buf = s.xs = s.all = NULL
@@ -323,7 +323,7 @@ def signatures(list texts, int width, int vote_kind=-1, int vote_words=1, int mh
     once for the whole list (a text whose normalization needs Python is read after)."""
     cdef Py_ssize_t i, n = len(texts)
     cdef int words = _words(vote_kind, vote_words, mh_words)
-    cdef int bins = _bins(mh_rows)
+    cdef int bins = _bins(mh_rows, mh_words)
     cdef si_pass s
     cdef int *kinds = NULL
     cdef const void **datas = NULL
@@ -499,7 +499,7 @@ def minhash_codes(list sets, int words, int rows=0):
     cdef uint64_t[:, ::1] c = codes
     for i in range(n):
         h = sets[i]
-        if si_pass_init(&s, 1, -1, 1, words, 0, _bins(rows)):
+        if si_pass_init(&s, 1, -1, 1, words, 0, _bins(rows, words)):
             raise MemoryError()
         try:
             s.windows = h.shape[0]

@@ -61,7 +61,8 @@ typedef struct {
     int width;                   /* tokens per shingle, 1..SI_MAX_SHINGLE */
     int vote_kind;               /* -1: no simhash; 0: xxh3-64; 3: xxh3-128; 4: 2 x xxh3-128 */
     int vote_words;              /* words of the simhash, 1, 2 or 4 */
-    int mh_words;                /* words of the MinHash code, 0 (none), 1, 2 or 4 */
+    int mh_words;                /* words of the MinHash code, 0 (none), 1, 2 or 4; band
+                                    keys: 4 or 8 */
     int mh_bins;                 /* its bins: 64 per word, or fewer for band keys */
     int want_all;
     int normalized;              /* 0: read through `nf`, stopping at a character that needs
@@ -476,18 +477,19 @@ static void si_mh_bits(const si_pass *s, uint64_t *out) {
 }
 
 /* MinHash LSH band keys (minhash-lsh-v1): the bins of a MinHash code (as minhash-v1's, but
- * as many as the least power of two >= SI_BANDS * rows) cut into SI_BANDS bands of `rows`
- * bins each (bins t * rows .. t * rows + rows - 1 for band t); a band's key is the
+ * as many as the least power of two >= bands * rows) cut into `bands` bands of `rows`
+ * bins each (bands: two per word of the code, 8 at 256 bits and 16 at 512) (bins t * rows .. t * rows + rows - 1 for band t); a band's key is the
  * high 32 bits of h, where h starts at (t + 1) * golden and takes each of its bins in order
  * as h = mix(mix(h ^ value) + attempt), value and attempt those of the bin's smallest pair
  * (an empty bin: value 2**64 - 1, attempt -1 as an unsigned 64-bit integer), mix being
  * si_mh_mix. Two texts share a band's key when they share its bins' minima, each with
  * probability J, so a band with probability J ** rows (and a 32-bit collision besides).
  * Band 0 is the most significant 32 bits of out[0]. */
-#define SI_BANDS 8
+#define SI_MAX_BINS (SI_MAX_WORDS * 64)
 static void si_mh_bands(const si_pass *s, int rows, uint64_t *out) {
-    for (int q = 0; q < SI_BANDS / 2; q++) out[q] = 0;
-    for (int t = 0; t < SI_BANDS; t++) {
+    int bands = 2 * s->mh_words;
+    for (int q = 0; q < s->mh_words; q++) out[q] = 0;
+    for (int t = 0; t < bands; t++) {
         uint64_t h = (uint64_t)(t + 1) * SI_GOLDEN;
         for (int j = 0; j < rows; j++) {
             int b = t * rows + j;
