@@ -1,5 +1,5 @@
 """simindex: a persistent, sharded, exact near-duplicate index for simhash fingerprints of
-64, 128 or 256 bits (and 512-bit MinHash band codes).
+64, 128 or 256 bits (and MinHash band codes of 512 to 1024 bits).
 
 Block-permutation tables (Manku, Jain, Das Sarma, WWW 2007) stored in LMDB, scanned by a
 compiled core. Every stored fingerprint within k bits of a query is returned, nothing else.

@@ -25,7 +25,7 @@ from .errors import ParameterError
 from .scheme_names import LSH_ROWS, lsh_bands
 
 KEY_BITS = 32                    # bits of a band's key
-BAND_RADIUS = 512                # the search radius of the text calls: every distance
+BAND_RADIUS = 1024               # the search radius of the text calls: every distance
 BANDS = tuple(LSH_ROWS)          # the band counts of the minhash-lsh-v1 family
 
 

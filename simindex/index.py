@@ -197,7 +197,7 @@ class Index:
 
     @property
     def width(self) -> int:
-        """Bits per fingerprint: 64, 128, 256 or 512 (recorded at creation)."""
+        """Bits per fingerprint: 64, 128, 256, 512, 768 or 1024 (recorded at creation)."""
         return self._open_store().plan.width
 
     @staticmethod

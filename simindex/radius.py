@@ -202,12 +202,14 @@ def _check_recall(r: Any) -> float:
 
 
 COMMON = 32          # a hash bucket in more sample sets than this is common (see sample_pairs)
-# The exact check of a candidate pair: a call, then a merge of the two sorted sets (measured
-# on a 2-core VM: 8.4 us for two sets of 2,000 shingles)
-CHECK_NS, CHECK_NS_PER_SHINGLE = 3000.0, 2.1
-# A band search's cost per band and row: the lookup of the row's key in the band's table and
-# the write of its entry (measured on a 2-core VM with 300,000 random codes added in
-# batches of 10,000 and 50,000 looked up: ~0.9 us and ~0.6 us a band, at 8 and 16 bands)
+# A candidate in a run: its record's read and the exact check's call, then a merge of the two
+# sorted sets (the merge measured on a 2-core VM: 8.4 us for two sets of 2,000 shingles; a
+# candidate of 118 shingles costs a run ~10 us: tools/candidate_cost.py, on rows that no
+# benchmark reports on)
+CHECK_NS, CHECK_NS_PER_SHINGLE = 9500.0, 2.1
+# A band search's cost per band and row in a run: the lookup of the row's key in the band's
+# table and the write of its entry (tools/candidate_cost.py: ~1.2 us at 20,000 rows; on
+# 300,000 random codes added to an index ~0.9 us a lookup and ~0.6 us a write)
 BAND_NS = 1500.0
 
 

@@ -9,10 +9,12 @@ from typing import Any, Optional
 
 NAMES = ("simindex-v1", "minhash-v1", "pypi-simhash", "seomoz-simhash", "md5-128-notebook")
 # MinHash LSH band keys, one scheme per bands and rows per band: 8 bands of 1 to 32 rows
-# ("minhash-lsh-v1-r1" ... "-r32", 256-bit codes) and 16 bands of 1 to 16 rows
-# ("minhash-lsh-v1-b16-r1" ... "-b16-r16", 512-bit codes); a band's key is 32 bits
+# ("minhash-lsh-v1-r1" ... "-r32", 256-bit codes), and 16, 24 or 32 bands ("-b16-r1" ...
+# "-b16-r16", "-b24-r1" ... "-b24-r10", "-b32-r1" ... "-b32-r8": 512, 768 and 1024 bits);
+# a band's key is 32 bits, and a code's bins (bands x rows, to a power of two) at most 256
 LSH_PREFIX = "minhash-lsh-v1-"
-LSH_ROWS = MappingProxyType({8: range(1, 33), 16: range(1, 17)})    # rows, by bands
+LSH_ROWS = MappingProxyType({8: range(1, 33), 16: range(1, 17), 24: range(1, 11),
+                             32: range(1, 9)})                        # rows, by bands
 # older names, kept so that indexes recording them open: each is another name of a scheme
 ALIASES = MappingProxyType({"1e0ng": "pypi-simhash", "seomoz": "seomoz-simhash",
                             "memosstilvi": "md5-128-notebook"})
@@ -32,8 +34,9 @@ def lsh_shape(name: Any) -> Optional[tuple[int, int]]:
         return None
     rest = name[len(LSH_PREFIX):]
     bands = 8
-    if rest.startswith("b16-"):
-        bands, rest = 16, rest[4:]
+    for more in LSH_ROWS:
+        if more != 8 and rest.startswith(f"b{more}-"):
+            bands, rest = more, rest[len(f"b{more}-"):]
     digits = rest[1:]
     if not rest.startswith("r") or not (digits.isascii() and digits.isdigit()) or \
             digits != str(int(digits)) or int(digits) not in LSH_ROWS[bands]:

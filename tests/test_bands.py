@@ -74,9 +74,11 @@ def test_band_keys_follow_the_documented_rule():
         for rows in (1, 2, 5, 32):
             assert simindex.fingerprint(text, scheme=scheme(rows), width=256) == \
                 ref_bands(text, rows), (text, rows)
-        for rows in (1, 2, 3, 16):
-            assert simindex.fingerprint(text, scheme=scheme(rows, 16), width=512) == \
-                ref_bands(text, rows, 16), (text, rows)
+        for bands, rows in ((16, 1), (16, 2), (16, 3), (16, 16), (24, 2), (24, 10), (32, 1),
+                            (32, 8)):
+            assert simindex.fingerprint(text, scheme=scheme(rows, bands),
+                                        width=32 * bands) == \
+                ref_bands(text, rows, bands), (text, bands, rows)
     for (text, rows), fp in GOLDEN_VECTORS_16.items():
         assert simindex.fingerprint(text, scheme=scheme(rows, 16)) == fp
 
@@ -84,12 +86,15 @@ def test_band_keys_follow_the_documented_rule():
 def test_the_family_has_a_name_per_bands_and_rows_and_no_other():
     assert simindex.schemes[scheme(7)].widths == (256,)
     assert simindex.schemes[scheme(7, 16)].widths == (512,)
+    assert simindex.schemes[scheme(10, 24)].widths == (768,)
+    assert simindex.schemes[scheme(8, 32)].widths == (1024,)
     assert scheme(7) not in list(simindex.schemes)       # chosen by the calibration
     assert scheme(2, 16) in simindex.schemes and scheme(2, 16) not in list(simindex.schemes)
     for bad in ("minhash-lsh-v1-r0", "minhash-lsh-v1-r33", "minhash-lsh-v1-r01",
                 "minhash-lsh-v1-r\u00b2", "minhash-lsh-v1-r", "minhash-lsh-v1",
                 "minhash-lsh-v1-b16-r17", "minhash-lsh-v1-b16-r0", "minhash-lsh-v1-b8-r2",
-                "minhash-lsh-v1-b32-r2", "minhash-lsh-v1-b16r2", "minhash-lsh-v1-b16-"):
+                "minhash-lsh-v1-b64-r2", "minhash-lsh-v1-b16r2", "minhash-lsh-v1-b16-",
+                "minhash-lsh-v1-b24-r11", "minhash-lsh-v1-b32-r9", "minhash-lsh-v1-b016-r2"):
         with pytest.raises(simindex.ParameterError, match="unknown fingerprint scheme"):
             simindex.fingerprint("a b c", scheme=bad)
     with pytest.raises(simindex.ParameterError, match="256-bit"):
@@ -101,7 +106,8 @@ def test_the_family_has_a_name_per_bands_and_rows_and_no_other():
 
 
 @pytest.mark.parametrize("bands,cases", [(8, ((1, 0.3), (2, 0.5), (4, 0.8))),
-                                         (16, ((2, 0.5), (3, 0.6)))])
+                                         (16, ((2, 0.5), (3, 0.6))), (24, ((2, 0.45),)),
+                                         (32, ((2, 0.4),))])
 def test_a_band_is_shared_at_the_rate_of_the_s_curve(bands, cases):
     """Pairs at Jaccard J share each band with probability J**rows, so at least one of b
     with 1 - (1 - J**rows)**b: over 300 pairs the rate lies within 4 standard errors."""
@@ -136,7 +142,7 @@ def oracle(codes, q, bands=8):
     return sorted(i for i, c in enumerate(codes) if shares_band(c, q, bands))
 
 
-@pytest.mark.parametrize("bands", [8, 16])
+@pytest.mark.parametrize("bands", [8, 16, 24, 32])
 def test_a_band_index_finds_exactly_the_records_sharing_a_band(tmp_path, bands):
     """Records the shards have not taken yet (added through an admission, which leaves
     them to a later group) are found as the tables would find them, then the same once
@@ -172,7 +178,7 @@ def test_a_band_index_finds_exactly_the_records_sharing_a_band(tmp_path, bands):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**32), st.integers(2, 120), st.sampled_from([8, 16]))
+@given(st.integers(0, 2**32), st.integers(2, 120), st.sampled_from([8, 16, 24, 32]))
 def test_the_join_pairs_the_codes_that_share_a_band(seed, n, bands):
     codes = planted_codes(random.Random(seed), n, bands)
     got = simindex.find_all(codes, k=bands - 1, blocks=bands, prefix_blocks=1,
@@ -221,7 +227,7 @@ def test_the_calibration_weighs_the_band_search():
     for t in (0.5, 0.7, 0.9):
         c = cal.calibrate(texts, t, expected_rows=10**6)
         band = [x for x in c.table if x.scheme != "minhash-v1"]
-        shapes = [(b, rows_for(t, 0.99, b)) for b in (8, 16)]   # the most rows reaching 0.99
+        shapes = [(b, rows_for(t, 0.99, b)) for b in (8, 16, 24, 32)]   # most rows for 0.99
         assert [(x.scheme, x.width, x.k) for x in band] == \
             [(scheme(r, b), 32 * b, b - 1) for b, r in shapes]
         for x, (b, r) in zip(band, shapes):
@@ -273,7 +279,8 @@ def greedy_oracle(texts, rows, t, bands=8):
     return kept
 
 
-@pytest.mark.parametrize("t,bands", [(0.5, 8), (0.6, 16), (0.7, 8), (0.7, 16), (0.9, 8)])
+@pytest.mark.parametrize("t,bands", [(0.5, 8), (0.5, 24), (0.6, 16), (0.7, 8), (0.7, 16),
+                                     (0.9, 8), (0.45, 32)])
 def test_dedup_by_bands_keeps_what_the_oracle_keeps(tmp_path, monkeypatch, t, bands):
     """Small batches, so that rows meet their near-copies in the same batch, in earlier
     batches (applied or not), and in an earlier run's kept index."""
@@ -336,7 +343,7 @@ def test_dedup_by_bands_says_so_and_refuses_what_it_cannot_judge(tmp_path):
 
 
 # ---------------------------------------------------------------- the text calls
-@pytest.mark.parametrize("bands", [8, 16])
+@pytest.mark.parametrize("bands", [8, 16, 32])
 def test_text_calls_on_a_band_index_judge_the_records_sharing_a_band(tmp_path, bands):
     """query_text is the records that share a band and whose stored sketch passes;
     add_unique_text admits a text only when none does."""

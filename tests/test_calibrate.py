@@ -17,6 +17,7 @@ import pytest
 import simindex
 from simindex import radius as cal
 from simindex.bands import band_recall, rows_for
+from simindex.scheme_names import lsh_name
 from simindex.datasets import run as dedup_module
 from textpairs import pair_at, tokens
 from trials import ENV
@@ -286,10 +287,9 @@ def test_cli_calibrate_prints_the_trade(tmp_path):
         assert int(x[2]) == cal.model_k(w, 0.8, 0.99)
         assert (int(x[4]), int(x[5])) == (40, 40)
     bands = [x for x in lines[1:] if x[0] != "minhash-v1"]     # the band search, weighed
-    r8, r16 = rows_for(0.8, 0.99), rows_for(0.8, 0.99, 16)
-    assert [x[:4] for x in bands] == [
-        [f"minhash-lsh-v1-r{r8}", "256", "7", f"{band_recall(r8, 0.8):.4f}"],
-        [f"minhash-lsh-v1-b16-r{r16}", "512", "15", f"{band_recall(r16, 0.8, 16):.4f}"]]
+    assert [x[:4] for x in bands] == [       # one per band count, its most rows for 0.99
+        [lsh_name(r, b), str(32 * b), str(b - 1), f"{band_recall(r, 0.8, b):.4f}"]
+        for b in (8, 16, 24, 32) for r in [rows_for(0.8, 0.99, b)]]
     assert sum(x[-1].startswith("<- chosen") for x in lines[1:]) == 1
     assert "expected recall" in r.stderr
     r = run("calibrate", tmp_path / "in.jsonl", "--min-similarity", "0.8", "--width", "128",

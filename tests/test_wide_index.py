@@ -1,4 +1,4 @@
-"""Indexes of 128-, 256- and 512-bit fingerprints: every call against a brute-force scan with
+"""Indexes of 128- to 1024-bit fingerprints: every call against a brute-force scan with
 planted near-duplicates at every distance 0..k+1 (packed, spread, the first and the last
 bit), for the paper's plans and plans with flips, across reopen, compaction, records no
 shard has applied, kill -9 of a writer, and the state machine."""
@@ -61,6 +61,8 @@ PLANS = [
     (256, 5, 6, 1, 1),              # prefixes longer than 64 bits: scanned by the first 64
     (512, 15, 16, 1, 4),            # a table per 32-bit block: the band plan of 16 bands
     (512, 7, 8, None, 2),           # prefixes of 64 bits and more
+    (768, 23, 24, 1, 2),            # the band plans of 24 and 32 bands
+    (1024, 31, 32, 1, 4),
 ]
 
 
@@ -182,7 +184,7 @@ def test_wide_errors_name_the_width(tmp_path):
         simindex.Index(tmp_path / "s", width=128, scheme="seomoz-simhash")
     with simindex.Index(tmp_path / "m", width=128, k=20, scheme="md5-128-notebook") as idx:
         assert idx.scheme == "md5-128-notebook"
-    with pytest.raises(simindex.ParameterError, match="width \\(96\\) must be 64, 128, 256 or 512"):
+    with pytest.raises(simindex.ParameterError, match="width \\(96\\) must be one of 64, 128, 256, 512, 768, 1024"):
         simindex.Index(tmp_path / "w", width=96)
 
 

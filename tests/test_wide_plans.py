@@ -67,13 +67,13 @@ def test_wide_find_all_equals_brute_force(width, k, blocks, prefix_blocks):
                              prefix_blocks=prefix_blocks, width=width) == want
 
 
-@pytest.mark.parametrize("width,k", [(128, 8), (128, 31), (256, 16), (256, 31), (512, 15)])
+@pytest.mark.parametrize("width,k", [(128, 8), (128, 31), (256, 16), (256, 31), (512, 15), (1024, 31)])
 def test_wide_find_all_with_the_planners_plan(width, k):
     fps = planted(random.Random(k), width, k, bases=8, randoms=200)
     assert simindex.find_all(fps, k=k, width=width) == brute_pairs(fps, k)
 
 
-@pytest.mark.parametrize("width", [128, 256, 512])
+@pytest.mark.parametrize("width", [128, 256, 512, 768, 1024])
 def test_wide_keys_are_the_documented_permutation(width):
     rng = random.Random(width)
     fps = [rng.getrandbits(width) for _ in range(20)] + [0, 2 ** width - 1, 1,
@@ -107,7 +107,7 @@ def test_wide_shard_routing_covers_every_probe():
 
 
 def test_wide_plan_errors_name_the_rule():
-    with pytest.raises(simindex.ParameterError, match="width \\(96\\) must be 64, 128, 256 or 512"):
+    with pytest.raises(simindex.ParameterError, match="width \\(96\\) must be one of 64, 128, 256, 512, 768, 1024"):
         Plan(k=3, width=96)
     with pytest.raises(simindex.ParameterError, match="k \\(128\\) must be between 0 and 127"):
         Plan(k=128, width=128)
@@ -130,7 +130,7 @@ def test_hamming_takes_fingerprints_of_up_to_256_bits():
 
 
 @settings(deadline=None, max_examples=40)
-@given(seed=st.integers(0, 2 ** 32), width=st.sampled_from([128, 256, 512]),
+@given(seed=st.integers(0, 2 ** 32), width=st.sampled_from([128, 256, 512, 768, 1024]),
        k=st.integers(0, 24), blocks=st.integers(1, 24), prefix_blocks=st.integers(0, 4))
 def test_any_wide_plan_is_exact(seed, width, k, blocks, prefix_blocks):
     assume(prefix_blocks <= blocks)

@@ -5,7 +5,7 @@
 from libc.stdint cimport uint32_t, uint64_t
 
 cdef enum:
-    MAX_WORDS = 8        # 64-bit words of the widest fingerprint (512 bits)
+    MAX_WORDS = 16       # 64-bit words of the widest fingerprint (1024 bits)
 
 cdef extern from *:
     """

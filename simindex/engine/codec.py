@@ -253,7 +253,7 @@ def pack(value):
 
 # A write-buffer log record: msgpack [id key, fingerprint, meta bytes] (simindex/engine/writebuffer.py);
 # the fingerprint is an int at width 64 and big-endian bin of width/8 bytes above.
-MAX_LOG_RECORD = 1 + (MAX_ID_BYTES + 1 + 5) + (2 + 512 // 8) + (MAX_META_BYTES + 5)
+MAX_LOG_RECORD = 1 + (MAX_ID_BYTES + 1 + 5) + (2 + 1024 // 8) + (MAX_META_BYTES + 5)
 
 
 def pack_log_record(idkey, fp, meta_bytes, width=64):

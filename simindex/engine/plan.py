@@ -25,7 +25,7 @@ from ._layout import WIDTH
 from ._permute import Permuter, WidePermuter
 from ..errors import ParameterError, ParameterTypeError
 
-WIDTHS = (64, 128, 256, 512)     # bits of the fingerprints an index holds
+WIDTHS = (64, 128, 256, 512, 768, 1024)     # bits of the fingerprints an index holds
 
 DEFAULT_K = 3            # the largest distance a new index guarantees, unless told
 MAX_TABLES = 1024
@@ -207,7 +207,7 @@ class Plan:
                  width: int = WIDTH) -> None:
         width = _check_int("width", width)
         if width not in WIDTHS:
-            raise ParameterError(f"width ({width}) must be 64, 128, 256 or 512")
+            raise ParameterError(f"width ({width}) must be one of {', '.join(map(str, WIDTHS))}")
         k = _check_int("k", k)
         if not 0 <= k < width:
             raise ParameterError(f"k ({k}) must be between 0 and {width - 1}")

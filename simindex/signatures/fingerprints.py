@@ -57,8 +57,8 @@ class _Schemes(Mapping[str, Scheme]):
     """The read-only mapping name -> Scheme of every scheme under its name; a lookup (`[]`,
     `in`, `get`) also takes an alias, and the name of each minhash-lsh-v1 scheme
     ("minhash-lsh-v1-r1" to "-r32", 8 bands of that many rows, and "minhash-lsh-v1-b16-r1"
-    to "-b16-r16", 16 bands), which iterating and `len` leave out (the similarity
-    threshold's calibration chooses among them)."""
+    to "-b16-r16", "-b24-r1" to "-b24-r10", "-b32-r1" to "-b32-r8"), which iterating and
+    `len` leave out (the similarity threshold's calibration chooses among them)."""
 
     def __init__(self, *entries: Scheme) -> None:
         self._by_name = MappingProxyType({s.name: s for s in entries})
@@ -143,10 +143,11 @@ schemes = _Schemes(
 
 @lru_cache(maxsize=None)
 def lsh_scheme(rows: int, bands: int = 8) -> Scheme:
-    """The minhash-lsh-v1 scheme of `bands` bands (8 or 16) of `rows` rows (1 to 32 with 8
-    bands, 1 to 16 with 16): 32 bits a band, so a 256- or a 512-bit code."""
+    """The minhash-lsh-v1 scheme of `bands` bands (8, 16, 24 or 32) of `rows` rows (see
+    scheme_names.LSH_ROWS): 32 bits a band, so a code of 256 to 1024 bits."""
     if bands not in LSH_ROWS:
-        raise ParameterError(f"a minhash-lsh-v1 scheme has 8 or 16 bands, not {bands!r}")
+        raise ParameterError(f"a minhash-lsh-v1 scheme has {', '.join(map(str, LSH_ROWS))} "
+                             f"bands, not {bands!r}")
     if rows not in LSH_ROWS[bands]:
         raise ParameterError(f"a minhash-lsh-v1 scheme of {bands} bands has 1 to "
                              f"{LSH_ROWS[bands][-1]} rows per band, not {rows!r}")
@@ -183,8 +184,9 @@ class _WordSchemes:
         return iter(self._names)
 
     def __repr__(self) -> str:
-        return (f"({', '.join(self._names)}, {lsh_name(1)} .. {lsh_name(LSH_ROWS[8][-1])}, "
-                f"{lsh_name(1, 16)} .. {lsh_name(LSH_ROWS[16][-1], 16)})")
+        family = ", ".join(f"{lsh_name(1, b)} .. {lsh_name(LSH_ROWS[b][-1], b)}"
+                           for b in LSH_ROWS)
+        return f"({', '.join(self._names)}, {family})"
 
 
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f"
@@ -459,7 +461,7 @@ def scheme_width(scheme: Union[str, "Scheme"], width: Optional[int]) -> int:
     s = _scheme(scheme)
     if width is None:
         return s.widths[0]
-    if width not in s.widths or width != 512:     # a band code of 16 bands is 512 bits
+    if width not in s.widths or width <= 256:     # band codes of 16 bands and more: wider
         check_width(width)
     if width not in s.widths:
         raise ParameterError(f"scheme {s.name!r} makes {', '.join(map(str, s.widths))}-bit "

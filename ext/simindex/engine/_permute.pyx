@@ -310,7 +310,7 @@ cdef class WidePermuter:
         self.omask = NULL
         self.probe = NULL
         self.probe_start = NULL
-        if words not in (2, 4, 8) or m < 1 or m > width or sum(widths) != width or T < 1 or \
+        if words not in (2, 4, 8, 12, 16) or m < 1 or m > width or sum(widths) != width or T < 1 or \
                 not 0 <= shard_bits <= 8 or len(prefix_bits) != T or flips < 0:
             raise ValueError("invalid permutation plan")
         self.words = words

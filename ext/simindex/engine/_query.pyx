@@ -192,7 +192,7 @@ cdef object _rows(queries):
     """Queries as an (n, words) uint64 array: a flat (n,) one as (n, 1), a view."""
     if queries.ndim == 1:
         return queries.reshape(queries.shape[0], 1)
-    if queries.ndim != 2 or queries.shape[1] not in (1, 2, 4, 8):
+    if queries.ndim != 2 or queries.shape[1] not in (1, 2, 4, 8, 12, 16):
         raise ValueError(f"queries must be an (n,) or (n, words) array, got shape "
                          f"{queries.shape}")
     return queries

@@ -230,7 +230,7 @@ def records_put(Txn txn, str ids_db, str seqs_db, idkeys not None,
     t = txn.txn
     fw = fps.reshape(-1, 1) if fps.ndim == 1 else fps
     words = <int>fw.shape[1]
-    if words not in (1, 2, 4, 8):
+    if words not in (1, 2, 4, 8, 12, 16):
         raise ValueError("fingerprints have 1, 2 or 4 words")
     if fw.shape[0] != n or len(metas) != n:
         raise ValueError("ids, fingerprints and metas differ in length")
@@ -478,7 +478,7 @@ def read_tail(Txn txn, str seqs_db, uint64_t start, size_t limit=0, int words=1)
     cdef size_t i
     cdef int w
     txn.check()
-    if words not in (1, 2, 4, 8):
+    if words not in (1, 2, 4, 8, 12, 16):
         raise ValueError("fingerprints have 1, 2 or 4 words")
     rc = mdb_cursor_open(txn.txn, txn.env.dbi(seqs_db), &cur)
     if rc:
@@ -528,7 +528,7 @@ def records_lookup(Txn txn, str seqs_db, const uint64_t[::1] seqs, int words=1):
     cdef int rc
     cdef size_t body
     txn.check()
-    if words not in (1, 2, 4, 8):
+    if words not in (1, 2, 4, 8, 12, 16):
         raise ValueError("fingerprints have 1, 2 or 4 words")
     fps = np.zeros((n, words), dtype=np.uint64)
     cdef uint64_t[:, ::1] fo = fps

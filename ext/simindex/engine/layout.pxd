@@ -139,11 +139,11 @@ cdef enum:
     # seqs as sw-byte offsets from the seq base, then (wide fingerprints only) `count` times
     # `low words` u64 LE: the permuted key's words after the first, then V2_PAD zero bytes
     # so every entry is one unaligned 8-byte load. Widths are the fewest bytes that span the
-    # slab's keys and seqs. Low words are 0 at width 64, 1 at 128, 3 at 256 and 7 at 512.
+    # slab's keys and seqs. Low words are width/64 - 1: 0 at width 64 to 15 at 1024.
     V2_MAGIC = 0x32424953     # b"SIB2" read little-endian
     V2_HEADER = 32
     V2_PAD = 8
-    MAX_LOW_WORDS = 7
+    MAX_LOW_WORDS = 15
     # A full slab: with LMDB's 16-byte page header, exactly four 4 KiB overflow pages.
     SLAB_BYTES = 16368        # the manifest's "block_bytes" (an on-disk name)
     V2_MAX_ENTRIES = SLAB_BYTES - V2_HEADER - V2_PAD

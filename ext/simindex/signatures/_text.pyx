@@ -153,9 +153,11 @@ cdef int _install_tables() except -1:
 
 cdef int _check(int width, int vote_kind, int vote_words, int mh_words,
                 bint shingles, int mh_rows=0) except -1:
-    if mh_rows and not (mh_words in (4, 8) and 1 <= mh_rows <= SI_MAX_BINS // (2 * mh_words)):
-        raise ValueError(f"MinHash band keys take 4 words (8 bands of 1..32 rows) or 8 (16 "
-                         f"bands of 1..16 rows), not {mh_words} words and {mh_rows} rows")
+    if mh_rows and not (mh_words in (4, 8, 12, 16) and
+                        1 <= mh_rows and _bins(mh_rows, mh_words) <= SI_MAX_BINS):
+        raise ValueError(f"MinHash band keys take 4, 8, 12 or 16 words (two bands a word) "
+                         f"and rows whose bins fit {SI_MAX_BINS}, not {mh_words} words and "
+                         f"{mh_rows} rows")
     if not 1 <= width <= SI_MAX_SHINGLE:
         raise ValueError(f"shingle width must be 1..{SI_MAX_SHINGLE}, got {width}")
     if vote_kind >= 0 and mh_words > 0:
@@ -302,7 +304,7 @@ def signature(text, int width, int vote_kind=-1, int vote_words=1, int mh_words=
     bands of that many bins instead), or none (mh_words 0: the shingles alone); a text
     without tokens has 0 shingles (and code 0)."""
     cdef si_pass s
-    cdef uint64_t r[8]
+    cdef uint64_t r[16]
     cdef int words = _words(vote_kind, vote_words, mh_words)
     _check(width, vote_kind, vote_words, mh_words, shingles, mh_rows)
     s.buf = s.xs = s.all = NULL

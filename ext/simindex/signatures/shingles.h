@@ -62,7 +62,7 @@ typedef struct {
     int vote_kind;               /* -1: no simhash; 0: xxh3-64; 3: xxh3-128; 4: 2 x xxh3-128 */
     int vote_words;              /* words of the simhash, 1, 2 or 4 */
     int mh_words;                /* words of the MinHash code, 0 (none), 1, 2 or 4; band
-                                    keys: 4 or 8 */
+                                    keys: 4, 8, 12 or 16 */
     int mh_bins;                 /* its bins: 64 per word, or fewer for band keys */
     int want_all;
     int normalized;              /* 0: read through `nf`, stopping at a character that needs
@@ -478,7 +478,7 @@ static void si_mh_bits(const si_pass *s, uint64_t *out) {
 
 /* MinHash LSH band keys (minhash-lsh-v1): the bins of a MinHash code (as minhash-v1's, but
  * as many as the least power of two >= bands * rows) cut into `bands` bands of `rows`
- * bins each (bands: two per word of the code, 8 at 256 bits and 16 at 512) (bins t * rows .. t * rows + rows - 1 for band t); a band's key is the
+ * bins each (bands: two per word of the code, 8 at 256 bits to 32 at 1024) (bins t * rows .. t * rows + rows - 1 for band t); a band's key is the
  * high 32 bits of h, where h starts at (t + 1) * golden and takes each of its bins in order
  * as h = mix(mix(h ^ value) + attempt), value and attempt those of the bin's smallest pair
  * (an empty bin: value 2**64 - 1, attempt -1 as an unsigned 64-bit integer), mix being
