@@ -46,6 +46,7 @@ class _SchemeChoice(click.Choice):
 SCHEME = _SchemeChoice()
 THRESHOLD = click.FloatRange(0, 1, min_open=True)           # a similarity to reach
 RECALL = click.FloatRange(0, 1, min_open=True, max_open=True)  # a share of pairs to find
+WIDTHS = ["64", "128", "256", "512", "768", "1024"]            # bits an index may hold
 ALIASES = ", ".join(f"{a} for {s.name}" for s in schemes.values() for a in s.aliases)
 
 
@@ -321,9 +322,9 @@ def cli():
               "(new index; default 3).")
 @click.option("--blocks", type=click.IntRange(1, 256), help="Blocks per fingerprint (new "
               "index; default k+1).")
-@click.option("--width", type=click.Choice(["64", "128", "256"]), help="Bits per "
-              "fingerprint (new index; default 64); hex fingerprints then take up to "
-              "width/4 digits.")
+@click.option("--width", type=click.Choice(WIDTHS), help="Bits per "
+              "fingerprint (new index; default 64; 512 to 1024: codes of 16 to 32 MinHash "
+              "bands); hex fingerprints then take up to width/4 digits.")
 @click.option("--prefix-blocks", type=click.IntRange(0, 256), help="Blocks leading each "
               "table (new index; default blocks-k; fewer probe with flips, see `simindex "
               "plan`).")
@@ -688,8 +689,9 @@ def plan(size, k, width, top):
 @click.option("--scheme", type=SCHEME, help="The fingerprint scheme to calibrate (default: "
               "minhash-v1 at each width, and the band search of minhash-lsh-v1; aliases: "
               f"{ALIASES}).")
-@click.option("--width", type=click.Choice(["64", "128", "256"]), help="Weigh only this "
-              "width (default: every width of the scheme).")
+@click.option("--width", type=click.Choice(WIDTHS), help="Weigh only this "
+              "width (default: every width of the scheme and of the band codes; 512 to 1024: "
+              "16 to 32 MinHash bands).")
 @click.option("--sample", type=click.IntRange(2), help="Rows read from the start of the "
               "input (default: what dedup reads, 1,000 rows or 2 MB of text, whichever comes "
               "first; with more, the marked width is that sample's).")
@@ -751,8 +753,9 @@ def calibrate(inputs, min_similarity, recall, containment, scheme, width, sample
 @click.option("--scheme", type=SCHEME, help="Fingerprint scheme of a new "
               "index (default simindex-v1; minhash-v1 with --min-similarity; aliases: "
               f"{ALIASES}).")
-@click.option("--width", type=click.Choice(["64", "128", "256"]), help="Bits per fingerprint "
-              "of a new index (default 64, or calibrated with --min-similarity).")
+@click.option("--width", type=click.Choice(WIDTHS), help="Bits per fingerprint "
+              "of a new index (default 64, or calibrated with --min-similarity; 512 to 1024: "
+              "16 to 32 MinHash bands).")
 @click.option("--index", "index_dir", help="Keep the index here: a later run removes what "
               "duplicates anything kept in this one.")
 @click.option("--against", help="A reference index: rows near any of its records are "

@@ -34,13 +34,13 @@ _query_one = ReadContext.query_one
 
 
 def hamming(a: int, b: int) -> int:
-    """Number of bits in which two fingerprints (ints of up to 256 bits) differ."""
+    """Number of bits in which two fingerprints (ints of up to 1024 bits) differ."""
     if type(a) is int and type(b) is int and 0 <= a <= MAX_FP and 0 <= b <= MAX_FP:
         return _hamming(a, b)
     for v in (a, b):
         if isinstance(v, (bytes, bytearray, memoryview)):
             raise InputTypeError(f"hamming takes int fingerprints, got bytes {v[:40]!r}")
-    return bin(check_wide_fp(a, 256) ^ check_wide_fp(b, 256)).count("1")
+    return bin(check_wide_fp(a, 1024) ^ check_wide_fp(b, 1024)).count("1")
 
 
 class Index:
@@ -335,7 +335,8 @@ class Index:
     def query(self, fingerprint: int, k: Optional[int] = None,
               where: Optional[Callable[[Match], bool]] = None) -> list[Match]:
         """Stored records within k bits (default: the index's k) of `fingerprint`. An index
-        of band keys (see `bands`) also takes k = 256: the records that share a band's key.
+        of band keys (see `bands`) also takes a k of its width or more (k = 256 at 8 bands):
+        the records that share a band's key.
 
         Sorted by distance, then by insertion order (the order of each record's latest add;
         in an index of several ledgers, global seq order: each ledger's own insertion

@@ -358,18 +358,24 @@ def calibrate(texts: Sequence[str], min_similarity: float, *,
     if fixed is not None:
         return _band_calibration(texts, fixed, t, recall, measure, expected_rows, widths,
                                  sample_truth, sets, pass_seconds, time_budget)
-    shapes = _band_shapes(t, recall, widths) if bands and scheme == "minhash-v1" and \
-        measure == "jaccard" else []
+    weigh_bands = bands and scheme == "minhash-v1" and measure == "jaccard"
+    shapes = _band_shapes(t, recall, widths) if weigh_bands else []
+    # the widths of band codes alone (512 to 1024 bits) ask for those band searches only
+    band_only = {band_width(b) for b in BANDS} - set(schemes[scheme].widths) \
+        if weigh_bands else set()
+    widths = [w for w in (schemes[scheme].widths if widths is None else widths)
+              if w not in band_only]
+    if not widths and not shapes:
+        raise ParameterError(f"no band search of the widths asked reaches a recall of "
+                             f"{recall:g} at {t:g}")
     if not texts:
         if scheme != "minhash-v1" or measure != "jaccard":
             raise InputError(f"calibrating {scheme} for {measure} needs a sample of texts; "
                              f"only minhash-v1 and Jaccard have a model to go without")
-        return _model_calibration(t, recall, expected_rows or MODEL_ROWS,
-                                  list(schemes[scheme].widths if widths is None else widths),
+        return _model_calibration(t, recall, expected_rows or MODEL_ROWS, widths,
                                   time_budget, shapes)
     n = len(texts)
     rows = max(n, expected_rows or n)
-    widths = list(schemes[scheme].widths if widths is None else widths)
     for w in widths:
         scheme_width(scheme, w)
     sets, codes, pass_s = _sample(texts, scheme, widths, sets, pass_seconds)
@@ -422,8 +428,7 @@ def _band_shapes(t: float, recall: float, widths: Optional[Sequence[int]]) -> li
     out = []
     for b in BANDS:
         r = rows_for(t, recall, b)
-        if r is not None and (widths is None or band_width(b) in widths or
-                              (b != 8 and band_width(8) in widths)):
+        if r is not None and (widths is None or band_width(b) in widths):
             out.append((b, r))
     return out
 

@@ -4,6 +4,7 @@ both take the names from here, so a name means one scheme in every layer."""
 
 from __future__ import annotations
 
+import re
 from types import MappingProxyType
 from typing import Any, Optional
 
@@ -15,6 +16,7 @@ NAMES = ("simindex-v1", "minhash-v1", "pypi-simhash", "seomoz-simhash", "md5-128
 LSH_PREFIX = "minhash-lsh-v1-"
 LSH_ROWS = MappingProxyType({8: range(1, 33), 16: range(1, 17), 24: range(1, 11),
                              32: range(1, 9)})                        # rows, by bands
+_LSH_NAME = re.compile(r"minhash-lsh-v1-(?:b(16|24|32)-)?r([1-9][0-9]*)", re.ASCII)
 # older names, kept so that indexes recording them open: each is another name of a scheme
 ALIASES = MappingProxyType({"1e0ng": "pypi-simhash", "seomoz": "seomoz-simhash",
                             "memosstilvi": "md5-128-notebook"})
@@ -30,18 +32,11 @@ def known(name: Any) -> Optional[str]:
 
 def lsh_shape(name: Any) -> Optional[tuple[int, int]]:
     """(bands, rows per band) of a minhash-lsh-v1 scheme's name, or None for any other."""
-    if not isinstance(name, str) or not name.startswith(LSH_PREFIX):
+    m = _LSH_NAME.fullmatch(name) if isinstance(name, str) else None
+    if m is None:
         return None
-    rest = name[len(LSH_PREFIX):]
-    bands = 8
-    for more in LSH_ROWS:
-        if more != 8 and rest.startswith(f"b{more}-"):
-            bands, rest = more, rest[len(f"b{more}-"):]
-    digits = rest[1:]
-    if not rest.startswith("r") or not (digits.isascii() and digits.isdigit()) or \
-            digits != str(int(digits)) or int(digits) not in LSH_ROWS[bands]:
-        return None
-    return bands, int(digits)
+    bands, rows = int(m.group(1) or 8), int(m.group(2))
+    return (bands, rows) if bands in LSH_ROWS and rows in LSH_ROWS[bands] else None
 
 
 def lsh_rows(name: Any) -> Optional[int]:

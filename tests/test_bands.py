@@ -94,7 +94,9 @@ def test_the_family_has_a_name_per_bands_and_rows_and_no_other():
                 "minhash-lsh-v1-r\u00b2", "minhash-lsh-v1-r", "minhash-lsh-v1",
                 "minhash-lsh-v1-b16-r17", "minhash-lsh-v1-b16-r0", "minhash-lsh-v1-b8-r2",
                 "minhash-lsh-v1-b64-r2", "minhash-lsh-v1-b16r2", "minhash-lsh-v1-b16-",
-                "minhash-lsh-v1-b24-r11", "minhash-lsh-v1-b32-r9", "minhash-lsh-v1-b016-r2"):
+                "minhash-lsh-v1-b24-r11", "minhash-lsh-v1-b32-r9", "minhash-lsh-v1-b016-r2",
+                "minhash-lsh-v1-b16-b24-r2", "minhash-lsh-v1-b24-b16-r2", "minhash-lsh-v1-b8-r2",
+                "minhash-lsh-v1-r2\n", "minhash-lsh-v1-b16-r\u0662"):
         with pytest.raises(simindex.ParameterError, match="unknown fingerprint scheme"):
             simindex.fingerprint("a b c", scheme=bad)
     with pytest.raises(simindex.ParameterError, match="256-bit"):
@@ -169,6 +171,14 @@ def test_a_band_index_finds_exactly_the_records_sharing_a_band(tmp_path, bands):
         assert idx.stats()["unapplied"] == 0
         for q in queries:
             assert sorted(m.id for m in idx.query(q, k=BAND_RADIUS)) == oracle_(codes, q)
+        # distances as they are, above 255 bits too: per match, and per pair of the join
+        q = queries[-1]
+        assert {m.id: m.distance for m in idx.query(q, k=BAND_RADIUS)} == \
+            {i: bin(codes[i] ^ q).count("1") for i in oracle_(codes, q)}
+        want = {(i, j): bin(codes[i] ^ codes[j]).count("1") for j in range(len(codes))
+                for i in range(j) if shares_band(codes[i], codes[j], bands)}
+        assert {(a, b): d for a, b, d in idx.pairs(k=BAND_RADIUS)} == want
+        assert max(want.values()) > 255 if bands > 8 else True
     with simindex.Index(str(tmp_path / "idx"), readonly=True) as idx:
         assert idx.bands == 3 and idx.scheme == scheme(3, bands)
         got = idx.query_many(queries, k=BAND_RADIUS)
@@ -253,6 +263,7 @@ def test_the_calibration_weighs_the_band_search():
     free = cal.calibrate(texts, 0.5, expected_rows=10**6)
     capped = cal.calibrate(texts, 0.5, expected_rows=10**6,
                            time_budget=min(x.seconds for x in free.table) * 0.5)
+    assert [x.width for x in free.table] == [x.width for x in capped.table]  # row by row
     for b, cb in zip(free.table, capped.table):
         if b.scheme != "minhash-v1":    # per band count
             assert cb.capped and cb.scheme != b.scheme and cb.model_recall < b.model_recall
@@ -307,6 +318,32 @@ def test_dedup_by_bands_keeps_what_the_oracle_keeps(tmp_path, monkeypatch, t, ba
     assert first + second == want
     with simindex.Index(idx, readonly=True) as i:
         assert i.bands == rows and len(i) == len(want)
+
+
+def test_a_band_run_records_its_search_as_earlier_versions_did():
+    """A run's token names how it judges; a band search is recorded as k = the index's
+    width (k=256 for 8 bands, as runs have recorded it), so a run again resumes an index
+    it kept, whatever the search radius's sentinel is."""
+    from simindex.datasets.settings import judging
+    assert judging("greedy", BAND_RADIUS, "jaccard", 0.7, 256) == "greedy k=256 jaccard >= 0.7"
+    assert judging("greedy", BAND_RADIUS, "jaccard", 0.5, 768) == "greedy k=768 jaccard >= 0.5"
+    assert judging("greedy", 3, "jaccard", None, 64) == "greedy k=3"
+
+
+def test_a_width_asks_for_its_band_searches_only(tmp_path):
+    texts = family_texts(random.Random(4), 40)
+    write_rows(tmp_path / "in.jsonl", texts)
+    for width, want in (("256", {("minhash-v1", "256"), (scheme(1), "256")}),
+                        ("512", {(scheme(1, 16), "512")}),    # 2 rows: 0.98998 at 0.5
+                        ("1024", {(scheme(2, 32), "1024")})):
+        r = run("calibrate", tmp_path / "in.jsonl", "--min-similarity", "0.5", "--width", width)
+        assert r.returncode == 0, r.stderr
+        assert {tuple(x.split("\t")[:2]) for x in r.stdout.splitlines()[1:]} == want, r.stdout
+    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "o.jsonl", "--id-field", "id",
+            "--min-similarity", "0.5", "--width", "768", "--index", tmp_path / "idx")
+    assert r.returncode == 0 and f"{scheme(2, 24)} 768 bits, 24 bands of 2 rows" in r.stderr
+    assert [json.loads(x)["id"] for x in open(tmp_path / "o.jsonl")] == \
+        greedy_oracle(texts, 2, 0.5, 24)
 
 
 def test_dedup_by_bands_says_so_and_refuses_what_it_cannot_judge(tmp_path):

@@ -134,7 +134,7 @@ def planted(width, k, n=300, seed=1):
 
 
 # ------------------------------------------------------------------ answers
-@pytest.mark.parametrize("width,k", [(64, 3), (128, 8), (256, 16)])
+@pytest.mark.parametrize("width,k", [(64, 3), (128, 8), (256, 16), (1024, 31)])
 def test_queries_equal_the_brute_force_at_every_width(tmp_path, serve, width, k):
     stored, base = planted(width, k)
     path = tmp_path / "idx"

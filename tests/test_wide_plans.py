@@ -120,11 +120,12 @@ def test_wide_plan_errors_name_the_rule():
     assert simindex.find_all([], k=3, width=256) == []
 
 
-def test_hamming_takes_fingerprints_of_up_to_256_bits():
+def test_hamming_takes_fingerprints_of_up_to_1024_bits():
     assert simindex.hamming(0, 2 ** 256 - 1) == 256
-    assert simindex.hamming(1 << 200, 1) == 2
-    with pytest.raises(simindex.InputError, match="2\\*\\*256"):
-        simindex.hamming(2 ** 256, 0)
+    assert simindex.hamming(0, 2 ** 1024 - 1) == 1024
+    assert simindex.hamming(1 << 200, 1) == 2 and simindex.hamming(1 << 900, 1) == 2
+    with pytest.raises(simindex.InputError, match="2\\*\\*1024"):
+        simindex.hamming(2 ** 1024, 0)
     with pytest.raises(simindex.InputTypeError, match="int fingerprints"):
         simindex.hamming(b"\x00" * 16, 0)
 

@@ -289,7 +289,7 @@ def decision_batches(inputs: Union[str, Iterable[str]], *, text_field: str = "te
             index, against, new, cal, k=k, scheme=scheme, width=width,
             min_similarity=min_similarity, measure=measure, summary=summary)
         token = run_token(paths, text_field, id_field, fingerprint_field,
-                          judging(mode, kk, measure, min_similarity))
+                          judging(mode, kk, measure, min_similarity, idx.width))
         if min_similarity is not None:
             check = Check(float(min_similarity), measure, token, scratch)
         run = BatchReader(paths, fmt, text_field, id_field, fingerprint_field, keep, pool,

@@ -204,8 +204,13 @@ def matching_reference(idx: Index, min_similarity: Optional[float], measure: str
             f"reference's distinct rows only), then give --against NEW_REFERENCE")
 
 
-def judging(mode: str, k: int, measure: str, min_similarity: Optional[float]) -> str:
-    """How a run judges, as its token records it."""
+def judging(mode: str, k: int, measure: str, min_similarity: Optional[float],
+            width: int) -> str:
+    """How a run judges, as its token records it. A band search (k = BAND_RADIUS, every
+    distance) is recorded as k = the index's width, which stays the same across versions
+    (k=256 for 8 bands), so a run again resumes what its index kept."""
+    if k == BAND_RADIUS:
+        k = width
     return f"{mode} k={k} {measure} >= {min_similarity}" if min_similarity is not None \
         else f"{mode} k={k}"
 

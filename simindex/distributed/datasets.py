@@ -645,7 +645,7 @@ def dedup(inputs: Union[str, Iterable[str]], output: str, *, removed: Optional[s
         # after it is checked when the kept rows are added
         since = idx._admit(lambda adm: adm.last_seq) if index is not None else 0
         token = run_token(paths, text_field, id_field, fingerprint_field,
-                          judging(mode, kk, measure, min_similarity))
+                          judging(mode, kk, measure, min_similarity, idx.width))
         started = connect(address)
         parts = partitions or 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
         job = _Job(fmt=fmt, text_field=text_field, id_field=id_field,

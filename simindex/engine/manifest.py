@@ -205,7 +205,7 @@ def _load(dirpath):
         raise FormatError(f"{path} names layout {m.get('layout')!r}, width {width!r}, format "
                           f"{fmt}; this simindex reads {' or '.join(_LAYOUTS)} at width "
                           f"{WIDTH}, and {LAYOUT} in formats {FORMAT_FLIPS} and {FORMAT} at "
-                          f"widths 128 and 256")
+                          f"widths {', '.join(map(str, WIDTHS[1:]))}")
     scheme = m.get("scheme")
     if scheme is not None and known_scheme(scheme) is None:
         raise FormatError(f"{path}: the index uses fingerprint scheme {scheme!r}, which this "

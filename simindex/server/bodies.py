@@ -68,7 +68,7 @@ class HugeInteger:
         return f"{self.text[:12]}... (an integer of {self.digits} digits)"
 
 
-MAX_DIGITS = 80                     # 2**256 has 78
+MAX_DIGITS = 310                    # 2**1024 has 309
 
 
 def _integer(digits: str) -> Any:

@@ -294,7 +294,7 @@ cdef class Permuter:
 
 # ---------------------------------------------------------------- wide fingerprints
 cdef class WidePermuter:
-    """The tables of a plan over `words` 64-bit words (128 or 256 bits), most significant
+    """The tables of a plan over `words` 64-bit words (128 to 1024 bits), most significant
     word first: each block is copied from its place in the fingerprint to its place in
     the permuted key as segments that cross no word boundary. A table's range scans use
     the key's first word: its prefix there is the first min(prefix bits, 64) bits."""

@@ -277,7 +277,7 @@ cdef class ReadContext(Handle):
         cdef ShardView *sv
         cdef ProbeBuf probes
         cdef size_t w, e
-        cdef uint64_t *keys = <uint64_t *>malloc(<size_t>n * T * bits.MAX_WORDS * sizeof(uint64_t))
+        cdef uint64_t *keys = <uint64_t *>malloc(<size_t>n * T * words * sizeof(uint64_t))
         for t in range(T):
             per += tb.probe_start[t + 1] - tb.probe_start[t]
         items = <ProbeItem *>malloc((<size_t>n * per or 1) * sizeof(ProbeItem))
@@ -287,7 +287,7 @@ cdef class ReadContext(Handle):
             return NO_MEMORY
         for qi in range(n):
             for t in range(T):
-                pkw = keys + (<size_t>qi * T + t) * bits.MAX_WORDS
+                pkw = keys + (<size_t>qi * T + t) * words    # each query's key words, table after table
                 pk = _key(tb, wp, t, queries + qi * words, words, pkw)
                 for j in range(tb.probe_start[t], tb.probe_start[t + 1]):
                     items[ni].pk = pk
@@ -589,7 +589,7 @@ cdef class ReadContext(Handle):
         cdef const Tables *tb = &(<Permuter>perm).c if words == 1 else &wp.c
         cdef const uint64_t *qp
         cdef uint64_t pkw[bits.MAX_WORDS]
-        cdef uint64_t *pkws = NULL     # each table's key words, 4 per table
+        cdef uint64_t *pkws = NULL     # each table's key words, MAX_WORDS per table
         cdef uint64_t *pkt              # a table's key words in pkws
         cdef ProbeBuf probes
         cdef Py_ssize_t qi

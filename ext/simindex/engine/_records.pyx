@@ -231,7 +231,7 @@ def records_put(Txn txn, str ids_db, str seqs_db, idkeys not None,
     fw = fps.reshape(-1, 1) if fps.ndim == 1 else fps
     words = <int>fw.shape[1]
     if words not in (1, 2, 4, 8, 12, 16):
-        raise ValueError("fingerprints have 1, 2 or 4 words")
+        raise ValueError("fingerprints have 1, 2, 4, 8, 12 or 16 words")
     if fw.shape[0] != n or len(metas) != n:
         raise ValueError("ids, fingerprints and metas differ in length")
     if not listed:
@@ -479,7 +479,7 @@ def read_tail(Txn txn, str seqs_db, uint64_t start, size_t limit=0, int words=1)
     cdef int w
     txn.check()
     if words not in (1, 2, 4, 8, 12, 16):
-        raise ValueError("fingerprints have 1, 2 or 4 words")
+        raise ValueError("fingerprints have 1, 2, 4, 8, 12 or 16 words")
     rc = mdb_cursor_open(txn.txn, txn.env.dbi(seqs_db), &cur)
     if rc:
         raise error(rc, f"{txn.env.path}: cursor failed")
@@ -529,7 +529,7 @@ def records_lookup(Txn txn, str seqs_db, const uint64_t[::1] seqs, int words=1):
     cdef size_t body
     txn.check()
     if words not in (1, 2, 4, 8, 12, 16):
-        raise ValueError("fingerprints have 1, 2 or 4 words")
+        raise ValueError("fingerprints have 1, 2, 4, 8, 12 or 16 words")
     fps = np.zeros((n, words), dtype=np.uint64)
     cdef uint64_t[:, ::1] fo = fps
     ids = [None] * n

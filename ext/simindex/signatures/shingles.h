@@ -29,7 +29,8 @@
 #include <xxhash.h>
 
 #define SI_MAX_SHINGLE 16        /* tokens per shingle, at most */
-#define SI_MAX_WORDS 4           /* 64-bit words of the widest signature (256 bits) */
+#define SI_MAX_WORDS 4           /* 64-bit words of the widest simhash (256 bits); its
+                                    MinHash bins, 64 a word, hold every band code's */
 #define SI_COMPACT (1 << 16)     /* bytes of token text kept before the oldest is dropped */
 #define SI_GOLDEN 0x9E3779B97F4A7C15ULL
 
@@ -478,9 +479,10 @@ static void si_mh_bits(const si_pass *s, uint64_t *out) {
 
 /* MinHash LSH band keys (minhash-lsh-v1): the bins of a MinHash code (as minhash-v1's, but
  * as many as the least power of two >= bands * rows) cut into `bands` bands of `rows`
- * bins each (bands: two per word of the code, 8 at 256 bits to 32 at 1024) (bins t * rows .. t * rows + rows - 1 for band t); a band's key is the
- * high 32 bits of h, where h starts at (t + 1) * golden and takes each of its bins in order
- * as h = mix(mix(h ^ value) + attempt), value and attempt those of the bin's smallest pair
+ * bins each (bands: two per word of the code, 8 at 256 bits to 32 at 1024; bins
+ * t * rows .. t * rows + rows - 1 for band t); a band's key is the high 32 bits of h,
+ * where h starts at (t + 1) * golden and takes each of its bins in order as
+ * h = mix(mix(h ^ value) + attempt), value and attempt those of the bin's smallest pair
  * (an empty bin: value 2**64 - 1, attempt -1 as an unsigned 64-bit integer), mix being
  * si_mh_mix. Two texts share a band's key when they share its bins' minima, each with
  * probability J, so a band with probability J ** rows (and a 32-bit collision besides).
