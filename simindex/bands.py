@@ -1,8 +1,8 @@
 """MinHash LSH band search: an index of minhash-lsh-v1 band keys finds the records that share
 at least one band's key with a query, and the similarity check decides among them.
 
-A minhash-lsh-v1 code is b band keys of 32 bits (b = 8 at 256 bits, 16 at 512; see its
-scheme). The index holds it under the plan of b blocks of 32 bits with one block per table:
+A minhash-lsh-v1 code is b band keys of 32 bits (b = 8, 16, 24 or 32: 256 to 1024 bits;
+see its scheme). The index holds it under the plan of b blocks of 32 bits with one block per table:
 each table is one band, keyed by that band's key, and a probe of a table is an exact-key
 lookup. Its Hamming radius k = b - 1 is true but beside the point; its text calls search
 at radius BAND_RADIUS (every distance), which returns exactly the records sharing a band,

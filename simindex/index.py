@@ -360,7 +360,7 @@ class Index:
             if buf.n:
                 return kept_where(self._query_buffered(st, fp, k), where)
         if k > plan.k:
-            return kept_where(band_hits(fp, st.query_one(fp, k), plan.k + 1), where)
+            return kept_where(band_hits(fp, st.query_one(fp, k), plan.blocks), where)
         if plan.width != 64 or st.nledgers > 1:
             return kept_where(st.query_one(fp, k), where)
         out = st.read(_query_one, plan.permuter, fp, k)
@@ -372,7 +372,7 @@ class Index:
         path's closure holds only what its own lambda needs)."""
         assert st.buffer is not None
         out = st.buffer.query(fp, k, lambda: st.query_one(fp, k), Match)
-        return band_hits(fp, out, st.plan.k + 1) if k > st.plan.k else out
+        return band_hits(fp, out, st.plan.blocks) if k > st.plan.k else out
 
     def query_many(self, fingerprints: Fingerprints, k: Optional[int] = None,
                    where: Optional[Callable[[int, Match], bool]] = None) -> list[list[Match]]:
@@ -391,7 +391,7 @@ class Index:
     def _held(q: np.ndarray, found: list, k: int, st: Store) -> list:
         """The answers of a band search (k beyond the plan's) as the tables hold them: the
         records sharing a band with each query (see simindex/bands.py)."""
-        return found if k <= st.plan.k else band_hits_many(q, found, st.plan.k + 1)
+        return found if k <= st.plan.k else band_hits_many(q, found, st.plan.blocks)
 
     def queries(self, fingerprints: Fingerprints) -> np.ndarray:
         """Fingerprints checked against the index's width, as the array its batch calls

@@ -27,13 +27,14 @@ def pairs_within(rng, calibration, count, jaccard, n=60):
     band): candidates the check must judge."""
     import simindex
     from simindex.bands import is_band_scheme, shares_band
+    from simindex.scheme_names import lsh_bands
 
     def fp(text):
         return simindex.fingerprint(text, scheme=calibration.scheme, width=calibration.width)
 
     def near(a, b):
         if is_band_scheme(calibration.scheme):
-            return shares_band(fp(a), fp(b), calibration.k + 1)
+            return shares_band(fp(a), fp(b), lsh_bands(calibration.scheme))
         return simindex.hamming(fp(a), fp(b)) <= calibration.k
     out = []
     while len(out) < count:

@@ -38,7 +38,7 @@ def held(index: Index, queries: Any, hits: list, k: int) -> list:
     """The core's hits of each query (an (n, words) array) as `index` searches at k: above
     its k (a band index's search), those sharing a band (records no shard has applied yet
     are searched by distance alone)."""
-    return hits if k <= index.k else band_hits_many(queries, hits, index.k + 1)
+    return hits if k <= index.k else band_hits_many(queries, hits, index.blocks)
 
 
 def sketched(hits: list) -> list:
