@@ -862,7 +862,8 @@ def dedup(inputs, output, text_field, id_field, fingerprint_field, k, scheme, wi
             recall=recall, containment=containment, time_budget=time_budget,
             jobs=jobs or os.cpu_count() or 1,
             on_error=_Skips(quiet) if on_error == "skip" else "stop", summary=summary,
-            reserved=ANNOTATIONS if annotate else ())
+            reserved=ANNOTATIONS if annotate else (),
+            lines=not annotate and out_fmt == "jsonl")
         with few_collections():
             for batch in batches:
                 outputs.add_all(batch)

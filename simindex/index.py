@@ -403,8 +403,9 @@ class Index:
     def _admit(self, fn: Callable[[Any], Any], settle: bool = False) -> Any:
         """fn(admission) with the index's queries and inserts in one records write
         transaction (Store.admit): what dedup's batches decide and add as one step.
-        `settle`: the shards take the new records at once (a band search passes over the
-        records they have not taken one by one), not in groups."""
+        `settle`: the shards take the new records at once, not in groups (for callers whose
+        admissions are groups already: the next queries need not pass over the records
+        the shards have not taken one by one)."""
         st = self._writable_store()
         st.fold()
         return st.admit(fn, lag=0) if settle else st.admit(fn)

@@ -5,6 +5,8 @@ fall on every side of a cut)."""
 
 import json
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -103,14 +105,65 @@ def test_parts_are_whole_lines_numbered_as_the_file(tmp_path, monkeypatch):
     for size in (1, 17, 64, 1000, 1 << 20):
         monkeypatch.setattr(parts, "PART_BYTES", size)
         got = list(parts_of(str(path)))
-        assert b"".join(d for _, d in got) == data
-        assert all(d.endswith(b"\n") for _, d in got[:-1])
-        at = 1
-        for part, d in got:
-            assert part == Part(str(path), part.start, len(d), at, len(lines_of(d)))
-            assert lines_of(d) == want[at - 1:at - 1 + part.lines]
+        at = start = 1
+        start = 0
+        for part, lines in got:
+            d = data[start:start + part.size]
+            assert d.endswith(b"\n") or part is got[-1][0]
+            assert part == Part(str(path), start, len(d), at, len(lines_of(d)),
+                                parts.digest(d))
+            assert lines == lines_of(d) == want[at - 1:at - 1 + part.lines]
             at += part.lines
-        assert at - 1 == len(want)
+            start += part.size
+        assert at - 1 == len(want) and start == len(data)
+
+
+# the command, with parts of 3,000 bytes
+SMALL_PARTS = ("import sys, simindex.datasets.parts as p, simindex.cli as c; "
+               "p.PART_BYTES = 3000; sys.argv[0] = 'simindex'; c.main()")
+
+
+@pytest.mark.parametrize("options", [["--k", "8"], ["--min-similarity", "0.8"]])
+def test_the_command_writes_the_lines_of_parts_as_one_reader_does(tmp_path, options):
+    """dedup's JSON lines output of a file read in parts is its kept lines as read (the
+    run does not decode them again): byte for byte what one reader writes, a byte order
+    mark and CRLF line ends included."""
+    rng = random.Random(11)
+    lines = corpus(rng, n=400, odd=False)
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(lines) + b"\r\n")
+    out = {}
+    for jobs in ("1", "2"):
+        out[jobs] = tmp_path / f"out{jobs}.jsonl"
+        subprocess.run([sys.executable, "-c", SMALL_PARTS, "dedup", str(path), "-o",
+                        str(out[jobs]), "--id-field", "id", "--jobs", jobs, "--quiet",
+                        *options], check=True)
+    kept = out["1"].read_bytes()
+    assert out["2"].read_bytes() == kept
+    assert 100 < kept.count(b"\n") < 400 and not kept.startswith(b"\xef") \
+        and b"\r" not in kept
+
+
+def test_a_file_that_changes_while_workers_read_it_is_an_error(tmp_path, monkeypatch):
+    """A worker reading other bytes than the run's process read (the file changed in
+    between) stops the run with an error naming the file and the lines, never a decision
+    made from other rows."""
+    monkeypatch.setattr(parts, "PART_BYTES", 2000)
+    rng = random.Random(5)
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join(corpus(rng, odd=False)) + b"\n")
+    real = runmod.read_part
+
+    def changed(part, shown):                # what a writer's change makes the worker see
+        if part.first > 1:
+            with open(part.path, "r+b") as f:
+                f.seek(part.start)
+                f.write(b"[")
+        return real(part, shown)
+    monkeypatch.setattr(runmod, "read_part", changed)     # forked workers inherit it
+    with pytest.raises(simindex.InputError,
+                       match=r"in\.jsonl: the file changed while it was read \(lines \d+ to"):
+        list(simindex.decisions(str(path), k=3, jobs=2))
 
 
 def test_gzip_and_csv_inputs_are_read_by_one_reader(tmp_path):

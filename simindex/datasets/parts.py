@@ -1,7 +1,8 @@
 """JSON lines files read in parts by worker processes: a file is cut at line ends into parts
-of about PART_BYTES, each part is handed to a worker by its byte range (the worker reads,
-checks and fingerprints its lines on its own core) and its bytes stay in the run's process,
-which builds the part's rows again, in input order, when the worker's result comes back."""
+of about PART_BYTES, each part is handed to a worker by its byte range and digest (the
+worker reads, checks and fingerprints its lines on its own core) and its lines stay in the
+run's process, which builds the part's rows again, in input order, when the worker's
+result comes back."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import os
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator, NamedTuple
 
-from ..errors import Error
+import xxhash
+
+from ..errors import Error, InputError
 from .rows import GZIP_MAGIC
 
 PART_BYTES = 4 << 20
@@ -18,12 +21,20 @@ PART_BYTES = 4 << 20
 
 class Part(NamedTuple):
     """A byte range of a file holding whole lines: `first` is the number of its first line
-    in the file, `lines` how many lines it holds."""
+    in the file, `lines` how many lines it holds, `digest` the digest() of its bytes as the
+    run's process read them."""
     path: str
     start: int
     size: int
     first: int
     lines: int
+    digest: int
+
+
+def digest(data: bytes) -> int:
+    """The XXH3 digest of a part's bytes: a worker that reads other bytes than the run's
+    process (the file changed between their reads) tells by it."""
+    return xxhash.xxh3_64_intdigest(data)
 
 
 def splittable(path: str) -> bool:
@@ -44,7 +55,7 @@ def lines_of(data: bytes) -> list:
 
 
 def parts_of(path: str) -> Iterator[tuple]:
-    """(Part, its bytes) of a file, in order; a line longer than PART_BYTES makes a part
+    """(Part, its lines_of) of a file, in order; a line longer than PART_BYTES makes a part
     of its own."""
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
@@ -63,16 +74,21 @@ def parts_of(path: str) -> Iterator[tuple]:
                 data = data[:data.rfind(b"\n") + 1]
             if not data:
                 return                   # the file shrank while it was read
-            n = data.count(b"\n") + (not data.endswith(b"\n"))
-            yield Part(path, offset, len(data), line, n), data
+            lines = lines_of(data)
+            yield Part(path, offset, len(data), line, len(lines), digest(data)), lines
             offset += len(data)
-            line += n
+            line += len(lines)
 
 
-def read_part(part: Part) -> bytes:
-    """A part's bytes, as a worker reads them."""
+def read_part(part: Part, shown: str) -> list:
+    """A part's lines, as a worker reads them; InputError when they are not the bytes the
+    run's process read (`shown`: the file's name in the error)."""
     with open(part.path, "rb", buffering=0) as f:
-        return os.pread(f.fileno(), part.size, part.start)
+        data = os.pread(f.fileno(), part.size, part.start)
+    if len(data) != part.size or digest(data) != part.digest:
+        raise InputError(f"{shown}: the file changed while it was read (lines {part.first} "
+                         f"to {part.first + part.lines - 1})")
+    return lines_of(data)
 
 
 def in_order(pool: Any, work: Callable[[Any], Any], jobs: Iterator[tuple],

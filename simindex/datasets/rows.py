@@ -149,11 +149,17 @@ def json_row(raw: bytes, n: int, name: str) -> Any:
         obj = _slow_json(raw, n, name)
         if obj is None or type(obj) is BadLine:
             return obj
-        if n == 1 and raw.startswith(_BOM):
-            raw = raw[len(_BOM):]
     row = JsonRow(obj)
-    row.line = raw.rstrip(b"\r\n")
+    row.line = json_line(raw, n)
     return Row(row, n, f"{name}:{n}")
+
+
+def json_line(raw: bytes, n: int) -> bytes:
+    """Line n of a JSON lines file as an output writes it back: without its newline (nor,
+    on line 1, a byte order mark)."""
+    if n == 1 and raw.startswith(_BOM):
+        raw = raw[len(_BOM):]
+    return raw.rstrip(b"\r\n")
 
 
 def _slow_json(raw: bytes, n: int, name: str) -> Any:
@@ -274,6 +280,16 @@ class _Behind:
             raise self.error
 
 
+def _line_of(row: Any) -> bytes:
+    """A row's JSON line: the line it was read from (a JsonRow's, or a line given as
+    bytes), else its columns encoded."""
+    if type(row) is bytes:
+        return row
+    if type(row) is JsonRow:
+        return row.line
+    return json.dumps(row, ensure_ascii=False).encode("utf-8")
+
+
 class RowWriter:
     """Rows written to `path` in a format, through a temporary file in the same directory
     (publish.temporary_file) that commit() renames into place (fsynced first); finish()
@@ -308,11 +324,11 @@ class RowWriter:
             if self.fmt == "csv":
                 self._text = io.TextIOWrapper(self._bytes, encoding="utf-8", newline="")
 
-    def write(self, row: dict) -> None:
+    def write(self, row: Any) -> None:
+        """Write a row: its columns, or (to JSON lines only) a JSON line's bytes as read."""
         self.count += 1
         if self.fmt == "jsonl":
-            line = row.line + b"\n" if type(row) is JsonRow else \
-                (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+            line = _line_of(row) + b"\n"
             (self._behind or self._bytes).write(line)
         elif self.fmt == "csv":
             if self._csv is None:
@@ -339,9 +355,7 @@ class RowWriter:
         self.count += len(rows)
         if self._behind is None:
             self._behind = _Behind(self._bytes)
-        self._behind.write(b"\n".join([
-            row.line if type(row) is JsonRow else
-            json.dumps(row, ensure_ascii=False).encode("utf-8") for row in rows]) + b"\n")
+        self._behind.write(b"\n".join([_line_of(row) for row in rows]) + b"\n")
 
     def _flush_parquet(self):
         import pyarrow as pa

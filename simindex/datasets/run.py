@@ -51,8 +51,8 @@ from ..inputs import check_id, parse_fp
 from ..scheme_names import lsh_bands, lsh_rows
 from .check import Check, Shingles, batch_signatures
 from .publish import temporary_dir
-from .parts import in_order, lines_of, parts_of, read_part, splittable
-from .rows import Row, format_of, json_row, read_rows
+from .parts import in_order, parts_of, read_part, splittable
+from .rows import Row, format_of, json_line, json_row, read_rows
 from .rules import (
     components_outside, distance, greedy_outside, greedy_verdict, held, id_taken, matches,
     near_pairs, sketched, taken_row, verdict_of_group,
@@ -198,7 +198,9 @@ class _Judge:
             out, adds = self.greedy(a, stored, refs)
             self.put(adm, adds, a.idkeys, q, a.metas, a.ids, a.places)
             return out
-        return self.idx._admit(decide, settle=k > self.idx.k)
+        # settled: a batch is a group of its own, so its records go to the shards at once
+        # rather than wait for the next batch's queries to pass over them one by one
+        return self.idx._admit(decide, settle=True)
 
     def greedy(self, a: "Ahead", stored: list, refs: Optional[list]) -> tuple:
         """(decisions, the batch positions of the kept rows to add) of a batch under the
@@ -250,10 +252,14 @@ def decision_batches(inputs: Union[str, Iterable[str]], *, text_field: str = "te
               recall: Optional[float] = None, containment: bool = False,
               time_budget: Optional[float] = None, fmt: Optional[str] = None, jobs: int = 1,
               on_error: Union[str, Callable[[BadLine], None]] = "stop",
-              summary: Optional[Summary] = None, reserved: tuple = ()) -> Iterator[list]:
+              summary: Optional[Summary] = None, reserved: tuple = (),
+              lines: bool = False) -> Iterator[list]:
     """The Decisions of the rows of `inputs`, in input order, a list at a time (see
     `dedup`). `reserved`: columns no row may hold (those the caller adds to its output):
-    a row that holds one is a bad row."""
+    a row that holds one is a bad row. `lines`: for a caller that writes rows back as JSON
+    lines only (RowWriter takes either): a row of a JSON lines file read in parts by
+    worker processes may stand as its line's bytes, as read, instead of its columns,
+    which the run then does not decode a second time."""
     paths = input_files(inputs)
     mode = check_options(mode, keep, drop_all, jobs, min_similarity, recall, on_error)
     if scheme is not None:
@@ -293,7 +299,8 @@ def decision_batches(inputs: Union[str, Iterable[str]], *, text_field: str = "te
         if min_similarity is not None:
             check = Check(float(min_similarity), measure, token, scratch)
         run = BatchReader(paths, fmt, text_field, id_field, fingerprint_field, keep, pool,
-                          on_error, summary, idx, check is not None, made, reserved, parts)
+                          on_error, summary, idx, check is not None, made, reserved, parts,
+                          lines)
         judge = _Judge(idx, ref, kk, token, check)
         if mode == "greedy":
             # its reader stops before the pool
@@ -391,10 +398,12 @@ class BatchReader:
                  id_field: Optional[str], fingerprint_field: Optional[str], keep: str,
                  pool: Any, on_error: Any, summary: Summary, idx: Any,
                  shingled: bool = False, made: Optional[dict] = None,
-                 reserved: tuple = (), parts: int = 0) -> None:
+                 reserved: tuple = (), parts: int = 0, lines: bool = False) -> None:
         self.paths, self.fmt = paths, fmt
         self.parts = parts            # JSON lines read in parts by the pool's processes
                                       # (this many), or 0
+        self.lines = lines            # ... whose rows stand as their lines' bytes (not
+                                      # decoded again: the workers checked them)
         self.text_field, self.id_field, self.fingerprint_field = \
             text_field, id_field, fingerprint_field
         self.keep, self.pool, self.on_error, self.summary = keep, pool, on_error, summary
@@ -529,22 +538,22 @@ class BatchReader:
         settings = self.settings()
         self.made = {}                 # the workers make every row's sets themselves
         for p, path, shown in self.files:
-            jobs = ((part, data, (settings, part, p, shown)) for part, data in parts_of(path))
-            for part, data, got in in_order(self.pool, prepared_part, jobs, self.parts + 1):
+            jobs = ((part, lines, (settings, part, p, shown))
+                    for part, lines in parts_of(path))
+            for part, lines, got in in_order(self.pool, prepared_part, jobs, self.parts + 1):
                 counted, numbers, ids, fps, ranks, flat, bad = got
                 self.counted(counted)
                 for _, where, reason in bad:
                     self.rejected(BadLine(where, reason))
-                lines = lines_of(data)
                 good = []
                 if flat is not None:
                     values, ends, blob, sk_ends = flat
                     start = sk_start = 0
                 for j, n in enumerate(numbers):
-                    row = json_row(lines[n - part.first], n, shown)
-                    if type(row) is not Row:
-                        raise InputError(f"{shown}: the file changed while it was read "
-                                         f"(line {n})")
+                    if self.lines:         # the line as read: the worker checked the same
+                        row = Row(json_line(lines[n - part.first], n), n, f"{shown}:{n}")
+                    else:
+                        row = json_row(lines[n - part.first], n, shown)
                     sh = None
                     if flat is not None:
                         end, sk_end = ends[j], sk_ends[j]
@@ -887,12 +896,13 @@ def prepared_part(args: tuple) -> tuple:
     checked as BatchReader.prepare checks them, and fingerprinted. Returns (rows counted,
     the good rows' line numbers, their ids or None when they are "file:row", fingerprints,
     ranks or None, their shingle sets and sketches (_flat_sets) or None, each bad row's
-    (line number, "file:row", reason) in the order the run reports them)."""
+    (line number, "file:row", reason) in the order the run reports them). InputError when
+    the part's bytes are not those the run's process read."""
     settings, part, p, shown = args
     rows: list = []
     unread: list = []
     number: dict = {}                  # "file:row" -> row number
-    for n, raw in enumerate(lines_of(read_part(part)), part.first):
+    for n, raw in enumerate(read_part(part, shown), part.first):
         got = json_row(raw, n, shown)
         if type(got) is Row:
             rows.append((p, got))
