@@ -26,12 +26,24 @@ def matches(index: Index, fps: list, k: int, check: Optional[Check]) -> list:
 def near_pairs(index: Index, fps: Any, k: int) -> list:
     """The pairs (i, j), i < j, of fingerprints (ints, or an (n, words) array) within k as
     `index` searches: above its k (a band index's search), those sharing a band."""
+    return pairs_as_searched(search_shape(index), fps, k)
+
+
+def search_shape(index: Index) -> tuple:
+    """What near_pairs needs of an index, as plain values a worker process can take: its
+    k, blocks, prefix blocks and width."""
+    return index.k, index.blocks, index.prefix_blocks, index.width
+
+
+def pairs_as_searched(shape: tuple, fps: Any, k: int) -> list:
+    """near_pairs of an index of this search_shape."""
+    index_k, blocks, prefix_blocks, width = shape
     if len(fps) < 2:
         return []
-    if k > index.k:
-        return find_all(fps, k=index.k, blocks=index.blocks,
-                        prefix_blocks=index.prefix_blocks, width=index.width, radius=k)
-    return find_all(fps, k=k, width=index.width)
+    if k > index_k:
+        return find_all(fps, k=index_k, blocks=blocks, prefix_blocks=prefix_blocks,
+                        width=width, radius=k)
+    return find_all(fps, k=k, width=width)
 
 
 def held(index: Index, queries: Any, hits: list, k: int) -> list:

@@ -43,7 +43,7 @@ from ..signatures import _text
 from ..engine import manifest
 from ..radius import MEASURES, Calibration
 from ..engine.codec import encode_ids, pack_metas
-from ..values import check_fp, check_wide_fp
+from ..values import check_fp, check_wide_fp, fp_array, words_array
 from ..errors import BadLine, Error, IdExistsError, InputError
 from ..signatures.fingerprints import DEFAULT_SCHEME, WORD_SCHEMES, scheme_name
 from ..index import Index
@@ -55,7 +55,7 @@ from .parts import in_order, parts_of, read_part, splittable
 from .rows import Row, format_of, json_line, json_row, read_rows
 from .rules import (
     components_outside, distance, greedy_outside, greedy_verdict, held, id_taken, matches,
-    near_pairs, sketched, taken_row, verdict_of_group,
+    near_pairs, pairs_as_searched, search_shape, sketched, taken_row, verdict_of_group,
 )
 from .settings import (
     check_options, choose_radius, input_files, judging, open_indexes, run_token,
@@ -144,15 +144,6 @@ class _Judge:
         self.idx, self.ref, self.k, self.token = idx, ref, k, token
         self.check = check
 
-    def metas(self, positions: list, ids: list, sh: list) -> list:
-        """The stored metas of kept records: the run token and the row's position, and with
-        a check the row's sketch and set size kept with them (for later runs' checks)."""
-        token = self.token
-        values = [[token, pos] for pos in positions]
-        if self.check is None:
-            return pack_metas(values, ids)
-        return pack_metas(values, ids, [None if x is None else (x.sketch, len(x.set))
-                                        for x in sh])
 
     def put(self, adm: Any, adds: list, idkeys: list, q: Any, metas: list, ids: list,
             places: list) -> None:
@@ -166,20 +157,28 @@ class _Judge:
         except IdExistsError as e:
             raise taken_row(e, adds, idkeys, adm, places, ids, self.token) from None
 
-    def ahead(self, good: list) -> "Ahead":
-        """A batch of good rows in columns, with what judging it needs and no transaction
-        reads made: its queries, id keys and the pairs of its rows within k (done on the
-        reader's thread, one batch ahead, when the run has one)."""
+    def for_workers(self) -> dict:
+        """What a worker process needs to make a batch's Prepared as ahead() would."""
+        return dict(token=self.token, k=self.k, shape=search_shape(self.idx))
+
+    def ahead(self, batch: Any) -> "Ahead":
+        """A batch of good rows (a list, or a Prepared a worker made) in columns, with what
+        judging it needs and no transaction reads made: its queries, id keys and the pairs
+        of its rows within k (done on the reader's thread, one batch ahead, when the run
+        has one)."""
+        good = batch.good if type(batch) is Prepared else batch
         fps = [g.fp for g in good]
-        earlier: dict = {}
-        for a, b in near_pairs(self.idx, fps, self.k):
-            earlier.setdefault(b, []).append(a)
         ids = [g.id for g in good]
         positions = [[g.p, g.row.number] for g in good]
         sh = [g.sh for g in good]
+        if type(batch) is Prepared:
+            made = batch
+        else:
+            made = prepared(good, self.token, self.k, search_shape(self.idx),
+                            self.check is not None, self.idx.queries(fps))
         return Ahead(good, [g.row.data for g in good], ids, fps, positions,
-                     [g.row.where for g in good], sh, self.idx.queries(fps),
-                     encode_ids(ids), earlier, self.metas(positions, ids, sh))
+                     [g.row.where for g in good], sh, made.queries, made.idkeys,
+                     made.earlier, made.metas)
 
     def batch(self, a: "Ahead") -> list:
         """Decisions for one batch, its kept rows added to the index in the transaction
@@ -303,6 +302,7 @@ def decision_batches(inputs: Union[str, Iterable[str]], *, text_field: str = "te
                           lines)
         judge = _Judge(idx, ref, kk, token, check)
         if mode == "greedy":
+            run.judging = judge.for_workers()
             # its reader stops before the pool
             with closing(run.batches(judge.ahead)) as batches:
                 for batch in batches:
@@ -376,6 +376,39 @@ class _Good(NamedTuple):
     sh: Any = None   # the shingle set (with min_similarity)
 
 
+class Prepared(NamedTuple):
+    """What judging a batch of good rows needs that a worker process can make (prepared)."""
+    good: list               # the _Good rows
+    queries: Any             # their fingerprints as the index's batch calls take them
+    idkeys: list             # their ids' record keys
+    earlier: dict            # row -> the earlier rows of the batch within k
+    metas: list              # the packed metas of their records, should they be kept
+
+
+def prepared(good: list, token: bytes, k: int, shape: tuple, checked: bool,
+             queries: Any) -> Prepared:
+    """The Prepared of a batch of good rows judged at k by an index of this search_shape,
+    in a run with this token (`checked`: with a similarity check); `queries`: their
+    fingerprints as the index's batch calls take them."""
+    earlier: dict = {}
+    for a, b in pairs_as_searched(shape, queries, k):
+        earlier.setdefault(b, []).append(a)
+    ids = [g.id for g in good]
+    metas = kept_metas(token, [[g.p, g.row.number] for g in good], ids,
+                       [g.sh for g in good], checked)
+    return Prepared(good, queries, encode_ids(ids), earlier, metas)
+
+
+def kept_metas(token: bytes, positions: list, ids: list, sh: list, checked: bool) -> list:
+    """The stored metas of kept records: the run token and the row's position, and with
+    a check (`checked`) the row's sketch and set size (for later runs' checks)."""
+    values = [[token, pos] for pos in positions]
+    if not checked:
+        return pack_metas(values, ids)
+    return pack_metas(values, ids, [None if x is None else (x.sketch, len(x.set))
+                                    for x in sh])
+
+
 class Ahead(NamedTuple):
     """A batch of good rows in columns (see _Judge.ahead)."""
     good: list               # the _Good rows
@@ -404,6 +437,8 @@ class BatchReader:
                                       # (this many), or 0
         self.lines = lines            # ... whose rows stand as their lines' bytes (not
                                       # decoded again: the workers checked them)
+        self.judging: Optional[dict] = None   # _Judge.for_workers(): the workers make
+                                              # each batch's Prepared too
         self.text_field, self.id_field, self.fingerprint_field = \
             text_field, id_field, fingerprint_field
         self.keep, self.pool, self.on_error, self.summary = keep, pool, on_error, summary
@@ -528,7 +563,7 @@ class BatchReader:
         return dict(fmt=self.fmt, text_field=self.text_field, id_field=self.id_field,
                     fingerprint_field=self.fingerprint_field, keep=self.keep,
                     width=self.width, scheme=self.scheme, shingled=self.shingled,
-                    reserved=self.reserved)
+                    reserved=self.reserved, judging=self.judging)
 
     def _part_batches(self) -> Iterator[list]:
         """_batches of JSON lines files read in parts by the pool's worker processes
@@ -541,7 +576,7 @@ class BatchReader:
             jobs = ((part, lines, (settings, part, p, shown))
                     for part, lines in parts_of(path))
             for part, lines, got in in_order(self.pool, prepared_part, jobs, self.parts + 1):
-                counted, numbers, ids, fps, ranks, flat, bad = got
+                counted, numbers, ids, fps, ranks, flat, bad, made = got
                 self.counted(counted)
                 for _, where, reason in bad:
                     self.rejected(BadLine(where, reason))
@@ -561,8 +596,9 @@ class BatchReader:
                         start, sk_start = end, sk_end
                     good.append(_Good(p, row, row.where if ids is None else ids[j], fps[j],
                                       None if ranks is None else ranks[j], sh))
-                for i in range(0, len(good), BATCH):
-                    yield good[i:i + BATCH]
+                for c, i in enumerate(range(0, len(good), BATCH)):
+                    chunk = good[i:i + BATCH]
+                    yield chunk if made is None else Prepared(chunk, *made[c])
 
     def prepare(self, rows: list, unread: Optional[list] = None) -> list:
         """The good rows of a batch of (file number, Row), fingerprinted. Bad rows go to
@@ -841,7 +877,8 @@ def _put_kept(adm: Any, adds: list, ids: list, fps: list, pos: list, given: set,
         given.add(idk)
     sh = [shingles(i) for i in adds] if judge.check is not None else [None] * len(adds)
     judge.put(adm, list(range(len(adds))), idkeys, judge.idx.queries([fps[i] for i in adds]),
-              judge.metas([pos[i] for i in adds], ids_, sh), ids_, places)
+              kept_metas(judge.token, [pos[i] for i in adds], ids_, sh,
+                         judge.check is not None), ids_, places)
 
 
 def _bad(e: BadLine, on_error, summary) -> None:
@@ -896,8 +933,9 @@ def prepared_part(args: tuple) -> tuple:
     checked as BatchReader.prepare checks them, and fingerprinted. Returns (rows counted,
     the good rows' line numbers, their ids or None when they are "file:row", fingerprints,
     ranks or None, their shingle sets and sketches (_flat_sets) or None, each bad row's
-    (line number, "file:row", reason) in the order the run reports them). InputError when
-    the part's bytes are not those the run's process read."""
+    (line number, "file:row", reason) in the order the run reports them, and with
+    `judging` in the settings each batch's Prepared but its rows, else None). InputError
+    when the part's bytes are not those the run's process read."""
     settings, part, p, shown = args
     rows: list = []
     unread: list = []
@@ -918,13 +956,23 @@ def prepared_part(args: tuple) -> tuple:
                          settings["shingled"], reserved=settings["reserved"])
     good = reader.prepare(rows, unread)
     checked = settings["shingled"]
+    made = None
+    if settings["judging"] is not None and good:
+        j = settings["judging"]
+        made = []
+        for i in range(0, len(good), BATCH):    # the batches the run's process makes
+            chunk = good[i:i + BATCH]
+            fps = [g.fp for g in chunk]
+            queries = fp_array(fps) if reader.width == 64 else words_array(fps, reader.width)
+            made.append(prepared(chunk, j["token"], j["k"], j["shape"], checked,
+                                 queries)[1:])
     return (len(rows) + len(unread),
             [g.row.number for g in good],
             None if settings["id_field"] is None else [g.id for g in good],
             [g.fp for g in good],
             None if settings["keep"] == "first" else [g.rank for g in good],
             _flat_sets(good) if checked else None,
-            [(number[e.where], e.where, e.reason) for e in bad])
+            [(number[e.where], e.where, e.reason) for e in bad], made)
 
 
 def _flat_sets(good: list) -> tuple:
