@@ -8,6 +8,7 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 import numpy as np
@@ -84,7 +85,9 @@ class Spill:
     temporary file holds the sets' values one after another, two more each set's position
     key (ascending) and where its values end; the keys are searched through a map of their
     file. Positions must be put in increasing order. Sets put since the last flush (at
-    most PENDING of them, or PENDING_BYTES) wait in memory and are written together."""
+    most PENDING of them, or PENDING_BYTES) wait in memory and are written together, by a
+    thread of the spill's own while the run goes on (the files are read only once that
+    write is done)."""
 
     PENDING = 4096
     PENDING_BYTES = 16 << 20
@@ -106,16 +109,29 @@ class Spill:
         self._mapped = 0
         self._values: Any = None  # the values file, mapped for `_values_mapped` values
         self._values_mapped = 0
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="simindex-spill")
+        self._writing: Any = None # the write in flight, and its sets by key
+        self._written: dict = {}
 
     @staticmethod
     def key(pos: list) -> int:
         return (pos[0] << 40) | pos[1]
 
     def close(self) -> None:
-        self._keys = self._ends = self._values = None  # maps close when no array holds them
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
+        try:
+            self._wait()
+        finally:
+            self._writer.shutdown()
+            self._keys = self._ends = self._values = None  # maps close when no array holds them
+            for fd in self.fds:
+                os.close(fd)
+            self.fds = []
+
+    def _wait(self) -> None:
+        """Wait for the write in flight (its error raised here)."""
+        if self._writing is not None:
+            writing, self._writing, self._written = self._writing, None, {}
+            writing.result()
 
     def put(self, pos: list, exact: np.ndarray) -> None:
         key = self.key(pos)
@@ -132,13 +148,13 @@ class Spill:
         n = len(self._pending)
         if not n:
             return
+        self._wait()                    # one write in flight at most, in order
         sets = list(self._pending.values())
         keys = np.fromiter(self._pending.keys(), dtype="<u8", count=n)
         ends = self.values + np.cumsum(np.fromiter(map(len, sets), dtype=np.int64, count=n))
-        _pwrite_all(self.fds[0], np.concatenate(sets).astype("<u8", copy=False),
-                    8 * self.values)
-        _pwrite_all(self.fds[1], keys, 8 * self.entries)
-        _pwrite_all(self.fds[2], ends.astype("<u8"), 8 * self.entries)
+        self._writing = self._writer.submit(_write_sets, self.fds, sets, keys, ends,
+                                            self.values, self.entries)
+        self._written = self._pending
         self.values = int(ends[-1])
         self.entries += n
         self._pending = {}
@@ -150,6 +166,7 @@ class Spill:
         return self.values, self.entries, self.last
 
     def rewind(self, mark: tuple) -> None:
+        self._wait()                    # no set put since the mark is found in flight
         self._pending = {}
         self._pending_bytes = 0
         self.values, self.entries, self.last = mark
@@ -161,10 +178,13 @@ class Spill:
         except (TypeError, IndexError):
             return None
         exact = self._pending.get(key)
+        if exact is None:
+            exact = self._written.get(key)
         if exact is not None:
             return exact
         if not self.entries or key > self.last:
             return None
+        self._wait()
         if self._mapped != self.entries:
             self._keys, self._ends = (
                 np.frombuffer(mmap.mmap(fd, 8 * self.entries, prot=mmap.PROT_READ), "<u8")
@@ -193,6 +213,15 @@ class Spill:
                 mmap.mmap(self.fds[0], 8 * self.values, prot=mmap.PROT_READ), "<u8")
             self._values_mapped = self.values
         return self._values[start:end].copy()   # a rewind may write over the map
+
+
+def _write_sets(fds: list, sets: list, keys: np.ndarray, ends: np.ndarray, values: int,
+                entries: int) -> None:
+    """Write sets (their values after the first `values`), their keys and their ends
+    (after the first `entries`) to a Spill's files."""
+    _pwrite_all(fds[0], np.concatenate(sets).astype("<u8", copy=False), 8 * values)
+    _pwrite_all(fds[1], keys, 8 * entries)
+    _pwrite_all(fds[2], ends.astype("<u8"), 8 * entries)
 
 
 def _pwrite_all(fd: int, data: Any, offset: int) -> None:
