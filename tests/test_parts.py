@@ -127,7 +127,7 @@ SMALL_PARTS = ("import sys, simindex.datasets.parts as p, simindex.cli as c; "
 def test_the_command_writes_the_lines_of_parts_as_one_reader_does(tmp_path, options):
     """dedup's JSON lines output of a file read in parts is its kept lines as read (the
     run does not decode them again): byte for byte what one reader writes, a byte order
-    mark and CRLF line ends included."""
+    mark and CRLF line ends included, and the same removed rows with the same evidence."""
     rng = random.Random(11)
     lines = corpus(rng, n=400, odd=False)
     path = tmp_path / "in.jsonl"
@@ -136,10 +136,12 @@ def test_the_command_writes_the_lines_of_parts_as_one_reader_does(tmp_path, opti
     for jobs in ("1", "2"):
         out[jobs] = tmp_path / f"out{jobs}.jsonl"
         subprocess.run([sys.executable, "-c", SMALL_PARTS, "dedup", str(path), "-o",
-                        str(out[jobs]), "--id-field", "id", "--jobs", jobs, "--quiet",
-                        *options], check=True)
+                        str(out[jobs]), "--removed", str(tmp_path / f"removed{jobs}.jsonl"),
+                        "--id-field", "id", "--jobs", jobs, "--quiet", *options], check=True)
     kept = out["1"].read_bytes()
     assert out["2"].read_bytes() == kept
+    removed = (tmp_path / "removed1.jsonl").read_bytes()
+    assert (tmp_path / "removed2.jsonl").read_bytes() == removed and b'"match"' in removed
     assert 100 < kept.count(b"\n") < 400 and not kept.startswith(b"\xef") \
         and b"\r" not in kept
 

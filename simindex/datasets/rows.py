@@ -355,7 +355,11 @@ class RowWriter:
         self.count += len(rows)
         if self._behind is None:
             self._behind = _Behind(self._bytes)
-        self._behind.write(b"\n".join([_line_of(row) for row in rows]) + b"\n")
+        try:
+            chunk = b"\n".join(rows)          # rows that are their lines' bytes
+        except TypeError:
+            chunk = b"\n".join([_line_of(row) for row in rows])
+        self._behind.write(chunk + b"\n")
 
     def _flush_parquet(self):
         import pyarrow as pa

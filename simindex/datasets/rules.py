@@ -58,11 +58,13 @@ def sketched(hits: list) -> list:
     matches() gives them: (Match, stored sketch or None)."""
     out = []
     for row_hits in hits:
+        if not row_hits:
+            out.append(row_hits)           # most rows: the core's empty list as it is
+            continue
         row = []
-        if row_hits:
-            for dist, fp, _seq, id_, mb in row_hits:
-                meta, sketch = unpack_sketched(mb)
-                row.append((Match(id_, fp, dist, meta), sketch))
+        for dist, fp, _seq, id_, mb in row_hits:
+            meta, sketch = unpack_sketched(mb)
+            row.append((Match(id_, fp, dist, meta), sketch))
         out.append(row)
     return out
 

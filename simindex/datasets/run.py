@@ -165,7 +165,9 @@ class _Judge:
         """A batch of good rows (a list, or a Prepared a worker made) in columns, with what
         judging it needs and no transaction reads made: its queries, id keys and the pairs
         of its rows within k (done on the reader's thread, one batch ahead, when the run
-        has one)."""
+        has one). An Ahead the reader made from a worker's columns is taken as it is."""
+        if type(batch) is Ahead:
+            return batch
         good = batch.good if type(batch) is Prepared else batch
         fps = [g.fp for g in good]
         ids = [g.id for g in good]
@@ -176,7 +178,7 @@ class _Judge:
         else:
             made = prepared(good, self.token, self.k, search_shape(self.idx),
                             self.check is not None, self.idx.queries(fps))
-        return Ahead(good, [g.row.data for g in good], ids, fps, positions,
+        return Ahead([g.row.data for g in good], ids, fps, positions,
                      [g.row.where for g in good], sh, made.queries, made.idkeys,
                      made.earlier, made.metas)
 
@@ -399,6 +401,28 @@ def prepared(good: list, token: bytes, k: int, shape: tuple, checked: bool,
     return Prepared(good, queries, encode_ids(ids), earlier, metas)
 
 
+def _line_batches(p: int, shown: str, first: int, lines: list, numbers: list,
+                  ids: Optional[list], fps: list, flat: Optional[tuple],
+                  made: list) -> Iterator[Ahead]:
+    """The Aheads of a part's good rows, made from the columns its worker gave (prepared_part:
+    their line numbers, ids or None, fingerprints, flat shingle sets or None, and each
+    batch's Prepared but its rows) with no object per row but what judging takes: each
+    row stands as its line's bytes."""
+    places = [f"{shown}:{n}" for n in numbers]
+    rows = [json_line(lines[n - first], n) for n in numbers]
+    positions = [[p, n] for n in numbers]
+    if flat is None:
+        sh: list = [None] * len(numbers)
+    else:
+        values, ends, blob, sk_ends = flat
+        sh = [Shingles(values[a:b], blob[c:d]) for a, b, c, d in
+              zip([0, *ends[:-1]], ends, [0, *sk_ends[:-1]], sk_ends)]
+    ids = places if ids is None else ids
+    for c, i in enumerate(range(0, len(numbers), BATCH)):
+        at = slice(i, i + BATCH)
+        yield Ahead(rows[at], ids[at], fps[at], positions[at], places[at], sh[at], *made[c])
+
+
 def kept_metas(token: bytes, positions: list, ids: list, sh: list, checked: bool) -> list:
     """The stored metas of kept records: the run token and the row's position, and with
     a check (`checked`) the row's sketch and set size (for later runs' checks)."""
@@ -411,8 +435,7 @@ def kept_metas(token: bytes, positions: list, ids: list, sh: list, checked: bool
 
 class Ahead(NamedTuple):
     """A batch of good rows in columns (see _Judge.ahead)."""
-    good: list               # the _Good rows
-    rows: list               # their columns, as read
+    rows: list               # their columns, as read (or their JSON lines' bytes)
     ids: list
     fps: list
     positions: list          # [file number, row number]
@@ -569,7 +592,8 @@ class BatchReader:
         """_batches of JSON lines files read in parts by the pool's worker processes
         (prepared_part): each part's rows are built again here, from its bytes, for the
         good rows the worker names, with the ids, fingerprints, ranks and shingles it
-        made."""
+        made (rows that stand as their lines, with each batch's Prepared from the worker:
+        the batches' Aheads, _line_batches)."""
         settings = self.settings()
         self.made = {}                 # the workers make every row's sets themselves
         for p, path, shown in self.files:
@@ -580,6 +604,10 @@ class BatchReader:
                 self.counted(counted)
                 for _, where, reason in bad:
                     self.rejected(BadLine(where, reason))
+                if self.lines and made is not None:
+                    yield from _line_batches(p, shown, part.first, lines, numbers, ids, fps,
+                                             flat, made)
+                    continue
                 good = []
                 if flat is not None:
                     values, ends, blob, sk_ends = flat
@@ -701,7 +729,7 @@ class BatchReader:
 
     def judged(self, a: Ahead, judge: _Judge) -> list:
         """The greedy decisions of a batch of good rows."""
-        if not a.good:
+        if not a.ids:
             return []
         out = judge.batch(a)
         kept = sum(d.kept for d in out)

@@ -217,17 +217,20 @@ static inline void si_mh_add(si_pass *s, uint64_t x) {
 
 /* ---- sorting ---------------------------------------------------------------------- */
 
+static inline void si_insertion64(uint64_t *a, size_t n) {
+    for (size_t i = 1; i < n; i++) {
+        uint64_t v = a[i];
+        size_t j = i;
+        while (j > 0 && a[j - 1] > v) { a[j] = a[j - 1]; j--; }
+        a[j] = v;
+    }
+}
+
 /* LSD radix sort of n 64-bit keys, a byte per pass; tmp holds n keys. A pass whose byte is
  * the same in every key is skipped. */
-static void si_sort64(uint64_t *a, uint64_t *tmp, size_t n) {
-    if (n < 2) return;
-    if (n <= 32) {                        /* insertion sort */
-        for (size_t i = 1; i < n; i++) {
-            uint64_t v = a[i];
-            size_t j = i;
-            while (j > 0 && a[j - 1] > v) { a[j] = a[j - 1]; j--; }
-            a[j] = v;
-        }
+static void si_radix64(uint64_t *a, uint64_t *tmp, size_t n) {
+    if (n <= 32) {
+        si_insertion64(a, n);
         return;
     }
     uint64_t *src = a, *dst = tmp;
@@ -242,6 +245,27 @@ static void si_sort64(uint64_t *a, uint64_t *tmp, size_t n) {
         uint64_t *t = src; src = dst; dst = t;
     }
     if (src != a) memcpy(a, src, n * sizeof(uint64_t));
+}
+
+/* Sort n 64-bit keys ascending; tmp holds n keys. Shingle hashes spread evenly, so one
+ * pass on the top byte leaves buckets of a few keys each, finished by insertion sort (a
+ * bucket of more than 32 by the radix sort of its other bytes): two passes over the keys
+ * where the radix sort alone makes sixteen. */
+static void si_sort64(uint64_t *a, uint64_t *tmp, size_t n) {
+    if (n <= 32) {
+        si_insertion64(a, n);
+        return;
+    }
+    size_t start[257] = {0}, at[256];
+    for (size_t i = 0; i < n; i++) start[(a[i] >> 56) + 1]++;
+    for (int c = 0; c < 256; c++) start[c + 1] += start[c];
+    memcpy(at, start, sizeof(at));
+    for (size_t i = 0; i < n; i++) tmp[at[a[i] >> 56]++] = a[i];
+    for (int c = 0; c < 256; c++) {       /* a is free: each bucket's scratch */
+        size_t m = start[c + 1] - start[c];
+        if (m > 1) si_radix64(tmp + start[c], a + start[c], m);
+    }
+    memcpy(a, tmp, n * sizeof(uint64_t));
 }
 
 /* Sort and drop repeats; returns the count left. */
