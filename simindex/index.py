@@ -400,15 +400,14 @@ class Index:
         return fp_array(fingerprints) if st.plan.width == 64 else \
             words_array(fingerprints, st.plan.width)
 
-    def _admit(self, fn: Callable[[Any], Any], settle: bool = False) -> Any:
+    def _admit(self, fn: Callable[[Any], Any], lag: Optional[int] = None) -> Any:
         """fn(admission) with the index's queries and inserts in one records write
         transaction (Store.admit): what dedup's batches decide and add as one step.
-        `settle`: the shards take the new records at once, not in groups (for callers whose
-        admissions are groups already: the next queries need not pass over the records
-        the shards have not taken one by one)."""
+        `lag`: the most records the shards may leave untaken after it (the next queries
+        pass over those one by one); None, the store's group size; 0, none."""
         st = self._writable_store()
         st.fold()
-        return st.admit(fn, lag=0) if settle else st.admit(fn)
+        return st.admit(fn) if lag is None else st.admit(fn, lag=lag)
 
     def _hits_many(self, fingerprints: Fingerprints, k: Optional[int] = None) -> list:
         """query_many()'s matches as the core finds them: per fingerprint, (distance,

@@ -196,3 +196,18 @@ def test_many_stretches_normalize_the_whole_text_at_once():
     assert _text.normalize_around(few)[1] == 2
     for t in (text, few):
         assert simindex.fingerprint(t, scheme="minhash-v1") == ref_minhash(t)
+
+
+# values as shingle hashes are (spread evenly) and as they are not (a shared top byte,
+# small numbers, repeats): the compiled sort buckets by the top byte
+_SPREAD = st.integers(0, M64)
+_NARROW = st.builds(lambda top, low: (top << 56) | low, st.sampled_from([0, 0xAB, 0xFF]),
+                    st.integers(0, 300))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_SPREAD, _NARROW), max_size=400), st.integers(0, 3))
+def test_a_shingle_set_is_its_hashes_sorted_without_repeats(values, repeat):
+    from simindex.signatures import _text
+    a = np.array(values * (1 + repeat), dtype=np.uint64)
+    assert np.asarray(_text.sorted_set(a)).tolist() == np.unique(a).tolist()

@@ -105,8 +105,7 @@ def test_parts_are_whole_lines_numbered_as_the_file(tmp_path, monkeypatch):
     for size in (1, 17, 64, 1000, 1 << 20):
         monkeypatch.setattr(parts, "PART_BYTES", size)
         got = list(parts_of(str(path)))
-        at = start = 1
-        start = 0
+        at, start = 1, 0
         for part, lines in got:
             d = data[start:start + part.size]
             assert d.endswith(b"\n") or part is got[-1][0]
@@ -213,7 +212,7 @@ def test_workers_end_when_the_run_is_killed(tmp_path):
     while len(workers()) < 2 and time.time() < deadline:
         time.sleep(0.05)
     assert len(workers()) == 2                  # forked copies of the run's process
-    time.sleep(0.5)
+    time.sleep(0.1)                             # at work, the run far from its end
     p.send_signal(signal.SIGKILL)
     p.communicate(timeout=30)                   # their pipes close: the workers are gone
     deadline = time.time() + 10

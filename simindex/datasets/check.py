@@ -8,7 +8,7 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Optional
 
 import numpy as np
@@ -110,28 +110,32 @@ class Spill:
         self._values: Any = None  # the values file, mapped for `_values_mapped` values
         self._values_mapped = 0
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="simindex-spill")
-        self._writing: Any = None # the write in flight, and its sets by key
-        self._written: dict = {}
+        self._writing: Any = None # the write in flight, its sets by key, and the counts
+        self._written: dict = {}  # (values, entries) the files hold once it is done
+        self._upto = (0, 0)
+        self._ready = (0, 0)      # the counts the files hold, complete
 
     @staticmethod
     def key(pos: list) -> int:
         return (pos[0] << 40) | pos[1]
 
     def close(self) -> None:
-        try:
-            self._wait()
-        finally:
-            self._writer.shutdown()
-            self._keys = self._ends = self._values = None  # maps close when no array holds them
-            for fd in self.fds:
-                os.close(fd)
-            self.fds = []
+        # nothing reads the spill once closed: an error of its last write does not matter
+        if self._writing is not None:
+            wait([self._writing])
+        self._writing = None
+        self._writer.shutdown()
+        self._keys = self._ends = self._values = None  # maps close when no array holds them
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
 
     def _wait(self) -> None:
         """Wait for the write in flight (its error raised here)."""
         if self._writing is not None:
             writing, self._writing, self._written = self._writing, None, {}
             writing.result()
+            self._ready = self._upto
 
     def put(self, pos: list, exact: np.ndarray) -> None:
         key = self.key(pos)
@@ -157,6 +161,7 @@ class Spill:
         self._written = self._pending
         self.values = int(ends[-1])
         self.entries += n
+        self._upto = (self.values, self.entries)
         self._pending = {}
         self._pending_bytes = 0
 
@@ -166,10 +171,14 @@ class Spill:
         return self.values, self.entries, self.last
 
     def rewind(self, mark: tuple) -> None:
+        if not self._pending and (self.values, self.entries, self.last) == tuple(mark):
+            return                      # nothing put since: the write in flight holds
+                                        # sets from before the mark only, and goes on
         self._wait()                    # no set put since the mark is found in flight
         self._pending = {}
         self._pending_bytes = 0
         self.values, self.entries, self.last = mark
+        self._ready = (min(self._ready[0], self.values), min(self._ready[1], self.entries))
 
     def _find(self, pos: Any) -> Any:
         """The pending set put at `pos`, or the place of its written set, or None."""
@@ -184,14 +193,19 @@ class Spill:
             return exact
         if not self.entries or key > self.last:
             return None
-        self._wait()
-        if self._mapped != self.entries:
+        if self._writing is not None and self._writing.done():
+            self._wait()
+        # not pending nor in flight: written before, if at all
+        values, entries = self._ready
+        if not entries:
+            return None
+        if self._mapped != entries:
             self._keys, self._ends = (
-                np.frombuffer(mmap.mmap(fd, 8 * self.entries, prot=mmap.PROT_READ), "<u8")
+                np.frombuffer(mmap.mmap(fd, 8 * entries, prot=mmap.PROT_READ), "<u8")
                 for fd in self.fds[1:])
-            self._mapped = self.entries
+            self._mapped = entries
         i = int(self._keys.searchsorted(np.uint64(key)))  # a uint64: no cast of the keys
-        if i == self.entries or int(self._keys[i]) != key:
+        if i == entries or int(self._keys[i]) != key:
             return None
         return i
 
@@ -209,9 +223,10 @@ class Spill:
         if end == start:
             return np.empty(0, dtype=np.uint64)
         if end > self._values_mapped:       # mapped again as the file grows
+            values = self._ready[0]
             self._values = np.frombuffer(
-                mmap.mmap(self.fds[0], 8 * self.values, prot=mmap.PROT_READ), "<u8")
-            self._values_mapped = self.values
+                mmap.mmap(self.fds[0], 8 * values, prot=mmap.PROT_READ), "<u8")
+            self._values_mapped = values
         return self._values[start:end].copy()   # a rewind may write over the map
 
 

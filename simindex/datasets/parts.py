@@ -83,8 +83,16 @@ def parts_of(path: str) -> Iterator[tuple]:
 def read_part(part: Part, shown: str) -> list:
     """A part's lines, as a worker reads them; InputError when they are not the bytes the
     run's process read (`shown`: the file's name in the error)."""
+    chunks = []
     with open(part.path, "rb", buffering=0) as f:
-        data = os.pread(f.fileno(), part.size, part.start)
+        at = 0
+        while at < part.size:          # a read returns at most about 2 GiB
+            chunk = os.pread(f.fileno(), part.size - at, part.start + at)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            at += len(chunk)
+    data = b"".join(chunks)
     if len(data) != part.size or digest(data) != part.digest:
         raise InputError(f"{shown}: the file changed while it was read (lines {part.first} "
                          f"to {part.first + part.lines - 1})")
@@ -93,7 +101,7 @@ def read_part(part: Part, shown: str) -> list:
 
 def in_order(pool: Any, work: Callable[[Any], Any], jobs: Iterator[tuple],
              ahead: int) -> Iterator[tuple]:
-    """(Part, its bytes, work's result) of each (Part, bytes, work's argument) of `jobs`,
+    """(Part, its lines, work's result) of each (Part, its lines, work's argument) of `jobs`,
     in order, with up to `ahead` parts in the pool's workers at once. A worker that dies
     (killed, out of memory) is an Error."""
     waiting: collections.deque = collections.deque()

@@ -326,6 +326,9 @@ class RowWriter:
 
     def write(self, row: Any) -> None:
         """Write a row: its columns, or (to JSON lines only) a JSON line's bytes as read."""
+        if type(row) is bytes and self.fmt != "jsonl":
+            raise TypeError(f"a row given as its JSON line's bytes cannot be written as "
+                            f"{self.fmt}")
         self.count += 1
         if self.fmt == "jsonl":
             line = _line_of(row) + b"\n"

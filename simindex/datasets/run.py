@@ -79,11 +79,13 @@ def few_collections() -> Iterator[None]:
 
 BATCH = 4096              # rows judged together: one query_many, one add_many
 BATCH_CHARS = 8 << 20      # ... or fewer, when their texts hold this many characters
+APPLY_LAG = 1024           # the most records a run's shards leave untaken after a batch
 
 
 class Decision(NamedTuple):
     """What dedup decided for one input row."""
-    row: dict                       # the row's columns, as read
+    row: Any                        # the row's columns, as read (a dict; its JSON line's
+                                    # bytes in a run asked for lines)
     id: Any                         # its id (the --id-field value, or "file:row")
     where: str                      # "file:row"
     fingerprint: int
@@ -144,7 +146,6 @@ class _Judge:
         self.idx, self.ref, self.k, self.token = idx, ref, k, token
         self.check = check
 
-
     def put(self, adm: Any, adds: list, idkeys: list, q: Any, metas: list, ids: list,
             places: list) -> None:
         """Add the records of kept rows (batch positions `adds`; `metas`: every row's
@@ -174,13 +175,13 @@ class _Judge:
         positions = [[g.p, g.row.number] for g in good]
         sh = [g.sh for g in good]
         if type(batch) is Prepared:
-            made = batch
+            ready = batch
         else:
-            made = prepared(good, self.token, self.k, search_shape(self.idx),
-                            self.check is not None, self.idx.queries(fps))
+            ready = prepared(good, self.token, self.k, search_shape(self.idx),
+                             self.check is not None, self.idx.queries(fps))
         return Ahead([g.row.data for g in good], ids, fps, positions,
-                     [g.row.where for g in good], sh, made.queries, made.idkeys,
-                     made.earlier, made.metas)
+                     [g.row.where for g in good], sh, ready.queries, ready.idkeys,
+                     ready.earlier, ready.metas)
 
     def batch(self, a: "Ahead") -> list:
         """Decisions for one batch, its kept rows added to the index in the transaction
@@ -199,9 +200,11 @@ class _Judge:
             out, adds = self.greedy(a, stored, refs)
             self.put(adm, adds, a.idkeys, q, a.metas, a.ids, a.places)
             return out
-        # settled: a batch is a group of its own, so its records go to the shards at once
-        # rather than wait for the next batch's queries to pass over them one by one
-        return self.idx._admit(decide, settle=True)
+        # a batch of kept rows is a group of its own: its records go to the shards at
+        # once, rather than wait for the next batches' queries to pass over them one by
+        # one; a few kept rows wait for more, but never under a band search, to which
+        # every record that waits is a candidate (checked by distance alone)
+        return self.idx._admit(decide, lag=0 if k > self.idx.k else APPLY_LAG)
 
     def greedy(self, a: "Ahead", stored: list, refs: Optional[list]) -> tuple:
         """(decisions, the batch positions of the kept rows to add) of a batch under the
@@ -304,7 +307,7 @@ def decision_batches(inputs: Union[str, Iterable[str]], *, text_field: str = "te
                           lines)
         judge = _Judge(idx, ref, kk, token, check)
         if mode == "greedy":
-            run.judging = judge.for_workers()
+            run.preparing = judge.for_workers()
             # its reader stops before the pool
             with closing(run.batches(judge.ahead)) as batches:
                 for batch in batches:
@@ -403,7 +406,7 @@ def prepared(good: list, token: bytes, k: int, shape: tuple, checked: bool,
 
 def _line_batches(p: int, shown: str, first: int, lines: list, numbers: list,
                   ids: Optional[list], fps: list, flat: Optional[tuple],
-                  made: list) -> Iterator[Ahead]:
+                  batches: list) -> Iterator[Ahead]:
     """The Aheads of a part's good rows, made from the columns its worker gave (prepared_part:
     their line numbers, ids or None, fingerprints, flat shingle sets or None, and each
     batch's Prepared but its rows) with no object per row but what judging takes: each
@@ -420,7 +423,8 @@ def _line_batches(p: int, shown: str, first: int, lines: list, numbers: list,
     ids = places if ids is None else ids
     for c, i in enumerate(range(0, len(numbers), BATCH)):
         at = slice(i, i + BATCH)
-        yield Ahead(rows[at], ids[at], fps[at], positions[at], places[at], sh[at], *made[c])
+        yield Ahead(rows[at], ids[at], fps[at], positions[at], places[at], sh[at],
+                    *batches[c])
 
 
 def kept_metas(token: bytes, positions: list, ids: list, sh: list, checked: bool) -> list:
@@ -458,10 +462,10 @@ class BatchReader:
         self.paths, self.fmt = paths, fmt
         self.parts = parts            # JSON lines read in parts by the pool's processes
                                       # (this many), or 0
-        self.lines = lines            # ... whose rows stand as their lines' bytes (not
+        self.as_lines = lines         # ... whose rows stand as their lines' bytes (not
                                       # decoded again: the workers checked them)
-        self.judging: Optional[dict] = None   # _Judge.for_workers(): the workers make
-                                              # each batch's Prepared too
+        self.preparing: Optional[dict] = None  # _Judge.for_workers(): the workers make
+                                               # each batch's Prepared too
         self.text_field, self.id_field, self.fingerprint_field = \
             text_field, id_field, fingerprint_field
         self.keep, self.pool, self.on_error, self.summary = keep, pool, on_error, summary
@@ -506,8 +510,9 @@ class BatchReader:
 
     def batches(self, ahead: Optional[Callable[[list], Any]] = None
                 ) -> Generator[Any, None, None]:
-        """Lists of _Good rows (or what `ahead` makes of each), BATCH rows (or BATCH_CHARS
-        characters of text) read at a time; bad rows go to on_error. With a pool (more
+        """Lists of _Good rows (a Prepared or an Ahead when the workers made the batch's
+        columns; or what `ahead` makes of each), BATCH rows (or BATCH_CHARS characters of
+        text) read at a time; bad rows go to on_error. With a pool (more
         than one job), a second thread reads, fingerprints and prepares (`ahead`) the next
         batch while this one is judged: one batch ahead at most, so memory stays bounded;
         the rows it counts and rejects (on_error) and an error reach the caller's thread in
@@ -558,7 +563,7 @@ class BatchReader:
             reader.join()
             self.events = None
 
-    def _batches(self) -> Iterator[list]:
+    def _batches(self) -> Iterator[Any]:
         if self.parts:
             yield from self._part_batches()
             return
@@ -586,9 +591,9 @@ class BatchReader:
         return dict(fmt=self.fmt, text_field=self.text_field, id_field=self.id_field,
                     fingerprint_field=self.fingerprint_field, keep=self.keep,
                     width=self.width, scheme=self.scheme, shingled=self.shingled,
-                    reserved=self.reserved, judging=self.judging)
+                    reserved=self.reserved, preparing=self.preparing)
 
-    def _part_batches(self) -> Iterator[list]:
+    def _part_batches(self) -> Iterator[Any]:
         """_batches of JSON lines files read in parts by the pool's worker processes
         (prepared_part): each part's rows are built again here, from its bytes, for the
         good rows the worker names, with the ids, fingerprints, ranks and shingles it
@@ -600,20 +605,20 @@ class BatchReader:
             jobs = ((part, lines, (settings, part, p, shown))
                     for part, lines in parts_of(path))
             for part, lines, got in in_order(self.pool, prepared_part, jobs, self.parts + 1):
-                counted, numbers, ids, fps, ranks, flat, bad, made = got
+                counted, numbers, ids, fps, ranks, flat, bad, batches = got
                 self.counted(counted)
                 for _, where, reason in bad:
                     self.rejected(BadLine(where, reason))
-                if self.lines and made is not None:
+                if self.as_lines and batches is not None:
                     yield from _line_batches(p, shown, part.first, lines, numbers, ids, fps,
-                                             flat, made)
+                                             flat, batches)
                     continue
                 good = []
                 if flat is not None:
                     values, ends, blob, sk_ends = flat
                     start = sk_start = 0
                 for j, n in enumerate(numbers):
-                    if self.lines:         # the line as read: the worker checked the same
+                    if self.as_lines:      # the line as read: the worker checked the same
                         row = Row(json_line(lines[n - part.first], n), n, f"{shown}:{n}")
                     else:
                         row = json_row(lines[n - part.first], n, shown)
@@ -626,7 +631,7 @@ class BatchReader:
                                       None if ranks is None else ranks[j], sh))
                 for c, i in enumerate(range(0, len(good), BATCH)):
                     chunk = good[i:i + BATCH]
-                    yield chunk if made is None else Prepared(chunk, *made[c])
+                    yield chunk if batches is None else Prepared(chunk, *batches[c])
 
     def prepare(self, rows: list, unread: Optional[list] = None) -> list:
         """The good rows of a batch of (file number, Row), fingerprinted. Bad rows go to
@@ -962,7 +967,7 @@ def prepared_part(args: tuple) -> tuple:
     the good rows' line numbers, their ids or None when they are "file:row", fingerprints,
     ranks or None, their shingle sets and sketches (_flat_sets) or None, each bad row's
     (line number, "file:row", reason) in the order the run reports them, and with
-    `judging` in the settings each batch's Prepared but its rows, else None). InputError
+    `preparing` in the settings each batch's Prepared but its rows, else None). InputError
     when the part's bytes are not those the run's process read."""
     settings, part, p, shown = args
     rows: list = []
@@ -984,15 +989,15 @@ def prepared_part(args: tuple) -> tuple:
                          settings["shingled"], reserved=settings["reserved"])
     good = reader.prepare(rows, unread)
     checked = settings["shingled"]
-    made = None
-    if settings["judging"] is not None and good:
-        j = settings["judging"]
-        made = []
+    batches = None
+    if settings["preparing"] is not None and good:
+        j = settings["preparing"]
+        batches = []
         for i in range(0, len(good), BATCH):    # the batches the run's process makes
             chunk = good[i:i + BATCH]
             fps = [g.fp for g in chunk]
             queries = fp_array(fps) if reader.width == 64 else words_array(fps, reader.width)
-            made.append(prepared(chunk, j["token"], j["k"], j["shape"], checked,
+            batches.append(prepared(chunk, j["token"], j["k"], j["shape"], checked,
                                  queries)[1:])
     return (len(rows) + len(unread),
             [g.row.number for g in good],
@@ -1000,7 +1005,7 @@ def prepared_part(args: tuple) -> tuple:
             [g.fp for g in good],
             None if settings["keep"] == "first" else [g.rank for g in good],
             _flat_sets(good) if checked else None,
-            [(number[e.where], e.where, e.reason) for e in bad], made)
+            [(number[e.where], e.where, e.reason) for e in bad], batches)
 
 
 def _flat_sets(good: list) -> tuple:

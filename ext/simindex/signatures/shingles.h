@@ -248,9 +248,9 @@ static void si_radix64(uint64_t *a, uint64_t *tmp, size_t n) {
 }
 
 /* Sort n 64-bit keys ascending; tmp holds n keys. Shingle hashes spread evenly, so one
- * pass on the top byte leaves buckets of a few keys each, finished by insertion sort (a
- * bucket of more than 32 by the radix sort of its other bytes): two passes over the keys
- * where the radix sort alone makes sixteen. */
+ * counting pass on the top byte and one scatter leave buckets of a few keys each, finished
+ * by insertion sort (a bucket of more than 32 by the radix sort of its other bytes) and
+ * copied back: about four passes over the keys where the radix sort alone makes sixteen. */
 static void si_sort64(uint64_t *a, uint64_t *tmp, size_t n) {
     if (n <= 32) {
         si_insertion64(a, n);
