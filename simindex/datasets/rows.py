@@ -41,8 +41,9 @@ class JsonRow(dict):
 
 
 class Row(NamedTuple):
-    """One input row: its columns, its 1-based number in its file, and "file:row"."""
-    data: dict
+    """One input row: its columns (a dict, or where a run asks for lines its JSON line's
+    bytes), its 1-based number in its file, and "file:row"."""
+    data: Any
     number: int
     where: str
 
