@@ -430,7 +430,8 @@ def build(index, inputs, k, blocks, width, prefix_blocks, shards, expected, sche
               "maximum: the index's k).")
 @click.option("--output", type=click.Choice(["jsonl", "tsv"]), default="jsonl",
               show_default=True, help="jsonl: one line per query; tsv: one "
-              "query_id<TAB>match_id<TAB>distance line per match.")
+              "query_id<TAB>match_id<TAB>distance line per match (and <TAB>similarity, "
+              "empty when unknown, in an index that judges texts by a threshold).")
 @ray_option
 @input_options
 def query(index, inputs, k, output, ray_address, fmt, fp_format, max_line, on_error, quiet,
@@ -460,7 +461,9 @@ def query(index, inputs, k, output, ray_address, fmt, fp_format, max_line, on_er
         for (qid, _fp), ms in zip(batch, results):
             if output == "tsv":
                 for m in ms:
-                    out.write(f"{qid}\t{m.id}\t{m.distance}\n")
+                    sim = getattr(m, "similarity", None)
+                    out.write(f"{qid}\t{m.id}\t{m.distance}" +
+                              (f"\t{'' if sim is None else sim}" if judged else "") + "\n")
             else:
                 out.write(json.dumps({"id": qid, "matches": [
                     {"id": json_id(m.id), "fingerprint": _hex(m.fingerprint, width),

@@ -325,6 +325,8 @@ def test_build_with_a_threshold_makes_an_index_that_judges_by_it(tmp_path):
     (got,) = json.loads(run("query", tmp_path / "i", tmp_path / "q.jsonl", check=0).stdout
                         )["matches"]
     assert (got["id"], got["similarity"]) == ("r1", m.similarity) and m.similarity >= 0.7
+    tsv = run("query", tmp_path / "i", tmp_path / "q.jsonl", "--output", "tsv", check=0).stdout
+    assert tsv == f"q\tr1\t{m.distance}\t{m.similarity}\n"
     r = run("build", tmp_path / "i", tmp_path / "ref.jsonl", "--min-similarity", "0.8",
             check=2)
     assert "made for a threshold of jaccard >= 0.7" in r.stderr
