@@ -26,7 +26,7 @@ from .engine.results import (
 )
 from .engine.shard import load_state
 from .engine.store import Store
-from .values import MAX_FP, check_fp, check_wide_fp, fp_array, words_array
+from .values import MAX_FP, check_fp, check_wide_fp, fps_array, words_array
 from .textcheck import Hit, TextCheck, keeps_sketches, text_check, text_matches, text_sketch
 
 Fingerprints = Union[Iterable[int], np.ndarray]
@@ -382,8 +382,7 @@ class Index:
         """
         st = self._open_store()
         k = self._k(k)
-        q = fp_array(fingerprints) if st.plan.width == 64 else \
-            words_array(fingerprints, st.plan.width)
+        q = fps_array(fingerprints, st.plan.width)
         st.fold()
         return kept_where_many(self._held(q, st.query(q, k), k, st), where)
 
@@ -397,8 +396,7 @@ class Index:
         """Fingerprints checked against the index's width, as the array its batch calls
         take: (n,) uint64 at width 64, (n, width/64) words above."""
         st = self._open_store()
-        return fp_array(fingerprints) if st.plan.width == 64 else \
-            words_array(fingerprints, st.plan.width)
+        return fps_array(fingerprints, st.plan.width)
 
     def _admit(self, fn: Callable[[Any], Any], lag: Optional[int] = None) -> Any:
         """fn(admission) with the index's queries and inserts in one records write
@@ -415,8 +413,7 @@ class Index:
         the meta bytes hold besides the meta value, such as a text's sketch)."""
         st = self._open_store()
         k = self._k(k)
-        q = fp_array(fingerprints) if st.plan.width == 64 else \
-            words_array(fingerprints, st.plan.width)
+        q = fps_array(fingerprints, st.plan.width)
         st.fold()
         return self._held(q, st.query(q, k, matches=False), k, st)
 

@@ -110,6 +110,12 @@ def words_array(values, width, what="fingerprint"):
     return np.frombuffer(bytes(out), dtype=">u8").astype(np.uint64).reshape(n, words)
 
 
+def fps_array(fps, width):
+    """Fingerprints of `width` bits, checked, as the array batch calls take them: (n,)
+    uint64 at width 64 (fp_array), (n, width/64) words above (words_array)."""
+    return fp_array(fps) if width == 64 else words_array(fps, width)
+
+
 def words_to_ints(arr):
     """The Python ints of an (n, words) uint64 array, most significant word first."""
     if arr.shape[1] == 1:

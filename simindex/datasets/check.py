@@ -86,8 +86,8 @@ class Spill:
     key (ascending) and where its values end; the keys are searched through a map of their
     file. Positions must be put in increasing order. Sets put since the last flush (at
     most PENDING of them, or PENDING_BYTES) wait in memory and are written together, by a
-    thread of the spill's own while the run goes on (the files are read only once that
-    write is done)."""
+    thread of the spill's own while the run goes on (until that write is done, its sets
+    are read from memory, and the files only up to what earlier writes completed)."""
 
     PENDING = 4096
     PENDING_BYTES = 16 << 20
@@ -110,10 +110,10 @@ class Spill:
         self._values: Any = None  # the values file, mapped for `_values_mapped` values
         self._values_mapped = 0
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="simindex-spill")
-        self._writing: Any = None # the write in flight, its sets by key, and the counts
-        self._written: dict = {}  # (values, entries) the files hold once it is done
-        self._upto = (0, 0)
-        self._ready = (0, 0)      # the counts the files hold, complete
+        self._writing: Any = None # the write in flight (a Future), or None
+        self._written: dict = {}  # its sets, by key
+        self._upto = (0, 0)       # (values, entries) the files hold once it is done
+        self._ready = (0, 0)      # (values, entries) the files hold, complete
 
     @staticmethod
     def key(pos: list) -> int:

@@ -43,7 +43,7 @@ from ..signatures import _text
 from ..engine import manifest
 from ..radius import MEASURES, Calibration
 from ..engine.codec import encode_ids, pack_metas
-from ..values import check_fp, check_wide_fp, fp_array, words_array
+from ..values import check_fp, check_wide_fp, fps_array
 from ..errors import BadLine, Error, IdExistsError, InputError
 from ..signatures.fingerprints import DEFAULT_SCHEME, WORD_SCHEMES, scheme_name
 from ..index import Index
@@ -414,12 +414,7 @@ def _line_batches(p: int, shown: str, first: int, lines: list, numbers: list,
     places = [f"{shown}:{n}" for n in numbers]
     rows = [json_line(lines[n - first], n) for n in numbers]
     positions = [[p, n] for n in numbers]
-    if flat is None:
-        sh: list = [None] * len(numbers)
-    else:
-        values, ends, blob, sk_ends = flat
-        sh = [Shingles(values[a:b], blob[c:d]) for a, b, c, d in
-              zip([0, *ends[:-1]], ends, [0, *sk_ends[:-1]], sk_ends)]
+    sh = [None] * len(numbers) if flat is None else _unflat_sets(flat)
     ids = places if ids is None else ids
     for c, i in enumerate(range(0, len(numbers), BATCH)):
         at = slice(i, i + BATCH)
@@ -614,21 +609,14 @@ class BatchReader:
                                              flat, batches)
                     continue
                 good = []
-                if flat is not None:
-                    values, ends, blob, sk_ends = flat
-                    start = sk_start = 0
+                sets = [None] * len(numbers) if flat is None else _unflat_sets(flat)
                 for j, n in enumerate(numbers):
                     if self.as_lines:      # the line as read: the worker checked the same
                         row = Row(json_line(lines[n - part.first], n), n, f"{shown}:{n}")
                     else:
                         row = json_row(lines[n - part.first], n, shown)
-                    sh = None
-                    if flat is not None:
-                        end, sk_end = ends[j], sk_ends[j]
-                        sh = Shingles(values[start:end], blob[sk_start:sk_end])
-                        start, sk_start = end, sk_end
                     good.append(_Good(p, row, row.where if ids is None else ids[j], fps[j],
-                                      None if ranks is None else ranks[j], sh))
+                                      None if ranks is None else ranks[j], sets[j]))
                 for c, i in enumerate(range(0, len(good), BATCH)):
                     chunk = good[i:i + BATCH]
                     yield chunk if batches is None else Prepared(chunk, *batches[c])
@@ -996,7 +984,7 @@ def prepared_part(args: tuple) -> tuple:
         for i in range(0, len(good), BATCH):    # the batches the run's process makes
             chunk = good[i:i + BATCH]
             fps = [g.fp for g in chunk]
-            queries = fp_array(fps) if reader.width == 64 else words_array(fps, reader.width)
+            queries = fps_array(fps, reader.width)
             batches.append(prepared(chunk, j["token"], j["k"], j["shape"], checked,
                                  queries)[1:])
     return (len(rows) + len(unread),
@@ -1006,6 +994,13 @@ def prepared_part(args: tuple) -> tuple:
             None if settings["keep"] == "first" else [g.rank for g in good],
             _flat_sets(good) if checked else None,
             [(number[e.where], e.where, e.reason) for e in bad], batches)
+
+
+def _unflat_sets(flat: tuple) -> list:
+    """The Shingles of each row of a _flat_sets."""
+    values, ends, blob, sk_ends = flat
+    return [Shingles(values[a:b], blob[c:d]) for a, b, c, d in
+            zip([0, *ends[:-1]], ends, [0, *sk_ends[:-1]], sk_ends)]
 
 
 def _flat_sets(good: list) -> tuple:

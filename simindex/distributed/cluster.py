@@ -15,9 +15,9 @@ from ..engine import environments, manifest
 from ..engine._layout import ledger_dir
 from ..engine.ledgers import check_kept, ledger_of, to_local
 from ..engine.codec import (
-    Packed, check_fp, check_wide_fp, encode_id, encode_records, fp_array, pack_meta,
-    words_array,
+    Packed, check_fp, check_wide_fp, encode_id, encode_records, pack_meta,
 )
+from ..values import fps_array
 from ..errors import (
     Error, InputError, MissingIndexError, ParameterError, ReadOnlyError, StorageError,
     closed_error,
@@ -229,7 +229,7 @@ class Cluster:
     def _fps(self, fps: Any) -> np.ndarray:
         """Fingerprints checked against the index's width: (n,) uint64 at 64 bits, (n,
         width/64) above (as Index.query_many takes them)."""
-        return fp_array(fps) if self.plan.width == 64 else words_array(fps, self.plan.width)
+        return fps_array(fps, self.plan.width)
 
     def _k(self, k):
         if k is None:

@@ -17,7 +17,7 @@ from ._layout import ID_TAG_BYTES as _TAG_BYTES, ID_TAG_INT as _TAG_INT
 from ._layout import ID_TAG_STR as _TAG_STR, MAX_ID_KEY
 from ._records import encode_ids as _encode_ids
 from ..errors import CorruptError, InputError, InputTypeError
-from ..values import MAX_FP, check_fp, check_wide_fp, fp_array, words_array
+from ..values import MAX_FP, check_fp, check_wide_fp, fps_array, words_array
 
 MAX_ID_BYTES = MAX_ID_KEY - 1    # LMDB's key limit less the type tag
 MAX_META_BYTES = 16 << 20
@@ -96,7 +96,7 @@ def encode_records(items, fingerprints=None, width=64):
         ints = int_ids(items)
         ids = ints if ints is not None else items.tolist() \
             if isinstance(items, np.ndarray) and items.dtype.kind in "iu" else list(items)
-        fps = fp_array(fingerprints) if width == 64 else words_array(fingerprints, width)
+        fps = fps_array(fingerprints, width)
         if len(ids) != len(fps):
             raise InputError(f"add_many got {len(ids)} ids and {len(fps)} fingerprints")
         return (ids if ints is not None else encode_ids(ids)), fps, [_NONE] * len(ids)
