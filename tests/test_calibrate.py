@@ -545,6 +545,10 @@ def test_codes_from_shingle_sets_equal_the_text_pass(tmp_path):
         assert (_text.minhash_codes(raws, words) == from_text).all()
     for x in sets:
         assert _text.sketch_of_set(x) == sketch(x)
+    made: list = []                          # the pass's own sketches, text by text
+    distinct = _text.signatures(texts, 3, shingles=True, distinct=True, sketches=made)[2]
+    assert [x.tolist() for x in distinct] == [x.tolist() for x in sets]
+    assert made == [sketch(x) for x in sets]
 
 
 def test_a_text_of_one_shingle_repeated_is_the_code_of_that_shingle():

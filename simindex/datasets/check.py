@@ -34,12 +34,6 @@ class Shingles:
         """Shingles of a set already sorted and distinct (its sketch made when needed)."""
         return cls(exact)
 
-    @classmethod
-    def made(cls, exact: np.ndarray) -> "Shingles":
-        """Shingles of a set already sorted and distinct, its sketch made now (on the
-        thread that fingerprints the batch, not the one that judges it)."""
-        return cls(exact, _text.sketch_of_set(exact))
-
     @property
     def sketch(self) -> bytes:
         if self._sketch is None:
@@ -53,9 +47,10 @@ def batch_signatures(args: tuple) -> list:
     texts, scheme, width, checked = args
     out: list = []
     if scheme in WORD_SCHEMES:
+        sketches: Optional[list] = [] if checked else None
         codes, counts, raws = _text.signatures(
             texts, schemes[scheme].shingle_width, shingles=checked, distinct=checked,
-            **pass_args(scheme, width))
+            sketches=sketches, **pass_args(scheme, width))
         words = width // 64
         fps = codes[:, 0].tolist() if words == 1 else [
             int.from_bytes(row.astype(">u8").tobytes(), "big") for row in codes]
@@ -64,7 +59,7 @@ def batch_signatures(args: tuple) -> list:
                 out.append(f"text has no tokens under scheme {scheme!r} (empty, or no word "
                            f"characters): it has no fingerprint")
             elif checked:
-                out.append((fp, Shingles.made(raws[i])))           # type: ignore[index]
+                out.append((fp, Shingles(raws[i], sketches[i])))  # type: ignore[index]
             else:
                 out.append(fp)
         return out

@@ -16,7 +16,8 @@ def signature(text: str, width: int, vote_kind: int = ..., vote_words: int = ...
 def signatures(texts: list[Any], width: int, vote_kind: int = ..., vote_words: int = ...,
                mh_words: int = ...,
                shingles: bool = ...,
-               mh_rows: int = ..., distinct: bool = ...) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64],
+               mh_rows: int = ..., distinct: bool = ...,
+               sketches: Optional[list[bytes]] = ...) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64],
                                               Optional[list[npt.NDArray[np.uint64]]]]: ...
 def intersection_size(a: npt.NDArray[np.uint64], b: npt.NDArray[np.uint64]) -> int: ...
 def minhash_codes(sets: list[npt.NDArray[np.uint64]], words: int,

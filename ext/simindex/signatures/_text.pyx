@@ -18,6 +18,7 @@ cimport simindex.bits as bits
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_KIND, PyUnicode_DATA, PyUnicode_GET_LENGTH
 
 cdef extern from "shingles.h" nogil:
@@ -54,7 +55,9 @@ cdef extern from "shingles.h" nogil:
 
 # The hash kinds a simhash votes with (as in _fingerprint): xxh3-64, xxh3-128, 2 x xxh3-128.
 VOTE_KINDS = (0, 3, 4)
-SKETCH = 128                  # values of a bottom-k sketch (simindex.signatures.similarity's)
+cdef enum:
+    _SKETCH = 128                 # values of a bottom-k sketch (simindex.signatures.similarity's)
+SKETCH = _SKETCH
 
 cdef si_tables_t _tables
 cdef object _table_arrays = None     # keeps the tables' buffers alive
@@ -318,11 +321,14 @@ def signature(text, int width, int vote_kind=-1, int vote_words=1, int mh_words=
 
 
 def signatures(list texts, int width, int vote_kind=-1, int vote_words=1, int mh_words=0,
-               bint shingles=False, int mh_rows=0, bint distinct=False):
+               bint shingles=False, int mh_rows=0, bint distinct=False,
+               list sketches=None):
     """The pass of `signature` over many texts: (codes as an (n, words) uint64 array, most
     significant word first; shingle counts as an int64 array; shingle hash arrays or
-    None; with `distinct`, each array sorted and without repeats). The GIL is released
-    once for the whole list (a text whose normalization needs Python is read after)."""
+    None; with `distinct`, each array sorted and without repeats, views of one array).
+    `sketches` (with `distinct`): a list each set's sketch_of_set is appended to, in
+    order. The GIL is released once for the whole list (a text whose normalization needs
+    Python is read after)."""
     cdef Py_ssize_t i, n = len(texts)
     cdef int words = _words(vote_kind, vote_words, mh_words)
     cdef int bins = _bins(mh_rows, mh_words)
@@ -335,7 +341,12 @@ def signatures(list texts, int width, int vote_kind=-1, int vote_words=1, int mh
     cdef char *later = NULL            # 1: read again with the GIL (normalization, memory)
     cdef uint64_t *tmp = NULL
     cdef size_t tmp_cap = 0, m
+    cdef size_t total = 0
+    cdef uint64_t[::1] f
     _check(width, vote_kind, vote_words, mh_words, shingles, mh_rows)
+    if sketches is not None and not (shingles and distinct):
+        raise ValueError("sketches are made of distinct shingle sets: pass shingles=True, "
+                         "distinct=True")
     codes = np.zeros((n, words), dtype=np.uint64)
     counts = np.zeros(n, dtype=np.int64)
     cdef uint64_t[:, ::1] c = codes
@@ -396,6 +407,13 @@ def signatures(list texts, int width, int vote_kind=-1, int vote_words=1, int mh
                     sizes[i] = m
                     s.all = NULL
                 si_pass_free(&s)
+        if shingles:                   # the sets read without the GIL, in one array
+            for i in range(n):
+                if not later[i]:
+                    total += sizes[i]
+            flat = np.empty(total, dtype=np.uint64)
+            f = flat
+            total = 0
         for i in range(n):
             if later[i]:
                 s.buf = s.xs = s.all = NULL
@@ -408,10 +426,17 @@ def signatures(list texts, int width, int vote_kind=-1, int vote_words=1, int mh
                     if shingles:
                         got = _all(&s)
                         alls.append(sorted_set(got) if distinct else got)
+                        if sketches is not None:
+                            sketches.append(sketch_of_set(alls[len(alls) - 1]))
                 finally:
                     si_pass_free(&s)
             elif shingles:
-                alls.append(_array_of(sets[i], sizes[i]))
+                if sizes[i]:
+                    memcpy(&f[total], sets[i], sizes[i] * sizeof(uint64_t))
+                alls.append(flat[total:total + sizes[i]])
+                total += sizes[i]
+                if sketches is not None:
+                    sketches.append(_sketch(sets[i], sizes[i]))
         return codes, counts, alls
     finally:
         if sets != NULL:
@@ -424,14 +449,6 @@ def signatures(list texts, int width, int vote_kind=-1, int vote_words=1, int mh
         free(sizes)
         free(later)
         free(tmp)
-
-
-cdef object _array_of(const uint64_t *values, size_t n):
-    out = np.empty(n, dtype=np.uint64)
-    cdef uint64_t[::1] o = out
-    if n:
-        memcpy(&o[0], values, n * sizeof(uint64_t))
-    return out
 
 
 cdef Py_ssize_t _gallop(const uint64_t *a, Py_ssize_t na, const uint64_t *b,
@@ -539,21 +556,23 @@ def sorted_set(const uint64_t[::1] raw not None):
 def sketch_of_set(const uint64_t[::1] exact not None):
     """The bottom-SKETCH sketch (big-endian u32, ascending) of a sorted distinct set of
     xxh3-64 shingle hashes: the distinct high halves of its first values."""
-    cdef Py_ssize_t i, n = exact.shape[0]
-    cdef int m = 0
+    if exact.shape[0] == 0:
+        return b""
+    return _sketch(&exact[0], exact.shape[0])
+
+
+cdef bytes _sketch(const uint64_t *exact, size_t n):
+    """sketch_of_set of n sorted distinct values."""
+    cdef unsigned char o[4 * _SKETCH]
+    cdef size_t i, m = 0
     cdef uint32_t v, last = 0
-    out = bytearray(4 * SKETCH)
-    cdef unsigned char[::1] o = out
     for i in range(n):
         v = <uint32_t>(exact[i] >> 32)
         if m and v == last:
             continue
-        o[4 * m] = v >> 24
-        o[4 * m + 1] = (v >> 16) & 0xFF
-        o[4 * m + 2] = (v >> 8) & 0xFF
-        o[4 * m + 3] = v & 0xFF
+        bits.store_be32(o + 4 * m, v)
         last = v
         m += 1
-        if m == SKETCH:
+        if m == _SKETCH:
             break
-    return bytes(out[:4 * m])
+    return PyBytes_FromStringAndSize(<char *>o, 4 * m)
