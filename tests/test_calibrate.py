@@ -498,14 +498,17 @@ def test_a_damaged_calibration_is_refused_on_open(tmp_path):
         assert idx.calibration == good["calibration"]
 
 
-def test_kept_json_lines_are_written_back_byte_for_byte(tmp_path):
+@pytest.mark.parametrize("how", [["--jobs", "1"], ["--jobs", "2"], ["--mode", "components"],
+                                 ["--jobs", "1", "--min-similarity", "0.9"]])
+def test_kept_json_lines_are_written_back_byte_for_byte(tmp_path, how):
     """A kept JSON line goes to the output as it was read: key order, spacing, number
-    forms and escapes included."""
+    forms and escapes included (one reader or parts, either rule, with a check)."""
     lines = ['{"text": "alpha beta gamma delta", "id": 1, "x": 1.50}',
              '{ "id" : 2 , "text" : "alpha beta gamma delta" }',
              '{"id": 3, "text": "caf\\u00e9 au lait tout de suite", "n": 1e3}']
     (tmp_path / "in.jsonl").write_text("\r\n".join(lines) + "\n", encoding="utf-8")
-    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--id-field", "id")
+    r = run("dedup", tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--id-field", "id",
+            *how)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out.jsonl").read_text(encoding="utf-8") == \
         lines[0] + "\n" + lines[2] + "\n"

@@ -42,10 +42,17 @@ class JsonRow(dict):
 
 class Row(NamedTuple):
     """One input row: its columns (a dict, or where a run asks for lines its JSON line's
-    bytes), its 1-based number in its file, and "file:row"."""
+    bytes), its 1-based number in its file, "file:row", and when read for a run that
+    writes lines back, its JSON line as read."""
     data: Any
     number: int
     where: str
+    line: Optional[bytes] = None
+
+    @property
+    def written(self) -> Any:
+        """What an output writes of the row: its JSON line as read, else its columns."""
+        return self.data if self.line is None else self.line
 
 
 def format_of(path: str, fmt: Optional[str] = None) -> str:
@@ -106,18 +113,18 @@ def _not_utf8(cells: Any) -> Optional[str]:
 
 def read_rows(path: str, fmt: Optional[str] = None,
               on_error: Optional[Callable[[BadLine], None]] = None,
-              shown: Optional[str] = None) -> Iterator[Row]:
+              shown: Optional[str] = None, lines: bool = False) -> Iterator[Row]:
     """The rows of one file, in order. A row that breaks the format raises BadLine naming
     the file and row, or with `on_error` given is passed to it and skipped; an unreadable
     file raises BadLine naming the file. `shown`: the file's name in rows' places and in
-    errors (default: `path`)."""
+    errors (default: `path`). `lines`: rows of JSON lines carry their line (json_row)."""
     fmt = format_of(path, fmt)
     name = path if shown is None else shown
     try:
         if fmt == "parquet":
             rows = _parquet_rows(path, name)
         elif fmt == "jsonl":
-            rows = _jsonl_rows(path, name)
+            rows = _jsonl_rows(path, name, lines)
         else:
             rows = _csv_rows(path, name)
         for row in rows:
@@ -131,17 +138,19 @@ def read_rows(path: str, fmt: Optional[str] = None,
         raise BadLine(name, f"cannot read: {getattr(e, 'strerror', None) or e}") from None
 
 
-def _jsonl_rows(path, name):
+def _jsonl_rows(path, name, lines=False):
     with open_bytes(path) as f:
         for n, raw in enumerate(f, 1):
-            row = json_row(raw, n, name)
+            row = json_row(raw, n, name, lines)
             if row is not None:
                 yield row
 
 
-def json_row(raw: bytes, n: int, name: str) -> Any:
+def json_row(raw: bytes, n: int, name: str, lines: bool = False) -> Any:
     """Line n of a JSON lines file (its bytes, with or without its newline) as a Row, a
-    BadLine saying what is wrong with it, or None for a blank line."""
+    BadLine saying what is wrong with it, or None for a blank line. The Row's columns are
+    a JsonRow, or with `lines` a dict and the Row carries the line (json_line): a
+    run that writes lines back asks for them so, and no copy of the dict is made."""
     try:
         obj = _fast_json(raw)          # the common line, never decoded to a str
     except (msgspec.MsgspecError, ValueError, RecursionError):
@@ -150,6 +159,8 @@ def json_row(raw: bytes, n: int, name: str) -> Any:
         obj = _slow_json(raw, n, name)
         if obj is None or type(obj) is BadLine:
             return obj
+    if lines:
+        return Row(obj, n, f"{name}:{n}", json_line(raw, n))
     row = JsonRow(obj)
     row.line = json_line(raw, n)
     return Row(row, n, f"{name}:{n}")

@@ -179,7 +179,7 @@ class _Judge:
         else:
             ready = prepared(good, self.token, self.k, search_shape(self.idx),
                              self.check is not None, self.idx.queries(fps))
-        return Ahead([g.row.data for g in good], ids, fps, positions,
+        return Ahead([g.row.written for g in good], ids, fps, positions,
                      [g.row.where for g in good], sh, ready.queries, ready.idkeys,
                      ready.earlier, ready.metas)
 
@@ -261,9 +261,9 @@ def decision_batches(inputs: Union[str, Iterable[str]], *, text_field: str = "te
     """The Decisions of the rows of `inputs`, in input order, a list at a time (see
     `dedup`). `reserved`: columns no row may hold (those the caller adds to its output):
     a row that holds one is a bad row. `lines`: for a caller that writes rows back as JSON
-    lines only (RowWriter takes either): a row of a JSON lines file read in parts by
-    worker processes may stand as its line's bytes, as read, instead of its columns,
-    which the run then does not decode a second time."""
+    lines only (RowWriter takes either): a row of a JSON lines file stands as its line's
+    bytes, as read, instead of its columns (read in parts by worker processes, the run
+    does not decode it a second time)."""
     paths = input_files(inputs)
     mode = check_options(mode, keep, drop_all, jobs, min_similarity, recall, on_error)
     if scheme is not None:
@@ -457,8 +457,9 @@ class BatchReader:
         self.paths, self.fmt = paths, fmt
         self.parts = parts            # JSON lines read in parts by the pool's processes
                                       # (this many), or 0
-        self.as_lines = lines         # ... whose rows stand as their lines' bytes (not
-                                      # decoded again: the workers checked them)
+        self.as_lines = lines         # rows of JSON lines written back as their lines'
+                                      # bytes (read in parts: not decoded again, the
+                                      # workers checked them)
         self.preparing: Optional[dict] = None  # _Judge.for_workers(): the workers make
                                                # each batch's Prepared too
         self.text_field, self.id_field, self.fingerprint_field = \
@@ -570,7 +571,7 @@ class BatchReader:
         def bad(e: BadLine) -> None:  # before the batch's next row: reported in order
             unread.append((len(rows), e))
         for p, path, shown in self.files:
-            for row in read_rows(path, self.fmt, bad, shown):
+            for row in read_rows(path, self.fmt, bad, shown, self.as_lines):
                 rows.append((p, row))
                 text = row.data.get(field)
                 chars += len(text) if isinstance(text, str) else 0
@@ -633,26 +634,29 @@ class BatchReader:
         where: list = []            # each good row's place in the batch
         bad: list = []              # ((place in the batch, 1), BadLine)
         for i, e in unread or ():
-            self.counted()
             bad.append(((i, 0), e))
+        reserved, id_field, text_field = self.reserved, self.id_field, self.text_field
+        fp_field, shingled, ranked = self.fingerprint_field, self.shingled, self.keep != "first"
+        read = 0                    # rows read (all but those after a bad one under "stop")
         for i, (p, row) in enumerate(rows):
-            self.counted()
+            read += 1
             try:
-                clash = [c for c in self.reserved if c in row.data]
-                if clash:
-                    raise BadLine(row.where, f"the row already has the column {clash[0]!r} "
-                                             f"that --annotate adds")
-                id_ = _row_id(row, self.id_field)
+                if reserved:
+                    clash = [c for c in reserved if c in row.data]
+                    if clash:
+                        raise BadLine(row.where, f"the row already has the column "
+                                                 f"{clash[0]!r} that --annotate adds")
+                id_ = row.where if id_field is None else _row_id(row, id_field)
                 text = None
                 fp = None
-                if self.fingerprint_field is not None:
-                    fp = _row_fp(row, self.fingerprint_field, width)
-                if fp is None or self.shingled:
-                    text = row.data.get(self.text_field)
+                if fp_field is not None:
+                    fp = _row_fp(row, fp_field, width)
+                if fp is None or shingled:
+                    text = row.data.get(text_field)
                     if not isinstance(text, str):
-                        raise BadLine(row.where, f'text field "{self.text_field}" is missing '
+                        raise BadLine(row.where, f'text field "{text_field}" is missing '
                                                  f'or not text (got {type(text).__name__})')
-                good.append((p, row, id_, fp, self.rank(row, text)))
+                good.append((p, row, id_, fp, self.rank(row, text) if ranked else None))
                 where.append(i)
                 if text is not None:                 # a text for each good row, in step
                     texts.append(text)
@@ -662,6 +666,7 @@ class BatchReader:
                 bad.append(((i, 1), e.with_traceback(None)))
                 if self.on_error == "stop":
                     break                            # an earlier row may still be bad
+        self.counted(read + len(unread or ()))
         if not texts:
             out = [_Good(*g) for g in good]
         else:
@@ -849,9 +854,9 @@ def _components(run: BatchReader, judge: _Judge, drop_all: bool) -> Iterator[Dec
             continue                       # a bad row, skipped in the first pass
         v = verdict[i]
         if v is None or not isinstance(v, tuple):
-            d = Decision(row.data, ids[i], row.where, fps[i], True, cluster=ids[i])
+            d = Decision(row.written, ids[i], row.where, fps[i], True, cluster=ids[i])
         else:
-            d = Decision(row.data, ids[i], row.where, fps[i], False, *v)
+            d = Decision(row.written, ids[i], row.where, fps[i], False, *v)
         run.count(d)
         yield d
         i += 1
@@ -962,7 +967,7 @@ def prepared_part(args: tuple) -> tuple:
     unread: list = []
     number: dict = {}                  # "file:row" -> row number
     for n, raw in enumerate(read_part(part, shown), part.first):
-        got = json_row(raw, n, shown)
+        got = json_row(raw, n, shown, True)   # a dict: the columns are what is sent
         if type(got) is Row:
             rows.append((p, got))
             number[got.where] = n
