@@ -114,6 +114,22 @@ def tail_tables(min_records: int) -> Iterator[None]:
         _query.tail_tables(old)
 
 
+@contextmanager
+def run_filters(max_entries: int) -> Iterator[None]:
+    """During the block, runs of up to `max_entries` entries get a prefix filter when first
+    read (0: none does; the scans read every run)."""
+    old = _query.run_filters(max_entries)
+    try:
+        yield
+    finally:
+        _query.run_filters(old)
+
+
+def run_filters_built(idx: Index) -> int:
+    """Over the handle's pooled read contexts: run directories that hold a prefix filter."""
+    return sum(c.run_filters for c in _store(idx).txns._pool)
+
+
 def tail_counters(idx: Index) -> dict:
     """Over the handle's pooled read contexts: unapplied records read from LMDB into their
     kept tails ("loads"), and tables built over those tails ("builds")."""

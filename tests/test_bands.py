@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import simindex
-from simindex import radius as cal
+from simindex import _testing, radius as cal
 from simindex.bands import BAND_RADIUS, band_recall, rows_for, shares_band
 from simindex.datasets import run as dedup_module
 from simindex.engine.codec import encode_id, pack_meta
@@ -185,6 +185,27 @@ def test_a_band_index_finds_exactly_the_records_sharing_a_band(tmp_path, bands):
         assert [sorted(m.id for m in ms) for ms in got] == [oracle_(codes, q) for q in queries]
         with pytest.raises(simindex.ParameterError, match="index's k"):
             idx.query(queries[0], k=100)              # a radius between: not a search
+
+
+def test_run_filters_spare_reads_and_change_no_answer(tmp_path):
+    """Each run of a table holds a filter of its band keys: a probe of a key the run lacks
+    reads none of its slabs. Over many runs (one a flush), with the filters and without,
+    every query finds exactly the records sharing a band."""
+    rng = random.Random(11)
+    codes = planted_codes(rng, 12000, 8)
+    queries = codes[::53] + planted_codes(rng, 60, 8)
+    with simindex.Index(str(tmp_path / "idx"), scheme=scheme(2, 8)) as idx:
+        for i in range(0, len(codes), 1500):
+            idx.add_many([str(j) for j in range(i, i + 1500)], codes[i:i + 1500])
+            idx.flush()
+        answers = [sorted(int(m.id) for m in ms)
+                   for ms in idx.query_many(queries, k=BAND_RADIUS)]
+        assert _testing.run_filters_built(idx) > 8
+        assert answers == [oracle(codes, q) for q in queries]
+    with _testing.run_filters(0), simindex.Index(str(tmp_path / "idx"), readonly=True) as idx:
+        assert [sorted(int(m.id) for m in idx.query(q, k=BAND_RADIUS))
+                for q in queries] == answers
+        assert _testing.run_filters_built(idx) == 0
 
 
 @settings(max_examples=40, deadline=None)

@@ -81,6 +81,28 @@ def test_query_equals_brute_force(tmp_path, k, blocks, shards, settings):
         assert idx.verify() == []
 
 
+@pytest.mark.parametrize("k,blocks,shards", [(3, None, 1), (3, None, 16), (9, 10, 4),
+                                           (1, 64, 2)])
+def test_run_filters_change_no_answer(tmp_path, k, blocks, shards):
+    """A run's filter of its keys' prefixes spares the reads of a probe whose prefix the run
+    lacks: over tables of many runs, queries within 0..k (planted at every distance, first
+    and last bit) answer as brute force does, with the filters and without."""
+    stored, queries = build_data(k, seed=k + 5, n_random=6000, blocks=blocks)
+    items = list(stored.items())
+    with simindex.Index(tmp_path / "i", k=k, blocks=blocks, shards=shards) as idx:
+        for n in range(0, len(items), 700):
+            idx.add_many(items[n:n + 700])
+            idx.flush()
+        want = [brute(stored, q, k) for q in queries]
+        with _testing.key_ordered_batches():
+            assert [{m.id: m.distance for m in ms} for ms in idx.query_many(queries)] == want
+        assert [{m.id: m.distance for m in idx.query(q)} for q in queries] == want
+        assert _testing.run_filters_built(idx) > 0
+    with _testing.run_filters(0), simindex.Index(tmp_path / "i", readonly=True) as idx:
+        assert [{m.id: m.distance for m in ms} for ms in idx.query_many(queries)] == want
+        assert _testing.run_filters_built(idx) == 0
+
+
 @pytest.mark.parametrize("settings", ["tuned", "shipped"], indirect=True)
 @pytest.mark.parametrize("k,blocks,shards", PARAMS)
 def test_pairs_equal_brute_force(tmp_path, k, blocks, shards, settings):

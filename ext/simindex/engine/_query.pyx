@@ -78,6 +78,29 @@ def key_order(min_queries=None, min_entries=None):
     return old
 
 
+# A run's filter of its keys' prefixes: a probe of a prefix the run does not hold reads
+# none of its slabs. Under a MinHash band search almost every probe is one (a band key
+# met before is the rare near copy), and every table holds several runs. FILTER_BITS bits
+# an entry (~1% false positives); a run above FILTER_MAX entries has none: as runs grow
+# geometrically, a table's filtered runs hold under 2 * FILTER_MAX entries, so the filters
+# of a shard's table take under 4 MB however large the index grows.
+cdef enum:
+    FILTER_BITS = 16
+    FILTER_MAX = 1048576
+
+cdef size_t _filter_max = FILTER_MAX                    # (tests and tools: run_filters())
+
+
+def run_filters(max_entries=None):
+    """The most entries a run may hold to have a prefix filter; a given value replaces it
+    (0: no filters, for tests that compare the scans with and without them)."""
+    global _filter_max
+    old = _filter_max
+    if max_entries is not None:
+        _filter_max = max_entries
+    return old
+
+
 # A read context's kept unapplied records: from how many it may build tables over them
 cdef enum:
     TAIL_TABLES_MIN = 256    # unapplied records below which a pass is all a query needs

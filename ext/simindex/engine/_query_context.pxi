@@ -92,6 +92,18 @@ cdef class ReadContext(Handle):
             return damaged_record(what, self.bad_seq)
         return error(rc, what)
 
+    @property
+    def run_filters(self):
+        """Directories of the runs this context has read that hold a prefix filter (tests,
+        tools)."""
+        cdef int s
+        cdef size_t r, n = 0
+        for s in range(self.nshards):
+            if self.views[s].dirs != NULL:
+                for r in range(self.views[s].ndirs):
+                    n += self.views[s].dirs[r].filt != NULL
+        return n
+
     def close(self):
         self.invalidate()
         self.records.deps.discard(self)
@@ -315,7 +327,8 @@ cdef class ReadContext(Handle):
                                    sv.runs.table_start[items[i].t + 1]):
                         e = probes.n
                         rc = _probe_push(&probes, &sv.dirs[r], sv.cur, self.psize,
-                                         items[i].lo, items[i].hi, items[i].pk, items[i].pkt)
+                                         items[i].lo, items[i].hi, items[i].pk, items[i].pkt,
+                                         tb.pmask[items[i].t])
                         if rc:
                             break
                         if probes.n > e:
@@ -719,7 +732,8 @@ cdef class ReadContext(Handle):
                                 for r in range(sv.runs.table_start[t],
                                                sv.runs.table_start[t + 1]):
                                     rc = _probe_push(&probes, &sv.dirs[r], sv.cur,
-                                                     self.psize, lo, hi, pk, pkt + 1)
+                                                     self.psize, lo, hi, pk, pkt + 1,
+                                                     tb.pmask[t])
                                     if rc:
                                         bad = s
                                         break

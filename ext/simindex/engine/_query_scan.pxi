@@ -132,10 +132,13 @@ cdef void _free_dir(RunDir *d) noexcept nogil:
     free(d.top)
     free(<void *>d.data)
     free(d.size)
+    free(d.filt)
     d.last = NULL
     d.top = NULL
     d.data = NULL
     d.size = NULL
+    d.filt = NULL
+    d.fwords = 0
     d.n = 0
     d.built = False
 
@@ -187,8 +190,9 @@ cdef int _sync_dirs(ShardView *sv, size_t mapgen, int ntables) noexcept nogil:
     return 0
 
 
-cdef int _build_dir(RunDir *d, MDB_cursor *cur, size_t psize) noexcept nogil:
-    """Walk run d.run's slabs once (their keys: no slab is read) into its directory."""
+cdef int _build_dir(RunDir *d, MDB_cursor *cur, size_t psize, uint64_t pmask) noexcept nogil:
+    """Walk run d.run's slabs once (their keys: no slab is read) into its directory, then
+    its slabs' keys into its filter of prefixes under `pmask`."""
     cdef MDB_val key, val
     cdef bint found
     cdef size_t cap = 0, n = 0, g
@@ -235,6 +239,91 @@ cdef int _build_dir(RunDir *d, MDB_cursor *cur, size_t psize) noexcept nogil:
         g += DIR_GROUP
     d.n = n
     d.built = True
+    if _filter_max:
+        return _build_filter(d, psize, pmask)
+    return 0
+
+
+# ---------------------------------------------------------------- prefix filters
+# A blocked Bloom filter: a prefix sets three bits of one 64-bit word, so a test reads one
+# cache line. A prefix is the key's bits under the table's mask (its leading bits).
+cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
+    """A 64-bit finalizer (MurmurHash3's fmix64): every input bit moves every output bit."""
+    x ^= x >> 33
+    x *= 0xff51afd7ed558ccdULL
+    x ^= x >> 33
+    x *= 0xc4ceb9fe1a85ec53ULL
+    x ^= x >> 33
+    return x
+
+
+cdef inline uint64_t _filter_bits(uint64_t h) noexcept nogil:
+    return ((<uint64_t>1) << (h & 63)) | ((<uint64_t>1) << ((h >> 6) & 63)) | \
+        ((<uint64_t>1) << ((h >> 12) & 63))
+
+
+cdef inline bint _filter_has(const RunDir *d, uint64_t prefix) noexcept nogil:
+    cdef uint64_t h = _mix(prefix)
+    cdef uint64_t b = _filter_bits(h)
+    return (d.filt[(h >> 18) & (d.fwords - 1)] & b) == b
+
+
+cdef int _open_slab_of(const RunDir *d, size_t i, size_t psize, Slab *slab) noexcept nogil:
+    """Decode slab i of a directory's run, checked against its pages."""
+    cdef MDB_val v
+    v.mv_data = <void *>d.data[i]
+    v.mv_size = d.size[i]
+    if not val_in_pages(&v, psize):
+        return CORRUPT_SLAB
+    return open_value(d.data[i], d.size[i], slab)
+
+
+cdef int _build_filter(RunDir *d, size_t psize, uint64_t pmask) noexcept nogil:
+    """The filter of the prefixes (key & pmask) of every entry of a built directory's run:
+    none for a run above _filter_max entries, a mask that is not leading bits (no prefix
+    range), a run holding half the prefixes there are (most probes would pass), or when
+    memory is short (a filter only spares reads)."""
+    cdef size_t i, j, total = 0, words = 1, distinct = 0
+    cdef int pbits = bits.popcount(pmask)
+    cdef uint64_t p, h, last = 0
+    cdef bint seen = False
+    cdef Slab slab
+    cdef int rc
+    if pmask == 0 or ((~pmask) & ((~pmask) + 1)) != 0:
+        return 0
+    for i in range(d.n):
+        rc = _open_slab_of(d, i, psize, &slab)
+        if rc:
+            return rc
+        total += slab.c
+        if total > _filter_max:
+            return 0
+    while words * 64 < total * FILTER_BITS:
+        words <<= 1
+    d.filt = <uint64_t *>calloc(words, sizeof(uint64_t))
+    if d.filt == NULL:
+        return 0
+    for i in range(d.n):
+        rc = _open_slab_of(d, i, psize, &slab)
+        if rc:
+            free(d.filt)
+            d.filt = NULL
+            return rc
+        for j in range(slab.c):
+            p = key_at(&slab, j) & pmask
+            if seen and p == last:       # keys ascend: a prefix's entries are together
+                continue
+            h = _mix(p)
+            d.filt[(h >> 18) & (words - 1)] |= _filter_bits(h)
+            last = p
+            seen = True
+            distinct += 1
+    if pbits < 40 and distinct > ((<size_t>1) << pbits) // 2:
+        free(d.filt)
+        d.filt = NULL
+        return 0
+    d.fwords = words
+    d.pmask = pmask
     return 0
 
 
@@ -278,18 +367,24 @@ cdef inline int _dir_slab(const RunDir *d, size_t i, size_t psize, size_t lw,
 # prefetch those keys and low words; (4) scan. At 256 bits and k=31 a query reads ~190
 # slabs that are rarely in cache; the passes measured 1.6x one probe at a time.
 cdef int _probe_push(ProbeBuf *b, RunDir *d, MDB_cursor *cur, size_t psize, uint64_t lo,
-                     uint64_t hi, uint64_t pk, const uint64_t *pkt) noexcept nogil:
+                     uint64_t hi, uint64_t pk, const uint64_t *pkt,
+                     uint64_t pmask) noexcept nogil:
     """Pass 1: find the run's group of slabs whose keys reach lo in its directory (built on
-    the run's first probe), queue it with the range and prefetch the group's keys and slab
-    addresses; 0 (queued, or nothing in the run at or above lo), or an error."""
+    the run's first probe; `pmask`: the table's prefix mask), queue it with the range and
+    prefetch the group's keys and slab addresses; 0 (queued, or nothing in the run at or
+    above lo, or the run's filter says it holds no key of the range's prefix), or an
+    error."""
     cdef size_t cap, g, e
     cdef void *t
     cdef Probe *pr
     cdef int rc
     if not d.built:
-        rc = _build_dir(d, cur, psize)
+        rc = _build_dir(d, cur, psize, pmask)
         if rc:
             return rc
+    # every key in [lo, hi] has lo's prefix when lo and hi share it (leading bits)
+    if d.filt != NULL and ((lo ^ hi) & d.pmask) == 0 and not _filter_has(d, lo & d.pmask):
+        return 0
     g = _dir_group(d, lo) * DIR_GROUP
     if g >= d.n:
         return 0
