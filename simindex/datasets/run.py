@@ -305,6 +305,7 @@ def decision_batches(inputs: Union[str, Iterable[str]], *, text_field: str = "te
         run = BatchReader(paths, fmt, text_field, id_field, fingerprint_field, keep, pool,
                           on_error, summary, idx, check is not None, made, reserved, parts,
                           lines)
+        run.scratch = scratch
         judge = _Judge(idx, ref, kk, token, check)
         if mode == "greedy":
             run.preparing = judge.for_workers()
@@ -470,6 +471,8 @@ class BatchReader:
         self.made = made or {}        # minhash-v1 rows a calibration read: shingle sets
         self.reserved = reserved      # columns a row may not hold (--annotate adds them)
         self.events: Optional[list] = None   # rows read and rejected on the reader thread
+        self.scratch: Optional[str] = None   # where workers leave the shingle sets they
+                                             # make (the run's scratch folder), or None
         # (file number, path, name shown in rows' places) of the files it reads
         self.files = [(p, path, path) for p, path in enumerate(paths)]
 
@@ -587,7 +590,7 @@ class BatchReader:
         return dict(fmt=self.fmt, text_field=self.text_field, id_field=self.id_field,
                     fingerprint_field=self.fingerprint_field, keep=self.keep,
                     width=self.width, scheme=self.scheme, shingled=self.shingled,
-                    reserved=self.reserved, preparing=self.preparing)
+                    reserved=self.reserved, preparing=self.preparing, scratch=self.scratch)
 
     def _part_batches(self) -> Iterator[Any]:
         """_batches of JSON lines files read in parts by the pool's worker processes
@@ -997,24 +1000,34 @@ def prepared_part(args: tuple) -> tuple:
             None if settings["id_field"] is None else [g.id for g in good],
             [g.fp for g in good],
             None if settings["keep"] == "first" else [g.rank for g in good],
-            _flat_sets(good) if checked else None,
+            _flat_sets(good, settings["scratch"] and os.path.join(
+                settings["scratch"], f"sets-{p}-{part.first}")) if checked else None,
             [(number[e.where], e.where, e.reason) for e in bad], batches)
 
 
 def _unflat_sets(flat: tuple) -> list:
-    """The Shingles of each row of a _flat_sets."""
+    """The Shingles of each row of a _flat_sets (its file read, then removed)."""
     values, ends, blob, sk_ends = flat
+    if isinstance(values, str):
+        path = values
+        values = np.fromfile(path, dtype="<u8")
+        os.unlink(path)
     return [Shingles(values[a:b], blob[c:d]) for a, b, c, d in
             zip([0, *ends[:-1]], ends, [0, *sk_ends[:-1]], sk_ends)]
 
 
-def _flat_sets(good: list) -> tuple:
+def _flat_sets(good: list, path: Optional[str] = None) -> tuple:
     """The good rows' shingle sets and sketches as (values, ends, sketches, their ends): a
-    few large objects, which pass between processes far faster than a small one per row."""
+    few large objects, which pass between processes far faster than a small one per row.
+    With `path`, the values are written to that file and stand as its path: the run's
+    process reads them from the page cache, not through the pool's pipe and pickles."""
     sets = [g.sh.set for g in good]
     sketches = [g.sh.sketch for g in good]
-    return (np.concatenate(sets) if sets else np.empty(0, np.uint64),
-            np.cumsum([len(x) for x in sets], dtype=np.int64).tolist(),
+    values: Any = np.concatenate(sets) if sets else np.empty(0, np.uint64)
+    if path is not None:
+        values.astype("<u8", copy=False).tofile(path)
+        values = path
+    return (values, np.cumsum([len(x) for x in sets], dtype=np.int64).tolist(),
             b"".join(sketches), np.cumsum([len(x) for x in sketches]).tolist())
 
 
