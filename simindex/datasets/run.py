@@ -1001,7 +1001,8 @@ def prepared_part(args: tuple) -> tuple:
             [g.fp for g in good],
             None if settings["keep"] == "first" else [g.rank for g in good],
             _flat_sets(good, settings["scratch"] and os.path.join(
-                settings["scratch"], f"sets-{p}-{part.first}")) if checked else None,
+                settings["scratch"], f"sets-{p}-{part.first}"),
+                with_sketches=batches is None) if checked else None,
             [(number[e.where], e.where, e.reason) for e in bad], batches)
 
 
@@ -1012,23 +1013,29 @@ def _unflat_sets(flat: tuple) -> list:
         path = values
         values = np.fromfile(path, dtype="<u8")
         os.unlink(path)
+    if sk_ends is None:                # sketches made when needed
+        return [Shingles(values[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
     return [Shingles(values[a:b], blob[c:d]) for a, b, c, d in
             zip([0, *ends[:-1]], ends, [0, *sk_ends[:-1]], sk_ends)]
 
 
-def _flat_sets(good: list, path: Optional[str] = None) -> tuple:
+def _flat_sets(good: list, path: Optional[str] = None, with_sketches: bool = True) -> tuple:
     """The good rows' shingle sets and sketches as (values, ends, sketches, their ends): a
     few large objects, which pass between processes far faster than a small one per row.
     With `path`, the values are written to that file and stand as its path: the run's
-    process reads them from the page cache, not through the pool's pipe and pickles."""
+    process reads them from the page cache, not through the pool's pipe and pickles.
+    Without sketches (the workers packed the records' metas, which hold them), they are
+    b"" and their ends None."""
     sets = [g.sh.set for g in good]
-    sketches = [g.sh.sketch for g in good]
     values: Any = np.concatenate(sets) if sets else np.empty(0, np.uint64)
     if path is not None:
         values.astype("<u8", copy=False).tofile(path)
         values = path
-    return (values, np.cumsum([len(x) for x in sets], dtype=np.int64).tolist(),
-            b"".join(sketches), np.cumsum([len(x) for x in sketches]).tolist())
+    ends = np.cumsum([len(x) for x in sets], dtype=np.int64).tolist()
+    if not with_sketches:
+        return values, ends, b"", None
+    sketches = [g.sh.sketch for g in good]
+    return values, ends, b"".join(sketches), np.cumsum([len(x) for x in sketches]).tolist()
 
 
 def dedup(inputs: Union[str, Iterable[str]], **options: Any) -> Iterator[dict]:
