@@ -125,9 +125,11 @@ def test_a_broken_line_is_named_with_its_number(tmp_path):
        st.integers(1, 7))
 def test_the_spill_gives_back_every_set_put_and_not_rewound(tmp_path_factory, steps, pending):
     """A model: a dict of the sets put, marks as copies of it. The spill holds few sets in
-    memory (pending), so most gets read them from its files."""
+    memory (pending), so most gets read them from its files, which grow (and are mapped
+    again) many times."""
     spill = Spill(str(tmp_path_factory.mktemp("s")))
     spill.PENDING = pending
+    spill.ROOM = (3, 1)
     model: dict = {}
     marks: list = []
     pos = [0, 0]

@@ -86,6 +86,7 @@ class Spill:
 
     PENDING = 4096
     PENDING_BYTES = 16 << 20
+    ROOM = (1 << 16, 1 << 12)     # the files' first sizes, in values and in sets
 
     def __init__(self, scratch: str) -> None:
         self.fds: list = []
@@ -98,12 +99,12 @@ class Spill:
         self.last = -1
         self._pending: dict = {}  # key -> set, not yet written (in key order)
         self._pending_bytes = 0
-        # the keys and ends files, mapped for `entries` sets
-        self._keys: Any = None
+        # the files' sizes, in values and in sets: grown ahead, by half again at least, so
+        # their maps are made again a few times in a run, not at every batch
+        self._room = (0, 0)
+        self._keys: Any = None    # the keys and ends files, mapped whole
         self._ends: Any = None
-        self._mapped = 0
-        self._values: Any = None  # the values file, mapped for `_values_mapped` values
-        self._values_mapped = 0
+        self._values: Any = None  # the values file, mapped whole
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="simindex-spill")
         self._writing: Any = None # the write in flight (a Future), or None
         self._written: dict = {}  # its sets, by key
@@ -151,6 +152,7 @@ class Spill:
         sets = list(self._pending.values())
         keys = np.fromiter(self._pending.keys(), dtype="<u8", count=n)
         ends = self.values + np.cumsum(np.fromiter(map(len, sets), dtype=np.int64, count=n))
+        self._grow(int(ends[-1]), self.entries + n)
         self._writing = self._writer.submit(_write_sets, self.fds, sets, keys, ends,
                                             self.values, self.entries)
         self._written = self._pending
@@ -159,6 +161,19 @@ class Spill:
         self._upto = (self.values, self.entries)
         self._pending = {}
         self._pending_bytes = 0
+
+    def _grow(self, values: int, entries: int) -> None:
+        """Files (sparse) that hold at least this many values and sets (no write is in
+        flight)."""
+        room_v, room_e = self._room
+        if values > room_v:
+            room_v = max(values, room_v + room_v // 2, self.ROOM[0])
+            os.ftruncate(self.fds[0], 8 * room_v)
+        if entries > room_e:
+            room_e = max(entries, room_e + room_e // 2, self.ROOM[1])
+            for fd in self.fds[1:]:
+                os.ftruncate(fd, 8 * room_e)
+        self._room = (room_v, room_e)
 
     def mark(self) -> tuple:
         """Where the spill stands: rewind() to it forgets every set put since."""
@@ -194,12 +209,12 @@ class Spill:
         values, entries = self._ready
         if not entries:
             return None
-        if self._mapped != entries:
+        if self._keys is None or len(self._keys) != self._room[1]:
             self._keys, self._ends = (
-                np.frombuffer(mmap.mmap(fd, 8 * entries, prot=mmap.PROT_READ), "<u8")
+                np.frombuffer(mmap.mmap(fd, 8 * self._room[1], prot=mmap.PROT_READ), "<u8")
                 for fd in self.fds[1:])
-            self._mapped = entries
-        i = int(self._keys.searchsorted(np.uint64(key)))  # a uint64: no cast of the keys
+        # a uint64: no cast of the keys
+        i = int(self._keys[:entries].searchsorted(np.uint64(key)))
         if i == entries or int(self._keys[i]) != key:
             return None
         return i
@@ -217,11 +232,9 @@ class Spill:
         end = int(self._ends[i])
         if end == start:
             return np.empty(0, dtype=np.uint64)
-        if end > self._values_mapped:       # mapped again as the file grows
-            values = self._ready[0]
+        if self._values is None or len(self._values) != self._room[0]:
             self._values = np.frombuffer(
-                mmap.mmap(self.fds[0], 8 * values, prot=mmap.PROT_READ), "<u8")
-            self._values_mapped = values
+                mmap.mmap(self.fds[0], 8 * self._room[0], prot=mmap.PROT_READ), "<u8")
         return self._values[start:end].copy()   # a rewind may write over the map
 
 
