@@ -102,9 +102,8 @@ class Spill:
         # the files' sizes, in values and in sets: grown ahead, by half again at least, so
         # their maps are made again a few times in a run, not at every batch
         self._room = (0, 0)
-        self._keys: Any = None    # the keys and ends files, mapped whole
-        self._ends: Any = None
-        self._values: Any = None  # the values file, mapped whole
+        self._keys: Any = None    # the keys and ends files, mapped whole (a set's values
+        self._ends: Any = None    # are read from their file: no page of it stays mapped)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="simindex-spill")
         self._writing: Any = None # the write in flight (a Future), or None
         self._written: dict = {}  # its sets, by key
@@ -121,7 +120,7 @@ class Spill:
             wait([self._writing])
         self._writing = None
         self._writer.shutdown()
-        self._keys = self._ends = self._values = None  # maps close when no array holds them
+        self._keys = self._ends = None     # maps close when no array holds them
         for fd in self.fds:
             os.close(fd)
         self.fds = []
@@ -232,10 +231,11 @@ class Spill:
         end = int(self._ends[i])
         if end == start:
             return np.empty(0, dtype=np.uint64)
-        if self._values is None or len(self._values) != self._room[0]:
-            self._values = np.frombuffer(
-                mmap.mmap(self.fds[0], 8 * self._room[0], prot=mmap.PROT_READ), "<u8")
-        return self._values[start:end].copy()   # a rewind may write over the map
+        data = os.pread(self.fds[0], 8 * (end - start), 8 * start)
+        if len(data) != 8 * (end - start):
+            raise OSError(f"the shingle sets' file ends short ({len(data)} of "
+                          f"{8 * (end - start)} bytes read)")
+        return np.frombuffer(data, "<u8")
 
 
 def _write_sets(fds: list, sets: list, keys: np.ndarray, ends: np.ndarray, values: int,
