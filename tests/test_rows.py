@@ -156,6 +156,20 @@ def test_the_spill_gives_back_every_set_put_and_not_rewound(tmp_path_factory, st
         spill.close()
 
 
+def test_a_pending_view_counts_the_whole_array_it_holds(tmp_path):
+    """The text pass gives a batch's sets as views of one array: a view waiting in the
+    spill holds all of it, so the spill counts the array (once) against PENDING_BYTES."""
+    spill = Spill(str(tmp_path))
+    spill.PENDING_BYTES = 4000
+    batch = np.arange(1000, dtype=np.uint64)          # 8,000 bytes
+    spill.put([0, 1], batch[:2])
+    assert spill.entries == 1                         # written at once, not held
+    spill.put([0, 2], np.arange(3, dtype=np.uint64))   # an array of its own: 24 bytes
+    assert spill.entries == 1
+    assert spill.get([0, 1]).tolist() == [0, 1] and spill.get([0, 2]).tolist() == [0, 1, 2]
+    spill.close()
+
+
 def test_a_set_put_twice_at_one_position_keeps_the_first(tmp_path):
     spill = Spill(str(tmp_path))
     spill.put([0, 1], np.array([1, 2], dtype=np.uint64))

@@ -98,7 +98,8 @@ class Spill:
         self.entries = 0          # sets written
         self.last = -1
         self._pending: dict = {}  # key -> set, not yet written (in key order)
-        self._pending_bytes = 0
+        self._pending_bytes = 0   # the memory they hold (a view holds its whole base array)
+        self._bases: set = set()  # ids of the arrays pending sets are views of
         # the files' sizes, in values and in sets: grown ahead, by half again at least, so
         # their maps are made again a few times in a run, not at every batch
         self._room = (0, 0)
@@ -137,7 +138,12 @@ class Spill:
         if key <= self.last:
             return                      # already there
         self._pending[key] = exact
-        self._pending_bytes += 8 * len(exact)
+        base = exact.base
+        if type(base) is not np.ndarray:
+            self._pending_bytes += 8 * len(exact)
+        elif id(base) not in self._bases:     # a batch's or part's sets: counted once
+            self._bases.add(id(base))
+            self._pending_bytes += base.nbytes
         self.last = key
         if len(self._pending) >= self.PENDING or self._pending_bytes >= self.PENDING_BYTES:
             self.flush()
@@ -160,6 +166,7 @@ class Spill:
         self._upto = (self.values, self.entries)
         self._pending = {}
         self._pending_bytes = 0
+        self._bases = set()
 
     def _grow(self, values: int, entries: int) -> None:
         """Files (sparse) that hold at least this many values and sets (no write is in
@@ -186,6 +193,7 @@ class Spill:
         self._wait()                    # no set put since the mark is found in flight
         self._pending = {}
         self._pending_bytes = 0
+        self._bases = set()
         self.values, self.entries, self.last = mark
         self._ready = (min(self._ready[0], self.values), min(self._ready[1], self.entries))
 

@@ -80,13 +80,16 @@ def key_order(min_queries=None, min_entries=None):
 
 # A run's filter of its keys' prefixes: a probe of a prefix the run does not hold reads
 # none of its slabs. Under a MinHash band search almost every probe is one (a band key
-# met before is the rare near copy), and every table holds several runs. FILTER_BITS bits
-# an entry (~1% false positives); a run above FILTER_MAX entries has none: as runs grow
-# geometrically, a table's filtered runs hold under 2 * FILTER_MAX entries, so the filters
-# of a shard's table take under 4 MB however large the index grows.
+# met before is the rare near copy), and every table holds several runs. At least
+# FILTER_BITS bits an entry (a power of two of words: under 32; ~1% false positives); a
+# run above FILTER_MAX entries has none: as each older run of a table holds more than the
+# newer ones together, its filtered runs hold under 2 * FILTER_MAX entries, so the filters
+# of a shard's table take under 8 MB however large the index grows. A directory built
+# again at every snapshot (a value in a leaf page) gets one up to FILTER_REBUILT entries.
 cdef enum:
     FILTER_BITS = 16
     FILTER_MAX = 1048576
+    FILTER_REBUILT = 16384
 
 cdef size_t _filter_max = FILTER_MAX                    # (tests and tools: run_filters())
 

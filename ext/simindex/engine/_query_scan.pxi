@@ -280,23 +280,23 @@ cdef int _open_slab_of(const RunDir *d, size_t i, size_t psize, Slab *slab) noex
 
 cdef int _build_filter(RunDir *d, size_t psize, uint64_t pmask) noexcept nogil:
     """The filter of the prefixes (key & pmask) of every entry of a built directory's run:
-    none for a run above _filter_max entries, a mask that is not leading bits (no prefix
-    range), a run holding half the prefixes there are (most probes would pass), or when
-    memory is short (a filter only spares reads)."""
+    none for a run above _filter_max entries (or FILTER_REBUILT, for a directory built
+    again at every snapshot), a mask that is not leading bits (no prefix range), a run
+    holding half the prefixes there are (most probes would pass), a slab that does not
+    open (the scan that reads it reports it), or when memory is short (a filter only
+    spares reads)."""
     cdef size_t i, j, total = 0, words = 1, distinct = 0
     cdef int pbits = bits.popcount(pmask)
     cdef uint64_t p, h, last = 0
     cdef bint seen = False
     cdef Slab slab
-    cdef int rc
     if pmask == 0 or ((~pmask) & ((~pmask) + 1)) != 0:
         return 0
     for i in range(d.n):
-        rc = _open_slab_of(d, i, psize, &slab)
-        if rc:
-            return rc
+        if _open_slab_of(d, i, psize, &slab):
+            return 0
         total += slab.c
-        if total > _filter_max:
+        if total > _filter_max or (not d.kept and total > FILTER_REBUILT):
             return 0
     while words * 64 < total * FILTER_BITS:
         words <<= 1
@@ -304,11 +304,10 @@ cdef int _build_filter(RunDir *d, size_t psize, uint64_t pmask) noexcept nogil:
     if d.filt == NULL:
         return 0
     for i in range(d.n):
-        rc = _open_slab_of(d, i, psize, &slab)
-        if rc:
+        if _open_slab_of(d, i, psize, &slab):
             free(d.filt)
             d.filt = NULL
-            return rc
+            return 0
         for j in range(slab.c):
             p = key_at(&slab, j) & pmask
             if seen and p == last:       # keys ascend: a prefix's entries are together
