@@ -34,7 +34,8 @@ cdef struct RunDir:
     const uint8_t **data   # each slab's value in the map
     uint32_t *size         # its size
     bint kept              # every value is in overflow pages
-    uint64_t *filt         # a filter of the run's keys' prefixes (_build_filter), or
+    uint64_t *filt         # a filter of the run's keys' prefixes (_build_filter; kept
+                           # while the run is listed, its directory or not), or
     size_t fwords          # NULL; its 64-bit words (a power of two)
     uint64_t pmask         # the table's prefix mask it was built under
 

@@ -84,12 +84,12 @@ def key_order(min_queries=None, min_entries=None):
 # FILTER_BITS bits an entry (a power of two of words: under 32; ~1% false positives); a
 # run above FILTER_MAX entries has none: as each older run of a table holds more than the
 # newer ones together, its filtered runs hold under 2 * FILTER_MAX entries, so the filters
-# of a shard's table take under 8 MB however large the index grows. A directory built
-# again at every snapshot (a value in a leaf page) gets one up to FILTER_REBUILT entries.
+# of a shard's table take under 8 MB however large the index grows. A run's entries never
+# change, so its filter is made once and kept while the run is listed, even where its
+# directory is built again (a value in a leaf page, a map resized).
 cdef enum:
     FILTER_BITS = 16
     FILTER_MAX = 1048576
-    FILTER_REBUILT = 16384
 
 cdef size_t _filter_max = FILTER_MAX                    # (tests and tools: run_filters())
 

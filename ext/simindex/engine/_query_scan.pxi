@@ -170,19 +170,24 @@ cdef int _sync_dirs(ShardView *sv, size_t mapgen, int ntables) noexcept nogil:
         for r in range(sv.runs.table_start[t], sv.runs.table_start[t + 1]):
             nd[r].table = <uint32_t>t
             nd[r].run = sv.runs.run_ids[r]
-    if sv.mapgen == mapgen:
-        r = 0
-        while r < nr and o < sv.ndirs:          # both in (table, run) order
-            if _before(&sv.dirs[o], &nd[r]):
-                o += 1
-            elif _before(&nd[r], &sv.dirs[o]):
-                r += 1
-            else:
-                if sv.dirs[o].built and sv.dirs[o].kept:
-                    nd[r] = sv.dirs[o]
-                    memset(&sv.dirs[o], 0, sizeof(RunDir))
-                o += 1
-                r += 1
+    r = 0
+    while r < nr and o < sv.ndirs:              # both in (table, run) order
+        if _before(&sv.dirs[o], &nd[r]):
+            o += 1
+        elif _before(&nd[r], &sv.dirs[o]):
+            r += 1
+        else:
+            if sv.mapgen == mapgen and sv.dirs[o].built and sv.dirs[o].kept:
+                nd[r] = sv.dirs[o]
+                memset(&sv.dirs[o], 0, sizeof(RunDir))
+            elif sv.dirs[o].filt != NULL:       # a run's entries never change: its
+                nd[r].filt = sv.dirs[o].filt    # filter holds whatever its directory
+                nd[r].fwords = sv.dirs[o].fwords
+                nd[r].pmask = sv.dirs[o].pmask
+                sv.dirs[o].filt = NULL
+                sv.dirs[o].fwords = 0
+            o += 1
+            r += 1
     _free_dirs(sv)
     sv.dirs = nd
     sv.ndirs = nr
@@ -191,15 +196,21 @@ cdef int _sync_dirs(ShardView *sv, size_t mapgen, int ntables) noexcept nogil:
 
 
 cdef int _build_dir(RunDir *d, MDB_cursor *cur, size_t psize, uint64_t pmask) noexcept nogil:
-    """Walk run d.run's slabs once (their keys: no slab is read) into its directory, then
-    its slabs' keys into its filter of prefixes under `pmask`."""
+    """Walk run d.run's slabs once (their keys: no slab is read) into its directory, then,
+    unless an earlier snapshot's directory of the run made it, its slabs' keys into its
+    filter of prefixes under `pmask`."""
     cdef MDB_val key, val
     cdef bint found
     cdef size_t cap = 0, n = 0, g
     cdef uint64_t last
     cdef void *t
+    cdef uint64_t *filt = d.filt            # a filter made at an earlier snapshot stays
+    cdef size_t fwords = d.fwords
+    cdef uint64_t fmask = d.pmask
     cdef int rc = _slab_at(cur, MDB_SET_RANGE, d.run, 0, &key, &val, &found)
+    d.filt = NULL
     _free_dir(d)
+    d.filt, d.fwords, d.pmask = filt, fwords, fmask
     d.kept = psize != 0
     while rc == 0 and found:
         if n == cap:
@@ -239,7 +250,11 @@ cdef int _build_dir(RunDir *d, MDB_cursor *cur, size_t psize, uint64_t pmask) no
         g += DIR_GROUP
     d.n = n
     d.built = True
-    if _filter_max:
+    if d.filt != NULL and d.pmask != pmask:     # made under another plan's mask
+        free(d.filt)
+        d.filt = NULL
+        d.fwords = 0
+    if d.filt == NULL and _filter_max:
         return _build_filter(d, psize, pmask)
     return 0
 
@@ -280,8 +295,8 @@ cdef int _open_slab_of(const RunDir *d, size_t i, size_t psize, Slab *slab) noex
 
 cdef int _build_filter(RunDir *d, size_t psize, uint64_t pmask) noexcept nogil:
     """The filter of the prefixes (key & pmask) of every entry of a built directory's run:
-    none for a run above _filter_max entries (or FILTER_REBUILT, for a directory built
-    again at every snapshot), a mask that is not leading bits (no prefix range), a run
+    none for a run above _filter_max entries, a mask that is not leading bits (no prefix
+    range), a run
     holding half the prefixes there are (most probes would pass), a slab that does not
     open (the scan that reads it reports it), or when memory is short (a filter only
     spares reads)."""
@@ -296,7 +311,7 @@ cdef int _build_filter(RunDir *d, size_t psize, uint64_t pmask) noexcept nogil:
         if _open_slab_of(d, i, psize, &slab):
             return 0
         total += slab.c
-        if total > _filter_max or (not d.kept and total > FILTER_REBUILT):
+        if total > _filter_max:
             return 0
     while words * 64 < total * FILTER_BITS:
         words <<= 1
