@@ -100,5 +100,12 @@ def band_hits(fp: int, hits: list, bands: int) -> list:
 
 
 def band_hits_many(queries: np.ndarray, found: list, bands: int) -> list:
-    """band_hits of each query of an (n, words) array (a batch's answers at BAND_RADIUS)."""
-    return [band_hits(fp, hits, bands) for fp, hits in zip(words_to_ints(queries), found)]
+    """band_hits of each query of an (n, words) array (a batch's answers at BAND_RADIUS);
+    a query without hits keeps its empty list (most queries: only those with hits have
+    their codes made ints)."""
+    out = list(found)
+    hit = [i for i, hits in enumerate(found) if hits]
+    if hit:
+        for i, fp in zip(hit, words_to_ints(queries[hit])):
+            out[i] = band_hits(fp, found[i], bands)
+    return out

@@ -17,6 +17,7 @@ from ..errors import InputError
 from ..signatures import _text
 from ..signatures.fingerprints import WORD_SCHEMES, fingerprint, pass_args, schemes
 from ..signatures.similarity import estimate, shingle_set
+from ..values import words_to_ints
 
 
 class Shingles:
@@ -51,9 +52,7 @@ def batch_signatures(args: tuple) -> list:
         codes, counts, raws = _text.signatures(
             texts, schemes[scheme].shingle_width, shingles=checked, distinct=checked,
             sketches=sketches, **pass_args(scheme, width))
-        words = width // 64
-        fps = codes[:, 0].tolist() if words == 1 else [
-            int.from_bytes(row.astype(">u8").tobytes(), "big") for row in codes]
+        fps = words_to_ints(codes)
         for i, fp in enumerate(fps):
             if not counts[i]:
                 out.append(f"text has no tokens under scheme {scheme!r} (empty, or no word "
