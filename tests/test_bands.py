@@ -315,11 +315,13 @@ def greedy_oracle(texts, rows, t, bands=8):
     return kept
 
 
-@pytest.mark.parametrize("t,bands", [(0.5, 8), (0.5, 24), (0.6, 16), (0.7, 8), (0.7, 16),
-                                     (0.9, 8), (0.45, 32)])
-def test_dedup_by_bands_keeps_what_the_oracle_keeps(tmp_path, monkeypatch, t, bands):
+@pytest.mark.parametrize("t,bands,jobs", [(0.5, 8, 1), (0.5, 24, 1), (0.5, 24, 2),
+                                          (0.6, 16, 1), (0.7, 8, 1), (0.7, 8, 2),
+                                          (0.7, 16, 1), (0.9, 8, 1), (0.45, 32, 1)])
+def test_dedup_by_bands_keeps_what_the_oracle_keeps(tmp_path, monkeypatch, t, bands, jobs):
     """Small batches, so that rows meet their near-copies in the same batch, in earlier
-    batches (applied or not), and in an earlier run's kept index."""
+    batches (applied or not), and in an earlier run's kept index; also with two jobs
+    (the batches prepared by worker processes and a reader's thread)."""
     monkeypatch.setattr(dedup_module, "BATCH", 37)
     texts = family_texts(random.Random(int(t * 10)), 70)
     rows = rows_for(t, 0.99, bands)
@@ -327,7 +329,8 @@ def test_dedup_by_bands_keeps_what_the_oracle_keeps(tmp_path, monkeypatch, t, ba
     assert 0 < len(want) < len(texts)
     write_rows(tmp_path / "all.jsonl", texts)
     got = [d.id for d in simindex.decisions(str(tmp_path / "all.jsonl"), id_field="id",
-                                            min_similarity=t, scheme=scheme(rows, bands))
+                                            min_similarity=t, scheme=scheme(rows, bands),
+                                            jobs=jobs)
            if d.kept]
     assert got == want
     # the same in two runs that keep an index between them
@@ -337,9 +340,9 @@ def test_dedup_by_bands_keeps_what_the_oracle_keeps(tmp_path, monkeypatch, t, ba
     idx = str(tmp_path / "idx")
     first = [d.id for d in simindex.decisions(str(tmp_path / "a.jsonl"), id_field="id",
                                               min_similarity=t, scheme=scheme(rows, bands),
-                                              index=idx) if d.kept]
+                                              index=idx, jobs=jobs) if d.kept]
     second = [d.id for d in simindex.decisions(str(tmp_path / "b.jsonl"), id_field="id",
-                                               index=idx) if d.kept]
+                                               index=idx, jobs=jobs) if d.kept]
     assert first + second == want
     with simindex.Index(idx, readonly=True) as i:
         assert i.bands == rows and len(i) == len(want)

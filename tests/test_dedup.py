@@ -72,15 +72,18 @@ def planted(rng, n_bases, k, width=64):
 
 
 # ---------------------------------------------------------------- the rule
+@pytest.mark.parametrize("jobs", [1, 2])
 @pytest.mark.parametrize("k,width", [(3, 64), (8, 64), (12, 128)])
-def test_greedy_equals_the_oracle_across_batches(tmp_path, monkeypatch, k, width):
+def test_greedy_equals_the_oracle_across_batches(tmp_path, monkeypatch, k, width, jobs):
+    """Also with two jobs: worker processes read and fingerprint the rows, a reader's
+    thread prepares each batch while the one before is judged."""
     monkeypatch.setattr(dedup_module, "BATCH", 7)      # many batch boundaries
     rng = random.Random(k)
     fps = planted(rng, 6, k, width)
     path = tmp_path / "in.jsonl"
     write_jsonl(path, [{"id": f"r{i}", "fp": f"{f:x}", "n": i} for i, f in enumerate(fps)])
     got = list(simindex.decisions([str(path)], id_field="id", fingerprint_field="fp", k=k,
-                                  width=width))
+                                  width=width, jobs=jobs))
     want = greedy(fps, k)
     assert [d.kept for d in got] == [w[0] for w in want]
     for d, w in zip(got, want):
