@@ -398,6 +398,26 @@ def test_bad_rows_are_skipped_or_stopped_on_in_input_order(local_ray, tmp_path):
     assert e.value.where == order[0]
 
 
+def test_the_kept_lines_are_written_as_read_past_blank_and_bad_lines(local_ray, tmp_path):
+    """A JSON lines output holds each kept row's line as the input has it (its spacing, its
+    keys' order), also after a blank line and a bad row in the middle of a file: the bytes
+    one machine writes."""
+    a, b, c = paragraphs(3)
+    lines = [json.dumps({"text": a, "id": "a"}), "", '{"id": "bad"}',
+             '{ "id" : "b",   "text": ' + json.dumps(b) + " }",
+             json.dumps({"id": "a-copy", "text": a}), json.dumps({"id": "c", "text": c})]
+    src = tmp_path / "f.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    one = str(tmp_path / "one.jsonl")
+    r = cli(src, "-o", one, "--id-field", "id", "--k", "3", "--on-error", "skip")
+    assert r.returncode == 0, r.stderr
+    out = ray_run(tmp_path, [str(src)], "ray", id_field="id", k=3, on_error=lambda e: None)
+    got = b"".join(open(os.path.join(out, n), "rb").read() for n in sorted(os.listdir(out))
+                   if n.endswith(".jsonl"))
+    with open(one, "rb") as f:
+        assert got == f.read() == ("\n".join(lines[i] for i in (0, 3, 5)) + "\n").encode()
+
+
 def test_a_parquet_output_holds_the_columns_and_types_of_the_one_machine_file(local_ray,
                                                                                tmp_path):
     a, b, c = paragraphs(3)

@@ -34,7 +34,7 @@ from ..bands import band_plan
 from ..datasets.check import Check, Shingles
 from ..datasets.publish import distinct, publish, temporary_dir
 from ..datasets.reports import ANNOTATIONS, id_key, removed_line
-from ..datasets.rows import RowWriter, format_of, read_rows
+from ..datasets.rows import Row, RowWriter, format_of, json_line, open_bytes, read_rows
 from ..datasets.rules import (
     components_outside, greedy_outside, greedy_verdict, held, id_taken, matches, near_pairs,
     outside_verdict, sketched, verdict_of_group,
@@ -464,6 +464,18 @@ def _first_written(job: _Job, path: str, shown: str, decided: list, rest: dict,
     return columns, schema, len(rows)
 
 
+def _rows_again(job: _Job, path: str, shown: str) -> Iterable[Row]:
+    """The rows of a file as _write reads them again: from a JSON lines file into a JSON
+    lines output without annotations, each row its line's bytes, nothing decoded (the read
+    stage judged the lines, and a kept row is written as read); else read_rows'."""
+    if job.annotate or job.out_fmt != "jsonl" or format_of(path, job.fmt) != "jsonl":
+        yield from read_rows(path, job.fmt, lambda e: None, shown)
+        return
+    with open_bytes(path) as f:
+        for n, raw in enumerate(f, 1):
+            yield Row(None, n, f"{shown}:{n}", json_line(raw, n))
+
+
 @ray.remote
 def _write(job: _Job, p: int, path: str, shown: str, offset: int, decided: list, rest: dict,
            columns: Optional[list], schema: Any, *answers: dict) -> None:
@@ -483,7 +495,7 @@ def _write(job: _Job, p: int, path: str, shown: str, offset: int, decided: list,
     writers = [w for w in (out, gone) if w is not None]
     try:
         i = 0
-        for row in read_rows(path, job.fmt, lambda e: None, shown):
+        for row in _rows_again(job, path, shown):
             if i >= len(numbers) or row.number != numbers[i]:
                 continue                       # a bad row, skipped when first read
             kept, match, distance, reference, cluster, sim, how = decided[i]
@@ -509,7 +521,7 @@ def _write(job: _Job, p: int, path: str, shown: str, offset: int, decided: list,
                                               sizes[id_key(cluster)][0], sim, how)))
                 out.write(data)
             elif kept:
-                out.write(row.data)
+                out.write(row.written)
             i += 1
         if "clusters" in job.tmp and (heads or members):
             w = RowWriter(os.path.join(job.tmp["clusters"], f"{name}.jsonl"), "jsonl")
