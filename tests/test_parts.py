@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import simindex
 from simindex.datasets import parts, run as runmod
@@ -124,25 +125,71 @@ SMALL_PARTS = ("import sys, simindex.datasets.parts as p, simindex.cli as c; "
 
 @pytest.mark.parametrize("options", [["--k", "8"], ["--min-similarity", "0.8"]])
 def test_the_command_writes_the_lines_of_parts_as_one_reader_does(tmp_path, options):
-    """dedup's JSON lines output of a file read in parts is its kept lines as read (the
-    run does not decode them again): byte for byte what one reader writes, a byte order
-    mark and CRLF line ends included, and the same removed rows with the same evidence."""
+    """dedup's JSON lines output of a file read in parts (with one job as with two) is its
+    kept lines as read (the run does not decode them again): byte for byte what one reader
+    writes (the same file gzipped, which cannot be cut), a byte order mark and CRLF line
+    ends included, and the same removed rows with the same evidence."""
+    import gzip
     rng = random.Random(11)
     lines = corpus(rng, n=400, odd=False)
-    path = tmp_path / "in.jsonl"
-    path.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(lines) + b"\r\n")
-    out = {}
+    data = b"\xef\xbb\xbf" + b"\r\n".join(lines) + b"\r\n"
+    for where, raw in (("whole", gzip.compress(data)), ("1", data), ("2", data)):
+        (tmp_path / where).mkdir()
+        (tmp_path / where / "in.jsonl").write_bytes(raw)
+        subprocess.run([sys.executable, "-c", SMALL_PARTS, "dedup", "in.jsonl", "-o",
+                        "out.jsonl", "--removed", "removed.jsonl", "--id-field", "id",
+                        "--jobs", "1" if where == "whole" else where, "--quiet", *options],
+                       check=True, cwd=tmp_path / where)
+    assert not parts.splittable(str(tmp_path / "whole" / "in.jsonl"))
+    kept = (tmp_path / "whole" / "out.jsonl").read_bytes()
+    removed = (tmp_path / "whole" / "removed.jsonl").read_bytes()
     for jobs in ("1", "2"):
-        out[jobs] = tmp_path / f"out{jobs}.jsonl"
-        subprocess.run([sys.executable, "-c", SMALL_PARTS, "dedup", str(path), "-o",
-                        str(out[jobs]), "--removed", str(tmp_path / f"removed{jobs}.jsonl"),
-                        "--id-field", "id", "--jobs", jobs, "--quiet", *options], check=True)
-    kept = out["1"].read_bytes()
-    assert out["2"].read_bytes() == kept
-    removed = (tmp_path / "removed1.jsonl").read_bytes()
-    assert (tmp_path / "removed2.jsonl").read_bytes() == removed and b'"match"' in removed
+        assert (tmp_path / jobs / "out.jsonl").read_bytes() == kept
+        assert (tmp_path / jobs / "removed.jsonl").read_bytes() == removed
     assert 100 < kept.count(b"\n") < 400 and not kept.startswith(b"\xef") \
-        and b"\r" not in kept
+        and b"\r" not in kept and b'"match"' in removed
+
+
+SHAPE = (3, 4, 1, 64)           # search_shape of an index at k=3, 64 bits
+
+# lines of every kind a reader meets: good rows of several shapes, rows a rule rejects,
+# and lines that are not rows (each of them read row by row, and never in columns)
+PART_LINES = [
+    b'{"id": "a", "text": "alpha beta gamma delta"}',
+    b'{"text": "alpha beta gamma epsilon", "id": 7, "other": [1, {"x": null}]}',
+    b'{"id": "c", "text": "caf\xc3\xa9 beta gamma", "n": 1e400}',
+    b'{"id": "d", "text": "..., ;;"}', b'{"id": "e", "text": ""}', b'{"id": "f"}',
+    b'{"id": "g", "text": 5}', b'{"id": true, "text": "alpha"}', b'{"id": "", "text": "a"}',
+    b'{"id": "h\\tb", "text": "alpha"}', b'{"text": "alpha beta", "id": "i", "id": "j"}',
+    b'{"x": "\xff", "id": "k", "text": "alpha"}', b'{"\xed\xa0\x80": 1, "text": "a"}',
+    b'{"id": "l", "text": "nan", "v": NaN}', b'{"id": "m", "text": "\\ud800 lone"}',
+    b'{"id": "n", "text": "a", "x": ' + b"[" * 3000 + b"]" * 3000 + b"}",
+    b'\xef\xbb\xbf{"id": "o", "text": "bom"}', b"", b"  ", b"[1]", b"{not json}",
+    b'{"id": "p", "text": "alpha"}\r', b'{"id": "q", "te\\u0078t": "escaped key"}',
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(PART_LINES), min_size=1, max_size=12),
+       st.integers(1, 3), st.sampled_from([None, "id"]), st.sampled_from(["first", "longest"]),
+       st.booleans(), st.booleans())
+def test_a_part_read_in_columns_is_what_reading_it_row_by_row_makes(
+        lines, first, id_field, keep, checked, preparing):
+    """A part whose rows need only their text and id is read in columns, with no dict per
+    row (the fast decoder checks what it skips, and the UTF-8 of every line): its good
+    rows, ids, fingerprints, ranks, sets and bad rows are those of reading it row by row;
+    a part with a line the columns cannot read is read row by row."""
+    settings_ = dict(fmt=None, text_field="text", id_field=id_field, fingerprint_field=None,
+                     keep=keep, width=64, scheme="minhash-v1" if checked else "simindex-v1",
+                     shingled=checked, reserved=(), scratch=None, preparing=dict(
+                         token=b"t", k=3, shape=SHAPE) if preparing else None)
+    rows = runmod._part_by_rows(settings_, lines, first, 0, "in.jsonl")
+    got = runmod.part_work(settings_, lines, first, 0, "in.jsonl")
+    assert repr(got) == repr(rows)
+    columns = runmod._part_in_columns(settings_, lines, first, 0, "in.jsonl")
+    assert columns is None or repr(columns) == repr(rows)
+    if all(raw in PART_LINES[:2] for raw in lines):
+        assert columns is not None
 
 
 def test_a_file_that_changes_while_workers_read_it_is_an_error(tmp_path, monkeypatch):

@@ -52,7 +52,7 @@ from ..scheme_names import lsh_bands, lsh_rows
 from .check import Check, Shingles, batch_signatures
 from .publish import temporary_dir
 from .parts import in_order, parts_of, read_part, splittable
-from .rows import Row, format_of, json_line, json_row, read_rows
+from .rows import Row, format_of, json_columns, json_line, json_row, read_rows
 from .rules import (
     components_outside, distance, greedy_outside, greedy_verdict, held, id_taken, matches,
     near_pairs, pairs_as_searched, search_shape, sketched, taken_row, verdict_of_group,
@@ -285,9 +285,11 @@ def decision_batches(inputs: Union[str, Iterable[str]], *, text_field: str = "te
             fingerprint_field=fingerprint_field, time_budget=time_budget, summary=summary)
         if empty:                      # no row: judged against a scratch index, not kept
             index = os.path.join(scratch, "index")
-        parts = jobs if jobs > 1 and all(format_of(path, fmt) == "jsonl" and
-                                         splittable(path) for path in paths) else 0
-        if parts:                      # JSON lines: read in parts by worker processes
+        # JSON lines read in parts, by worker processes (or with one job, by this process
+        # when rows are written back as their lines: no row is decoded into a dict)
+        whole = all(format_of(path, fmt) == "jsonl" and splittable(path) for path in paths)
+        parts = jobs if whole and (jobs > 1 or lines) else 0
+        if parts > 1:
             pool = _processes(jobs)
         elif jobs > 1 and (fingerprint_field is None or min_similarity is not None):
             word = (scheme or DEFAULT_SCHEME) in WORD_SCHEMES if new else None
@@ -396,13 +398,19 @@ def prepared(good: list, token: bytes, k: int, shape: tuple, checked: bool,
     """The Prepared of a batch of good rows judged at k by an index of this search_shape,
     in a run with this token (`checked`: with a similarity check); `queries`: their
     fingerprints as the index's batch calls take them."""
+    return prepared_columns(good, [g.id for g in good], [[g.p, g.row.number] for g in good],
+                            [g.sh for g in good], token, k, shape, checked, queries)
+
+
+def prepared_columns(rows: Any, ids: list, positions: list, sh: list, token: bytes, k: int,
+                     shape: tuple, checked: bool, queries: Any) -> Prepared:
+    """prepared() of a batch given in columns: its ids, positions and Shingles (or Nones);
+    `rows` stands in the Prepared's place of the good rows."""
     earlier: dict = {}
     for a, b in pairs_as_searched(shape, queries, k):
         earlier.setdefault(b, []).append(a)
-    ids = [g.id for g in good]
-    metas = kept_metas(token, [[g.p, g.row.number] for g in good], ids,
-                       [g.sh for g in good], checked)
-    return Prepared(good, queries, encode_ids(ids), earlier, metas)
+    metas = kept_metas(token, positions, ids, sh, checked)
+    return Prepared(rows, queries, encode_ids(ids), earlier, metas)
 
 
 def _line_batches(p: int, shown: str, first: int, lines: list, numbers: list,
@@ -601,9 +609,16 @@ class BatchReader:
         settings = self.settings()
         self.made = {}                 # the workers make every row's sets themselves
         for p, path, shown in self.files:
-            jobs = ((part, lines, (settings, part, p, shown))
-                    for part, lines in parts_of(path))
-            for part, lines, got in in_order(self.pool, prepared_part, jobs, self.parts + 1):
+            if self.pool is None:      # one job: this process does the workers' work
+                here = dict(settings, scratch=None)
+                done: Iterator[tuple] = ((part, lines, part_work(here, lines, part.first, p,
+                                                                 shown))
+                                         for part, lines in parts_of(path))
+            else:
+                jobs = ((part, lines, (settings, part, p, shown))
+                        for part, lines in parts_of(path))
+                done = in_order(self.pool, prepared_part, jobs, self.parts + 1)
+            for part, lines, got in done:
                 counted, numbers, ids, fps, ranks, flat, bad, batches = got
                 self.counted(counted)
                 for _, where, reason in bad:
@@ -958,18 +973,103 @@ def _fingerprints(texts: list, scheme, width: int, pool, shingled: bool = False)
 
 
 def prepared_part(args: tuple) -> tuple:
-    """A worker's work on one part of a JSON lines file (parts.Part): its lines read and
-    checked as BatchReader.prepare checks them, and fingerprinted. Returns (rows counted,
-    the good rows' line numbers, their ids or None when they are "file:row", fingerprints,
-    ranks or None, their shingle sets and sketches (_flat_sets) or None, each bad row's
-    (line number, "file:row", reason) in the order the run reports them, and with
-    `preparing` in the settings each batch's Prepared but its rows, else None). InputError
-    when the part's bytes are not those the run's process read."""
+    """A worker's work on one part of a JSON lines file (parts.Part): part_work on its
+    lines. InputError when the part's bytes are not those the run's process read."""
     settings, part, p, shown = args
+    return part_work(settings, read_part(part, shown), part.first, p, shown)
+
+
+def part_work(settings: dict, lines: list, first: int, p: int, shown: str) -> tuple:
+    """Some lines of a JSON lines file (the first numbered `first`) read and checked as
+    BatchReader.prepare checks them, and fingerprinted. Returns (rows counted, the good
+    rows' line numbers, their ids or None when they are "file:row", fingerprints, ranks or
+    None, their shingle sets and sketches (_flat_sets) or None, each bad row's (line
+    number, "file:row", reason) in the order the run reports them, and with `preparing` in
+    the settings each batch's Prepared but its rows, else None)."""
+    got = _part_in_columns(settings, lines, first, p, shown)
+    return got if got is not None else _part_by_rows(settings, lines, first, p, shown)
+
+
+def _id_of(v: Any) -> Any:
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise InputError("not an id")
+    return check_id(v)
+
+
+def _part_in_columns(settings: dict, lines: list, first: int, p: int,
+                     shown: str) -> Optional[tuple]:
+    """part_work of lines whose rows need only their text (and id) columns, read as
+    columns (json_columns) with no object per row but the text: None when the rows need
+    more, or any line breaks a rule other than having no token (_part_by_rows reads such
+    lines and says what is wrong with each)."""
+    text_field, id_field, keep = settings["text_field"], settings["id_field"], settings["keep"]
+    if settings["fingerprint_field"] is not None or settings["reserved"] or \
+            keep not in ("first", "longest") or not lines:
+        return None
+    cols = json_columns(lines, (text_field,) if id_field is None else (text_field, id_field))
+    if cols is None:
+        return None
+    texts = cols[0]
+    for t in texts:
+        if type(t) is not str:
+            return None
+    ids = None
+    if id_field is not None:
+        try:
+            ids = [_id_of(v) for v in cols[1]]
+        except InputError:
+            return None
+    checked = settings["shingled"]
+    sigs = batch_signatures((texts, settings["scheme"], settings["width"], checked))
+    good = [i for i, sig in enumerate(sigs) if type(sig) is not str]
+    bad = []
+    if len(good) < len(sigs):
+        bad = [(first + i, f"{shown}:{first + i}", sig) for i, sig in enumerate(sigs)
+               if type(sig) is str]
+        sigs = [sigs[i] for i in good]
+        texts = [texts[i] for i in good]
+        if ids is not None:
+            ids = [ids[i] for i in good]
+        numbers = [first + i for i in good]
+    else:
+        numbers = list(range(first, first + len(lines)))
+    sh: list = [None] * len(numbers)
+    if checked:
+        fps = [sig[0] for sig in sigs]
+        sh = [sig[1] for sig in sigs]
+    else:
+        fps = sigs
+    batches = None
+    if settings["preparing"] is not None and numbers:
+        j = settings["preparing"]
+        places = [f"{shown}:{n}" for n in numbers] if ids is None else ids
+        batches = []
+        for i in range(0, len(numbers), BATCH):    # the batches the run's process makes
+            at = slice(i, i + BATCH)
+            queries = fps_array(fps[at], settings["width"])
+            batches.append(prepared_columns(
+                None, places[at], [[p, n] for n in numbers[at]], sh[at], j["token"], j["k"],
+                j["shape"], checked, queries)[1:])
+    return (len(lines), numbers, ids, fps,
+            [len(t) for t in texts] if keep == "longest" else None,
+            _flat_sets(sh, _sets_file(settings, p, first),
+                       with_sketches=batches is None) if checked else None,
+            bad, batches)
+
+
+def _sets_file(settings: dict, p: int, first: int) -> Optional[str]:
+    """Where a worker leaves a part's shingle sets (in the run's scratch folder), or None
+    to hand them back in memory."""
+    scratch = settings["scratch"]
+    return scratch and os.path.join(scratch, f"sets-{p}-{first}")
+
+
+def _part_by_rows(settings: dict, lines: list, first: int, p: int, shown: str) -> tuple:
+    """part_work row by row: each line a Row (json_row), checked by BatchReader.prepare."""
     rows: list = []
     unread: list = []
     number: dict = {}                  # "file:row" -> row number
-    for n, raw in enumerate(read_part(part, shown), part.first):
+    for n, raw in enumerate(lines, first):
         got = json_row(raw, n, shown, True)   # a dict: the columns are what is sent
         if type(got) is Row:
             rows.append((p, got))
@@ -978,7 +1078,7 @@ def prepared_part(args: tuple) -> tuple:
             unread.append((len(rows), got))
             number[got.where] = n
     bad: list = []
-    reader = BatchReader([part.path], settings["fmt"], settings["text_field"],
+    reader = BatchReader([shown], settings["fmt"], settings["text_field"],
                          settings["id_field"], settings["fingerprint_field"],
                          settings["keep"], None, bad.append, Summary(),
                          SimpleNamespace(width=settings["width"], scheme=settings["scheme"]),
@@ -1000,9 +1100,8 @@ def prepared_part(args: tuple) -> tuple:
             None if settings["id_field"] is None else [g.id for g in good],
             [g.fp for g in good],
             None if settings["keep"] == "first" else [g.rank for g in good],
-            _flat_sets(good, settings["scratch"] and os.path.join(
-                settings["scratch"], f"sets-{p}-{part.first}"),
-                with_sketches=batches is None) if checked else None,
+            _flat_sets([g.sh for g in good], _sets_file(settings, p, first),
+                       with_sketches=batches is None) if checked else None,
             [(number[e.where], e.where, e.reason) for e in bad], batches)
 
 
@@ -1019,14 +1118,15 @@ def _unflat_sets(flat: tuple) -> list:
             zip([0, *ends[:-1]], ends, [0, *sk_ends[:-1]], sk_ends)]
 
 
-def _flat_sets(good: list, path: Optional[str] = None, with_sketches: bool = True) -> tuple:
-    """The good rows' shingle sets and sketches as (values, ends, sketches, their ends): a
-    few large objects, which pass between processes far faster than a small one per row.
+def _flat_sets(sh: list, path: Optional[str] = None, with_sketches: bool = True) -> tuple:
+    """Rows' shingle sets and sketches (`sh`: their Shingles) as (values, ends, sketches,
+    their ends): a few large objects, which pass between processes far faster than a small
+    one per row.
     With `path`, the values are written to that file and stand as its path: the run's
     process reads them from the page cache, not through the pool's pipe and pickles.
     Without sketches (the workers packed the records' metas, which hold them), they are
     b"" and their ends None."""
-    sets = [g.sh.set for g in good]
+    sets = [x.set for x in sh]
     values: Any = np.concatenate(sets) if sets else np.empty(0, np.uint64)
     if path is not None:
         values.astype("<u8", copy=False).tofile(path)
@@ -1034,7 +1134,7 @@ def _flat_sets(good: list, path: Optional[str] = None, with_sketches: bool = Tru
     ends = np.cumsum([len(x) for x in sets], dtype=np.int64).tolist()
     if not with_sketches:
         return values, ends, b"", None
-    sketches = [g.sh.sketch for g in good]
+    sketches = [x.sketch for x in sh]
     return values, ends, b"".join(sketches), np.cumsum([len(x) for x in sketches]).tolist()
 
 
