@@ -100,6 +100,32 @@ def test_the_compiled_pass_equals_the_reference(text, width):
     assert shingle_set(text, "minhash-v1").tolist() == sorted(ref_shingles(text))
 
 
+# the pieces of mostly-ASCII text: runs of 16 ASCII characters are tokenized 16 at a time,
+# so word characters, case, the other ASCII characters and a rare one above ASCII (which
+# sends its 16 the slow way) fall on every side of a 16-character boundary
+ASCII_PIECES = list("abzAMZ09_ .,-@[`{\n\t\x7f") + ["word ", "WORD ", "Mixed_Case9 ",
+                                                     "é", "ß", "Å"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(ASCII_PIECES), max_size=400).map("".join))
+def test_mostly_ascii_text_is_tokenized_as_the_reference_tokenizes_it(text):
+    if not ref_tokens(text):
+        with pytest.raises(simindex.InputError):
+            simindex.fingerprint(text, scheme="minhash-v1")
+        return
+    assert shingle_set(text, "minhash-v1").tolist() == sorted(ref_shingles(text))
+
+
+def test_a_text_longer_than_the_pass_keeps_is_tokenized_whole():
+    """The pass keeps only the last tokens' bytes (it drops the rest beyond 64 KiB)."""
+    rng = random.Random(5)
+    text = " ".join(rng.choice(["alpha", "Beta", "GAMMA", "d_1", "x", "é"]) +
+                    rng.choice(["", ",", " ", "..."]) for _ in range(60000))
+    assert len(text) > 4 * 65536
+    assert shingle_set(text, "minhash-v1").tolist() == sorted(ref_shingles(text))
+
+
 def test_the_code_is_of_the_shingle_set_repeats_change_nothing():
     c = "one two three one two three one two three"
     assert ref_shingles(c) == ref_shingles("one two three one two three")

@@ -398,14 +398,15 @@ static inline void si_wide_char(si_pass *s, const si_tables_t *t, uint32_t c) {
     }
 }
 
-/* The characters of a PEP 393 string's data, CHAR_T each: ASCII inline, in stretches of
- * 48 (which write 97 bytes at most: each character its byte and a separating space). The
- * buffer and its length live in locals inside a stretch (a store through char * could
- * alias them), written back around every call that reads them. */
-#define SI_FEED_LOOP(CHAR_T)                                                              \
+/* The characters P[FROM..TO) of a PEP 393 string's data, CHAR_T each: ASCII inline, in
+ * stretches of 48 (which write 97 bytes at most: each character its byte and a separating
+ * space). The buffer and its length live in locals inside a stretch (a store through
+ * char * could alias them), written back around every call that reads them. */
+#define SI_FEED_RANGE(CHAR_T, P, FROM, TO)                                                \
     do {                                                                                  \
-        const CHAR_T *p = (const CHAR_T *)data;                                           \
-        size_t i = 0;                                                                     \
+        const CHAR_T *p = (const CHAR_T *)(P);                                            \
+        size_t si_from_ = (FROM), si_to_ = (TO);                                          \
+        size_t i = si_from_, n = si_to_;                                                  \
         while (i < n && !s->oom && !s->needs_nf) {                                        \
             if (si_reserve(s, 128)) return;                                               \
             size_t stop = i + 48 < n ? i + 48 : n;                                        \
@@ -439,13 +440,71 @@ static inline void si_wide_char(si_pass *s, const si_tables_t *t, uint32_t c) {
         }                                                                                 \
     } while (0)
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+
+/* The characters of a one-byte-per-character string: 16 at a time where all 16 are ASCII,
+ * each run of word characters found from a mask of the 16 and copied lowercased in one
+ * 16-byte store (the bytes past the run are overwritten by what follows, or lie past the
+ * buffer's length), so the work is per token, not per character; other stretches and the
+ * last characters as SI_FEED_RANGE reads them. */
+static void si_feed_ascii(si_pass *s, const si_tables_t *t, const uint8_t *data, size_t n) {
+    const __m128i before_A = _mm_set1_epi8('A' - 1), after_Z = _mm_set1_epi8('Z' + 1);
+    const __m128i before_a = _mm_set1_epi8('a' - 1), after_z = _mm_set1_epi8('z' + 1);
+    const __m128i before_0 = _mm_set1_epi8('0' - 1), after_9 = _mm_set1_epi8('9' + 1);
+    const __m128i under = _mm_set1_epi8('_'), case_bit = _mm_set1_epi8(0x20);
+    unsigned char lowered[32];
+    size_t i = 0;
+    while (i + 16 <= n && !s->oom && !s->needs_nf) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(data + i));
+        if (_mm_movemask_epi8(v)) {           /* a character above ASCII among them */
+            SI_FEED_RANGE(uint8_t, data, i, i + 16);
+            i += 16;
+            continue;
+        }
+        if (si_reserve(s, 64)) return;        /* 16 bytes, 8 spaces, a store's 16 past */
+        __m128i upper = _mm_and_si128(_mm_cmpgt_epi8(v, before_A), _mm_cmplt_epi8(v, after_Z));
+        __m128i low = _mm_or_si128(v, _mm_and_si128(upper, case_bit));
+        __m128i word = _mm_or_si128(
+            _mm_or_si128(_mm_and_si128(_mm_cmpgt_epi8(low, before_a),
+                                       _mm_cmplt_epi8(low, after_z)),
+                         _mm_and_si128(_mm_cmpgt_epi8(v, before_0),
+                                       _mm_cmplt_epi8(v, after_9))),
+            _mm_cmpeq_epi8(v, under));
+        uint32_t m = (uint32_t)_mm_movemask_epi8(word);
+        _mm_storeu_si128((__m128i *)lowered, low);
+        int pos = 0;
+        while (pos < 16) {
+            uint32_t rest = m >> pos;
+            if (!(rest & 1)) {                 /* a run of other characters */
+                if (s->in_tok) si_token_end(s);
+                if (!rest) break;
+                pos += __builtin_ctz(rest);
+            }
+            int run = __builtin_ctz(~m >> pos);   /* ~m has bit 16 set: run <= 16 - pos */
+            if (!s->in_tok) si_token_start(s);
+            _mm_storeu_si128((__m128i *)(s->buf + s->len),
+                             _mm_loadu_si128((const __m128i *)(lowered + pos)));
+            s->len += run;
+            pos += run;
+        }
+        i += 16;
+    }
+    SI_FEED_RANGE(uint8_t, data, i, n);
+}
+#endif
+
 /* Feed a text's characters: kind 1, 2 or 4 bytes each (a PEP 393 string's data). Stops
  * early, with s->needs_nf set, at a character whose normal form depends on its neighbours
  * (only when s->normalized is 0). */
 static void si_feed(si_pass *s, const si_tables_t *t, int kind, const void *data, size_t n) {
-    if (kind == 1) SI_FEED_LOOP(uint8_t);
-    else if (kind == 2) SI_FEED_LOOP(uint16_t);
-    else SI_FEED_LOOP(uint32_t);
+#if defined(__SSE2__)
+    if (kind == 1) { si_feed_ascii(s, t, (const uint8_t *)data, n); return; }
+#else
+    if (kind == 1) SI_FEED_RANGE(uint8_t, data, 0, n);
+#endif
+    else if (kind == 2) SI_FEED_RANGE(uint16_t, data, 0, n);
+    else SI_FEED_RANGE(uint32_t, data, 0, n);
 }
 
 /* The text ended: close its last token; a text with fewer tokens than the width makes one
