@@ -82,6 +82,8 @@ typedef struct {
     uint64_t cnt8[SI_MAX_WORDS * 8];
     int64_t ones[SI_MAX_WORDS * 64];
     int pending;
+    uint64_t votes[64];          /* a 64-bit vote's hashes not yet counted (si_vote_block) */
+    int nvotes;
     /* the MinHash code */
     int mh_shift;                /* 64 - log2(bins) */
     int mh_filled;
@@ -182,6 +184,19 @@ static inline void si_vote_flush(si_pass *s) {
         s->cnt8[j] = 0;
     }
     s->pending = 0;
+}
+
+/* The 64-bit vote's waiting hashes counted, eight byte lanes at a time in registers
+ * (at most 64 hashes: no lane of a counter overflows). */
+static inline void si_vote_block(si_pass *s) {
+    uint64_t c[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < s->nvotes; i++) {
+        uint64_t x = s->votes[i];
+        for (int j = 0; j < 8; j++) c[j] += si_spread[(x >> (8 * j)) & 0xFF];
+    }
+    for (int j = 0; j < 8; j++)
+        for (int t = 0; t < 8; t++) s->ones[8 * j + t] += (c[j] >> (8 * t)) & 0xFF;
+    s->nvotes = 0;
 }
 
 /* ones[64 * q + i] counts bit i of hash word q (word 0 the most significant) */
@@ -285,7 +300,8 @@ static inline void si_emit(si_pass *s, const char *p, size_t n) {
         x = (uint64_t)XXH3_64bits(p, n);
     if (s->vote_kind >= 0) {
         if (s->vote_kind == 0) {
-            h[0] = x;
+            s->votes[s->nvotes++] = x;
+            if (s->nvotes == 64) si_vote_block(s);
         } else {
             XXH128_hash_t y = XXH3_128bits_withSeed(p, n, 0);
             h[0] = y.high64; h[1] = y.low64;
@@ -293,8 +309,8 @@ static inline void si_emit(si_pass *s, const char *p, size_t n) {
                 y = XXH3_128bits_withSeed(p, n, 1);
                 h[2] = y.high64; h[3] = y.low64;
             }
+            si_vote_add(s, h);
         }
-        si_vote_add(s, h);
     }
     if (s->mh_words) si_mh_add(s, x);
     if (s->want_all && si_push64(&s->all, &s->nall, &s->capall, x)) s->oom = 1;
@@ -515,7 +531,10 @@ static void si_finish(si_pass *s) {
         size_t a = s->start[0];
         si_emit(s, s->buf + a, s->end[(s->ntok - 1) % SI_MAX_SHINGLE] - a);
     }
-    if (s->vote_kind >= 0) si_vote_flush(s);
+    if (s->vote_kind >= 0) {
+        si_vote_block(s);
+        si_vote_flush(s);
+    }
     if (s->mh_words && s->windows && s->mh_filled < s->mh_bins) {
         int bins = s->mh_bins;
         /* the attempts read every distinct shingle once (a text of few distinct shingles
