@@ -8,6 +8,7 @@ import csv
 import functools
 import gzip
 import io
+import itertools
 import json
 import os
 import queue
@@ -192,8 +193,8 @@ def json_columns(lines: list, fields: tuple) -> Optional[list]:
     the caller reads them row by row (json_row), which says what is wrong with each."""
     decode = _columns_decoder(fields)
     try:
-        for line in lines:
-            if not line.isascii():
+        if not all(map(bytes.isascii, lines)):
+            for line in lines:
                 line.decode("utf-8")   # the skipped values are not checked for it
         got = [decode(line) for line in lines]
     except (msgspec.MsgspecError, ValueError, RecursionError):
@@ -397,11 +398,11 @@ class RowWriter:
         self.count += len(rows)
         if self._behind is None:
             self._behind = _Behind(self._bytes)
-        try:
-            chunk = b"\n".join(rows)          # rows that are their lines' bytes
+        try:                                  # rows that are their lines' bytes
+            chunk = b"\n".join(itertools.chain(rows, (b"",)))
         except TypeError:
-            chunk = b"\n".join([_line_of(row) for row in rows])
-        self._behind.write(chunk + b"\n")
+            chunk = b"\n".join([*map(_line_of, rows), b""])
+        self._behind.write(chunk)
 
     def _flush_parquet(self):
         import pyarrow as pa

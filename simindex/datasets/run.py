@@ -215,10 +215,19 @@ class _Judge:
         out: list = []
         kept_here: dict = {}           # batch position -> True for kept rows
         adds = []
+        made = tuple.__new__           # a Decision made without its __new__'s call
         for i, (row, id_, fp, pos) in enumerate(zip(a.rows, ids, fps, a.positions)):
             near = stored[i] or (refs is not None and refs[i]) or i in earlier
+            if not near:               # the common row: nothing near it, kept
+                kept_here[i] = True
+                adds.append(i)
+                if check is not None and sh[i] is not None:
+                    check.keep(pos, sh[i].set)
+                out.append(made(Decision, (row, id_, places[i], fp, True, None, None, False,
+                                           id_, None, None)))
+                continue
             best, mine = greedy_outside(stored[i], refs[i] if refs is not None else (),
-                                        sh[i], pos, token, check) if near else (None, False)
+                                        sh[i], pos, token, check)
             for j in earlier.get(i, ()):
                 if kept_here.get(j):
                     d = distance(fps[i], fps[j])
@@ -421,7 +430,9 @@ def _line_batches(p: int, shown: str, first: int, lines: list, numbers: list,
     batch's Prepared but its rows) with no object per row but what judging takes: each
     row stands as its line's bytes."""
     places = [f"{shown}:{n}" for n in numbers]
-    rows = [json_line(lines[n - first], n) for n in numbers]
+    rows = [lines[n - first].rstrip(b"\r\n") for n in numbers]   # json_line's
+    if numbers and numbers[0] == 1:
+        rows[0] = json_line(rows[0], 1)
     positions = [[p, n] for n in numbers]
     sh = [None] * len(numbers) if flat is None else _unflat_sets(flat)
     ids = places if ids is None else ids
@@ -613,7 +624,7 @@ class BatchReader:
                 here = dict(settings, scratch=None)
                 done: Iterator[tuple] = ((part, lines, part_work(here, lines, part.first, p,
                                                                  shown))
-                                         for part, lines in parts_of(path))
+                                         for part, lines in parts_of(path, digests=False))
             else:
                 jobs = ((part, lines, (settings, part, p, shown))
                         for part, lines in parts_of(path))
