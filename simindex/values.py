@@ -42,6 +42,13 @@ def fp_array(fps):
                                  f"fingerprints must be in [0, 2**64)")
             return fps.astype(np.uint64)
         raise InputTypeError(f"fingerprints must be an integer array, got dtype {fps.dtype}")
+    if type(fps) is not list:
+        fps = list(fps)
+    if set(map(type, fps)) <= {int}:      # ints only (no bool, no float): numpy checks
+        try:                               # their range, without a call per value
+            return np.array(fps, dtype=np.uint64)
+        except OverflowError:
+            pass                           # the value out of range is named below
     out = []
     for i, fp in enumerate(fps):
         try:

@@ -712,3 +712,17 @@ def test_on_a_terminal_the_progress_tells_the_share_done_even_without_a_width(tm
     text = out.decode("utf-8", "replace")
     assert "100%|" in text and "30000/30000 [" in text and "rows in 30000" in text
     assert re.search(r"\d+%\|.*\| \d+/\d+ \[\d\d:\d\d<\d\d:\d\d", text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=1, max_size=300),
+       st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)), max_size=8))
+def test_kept_rows_metas_are_their_token_and_position_as_msgpack(token, positions):
+    """The records a run adds hold [token, [file, row]] packed as msgpack packs the value
+    (made in parts, for speed, and read back by later runs as that value)."""
+    import msgpack
+    positions = [list(p) for p in positions]
+    metas = dedup_module.kept_metas(token, positions, [None] * len(positions),
+                                    [None] * len(positions), False)
+    assert metas == [msgpack.packb([token, p], use_bin_type=True) for p in positions]
+    assert [msgpack.unpackb(m) for m in metas] == [[token, p] for p in positions]

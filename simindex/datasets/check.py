@@ -53,6 +53,8 @@ def batch_signatures(args: tuple) -> list:
             texts, schemes[scheme].shingle_width, shingles=checked, distinct=checked,
             sketches=sketches, **pass_args(scheme, width))
         fps = words_to_ints(codes)
+        if not checked and counts.all():
+            return fps                         # every text had tokens
         for i, fp in enumerate(fps):
             if not counts[i]:
                 out.append(f"text has no tokens under scheme {scheme!r} (empty, or no word "

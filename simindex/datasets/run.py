@@ -37,6 +37,7 @@ from typing import (
     Any, Callable, Generator, Iterable, Iterator, NamedTuple, Optional, Union,
 )
 
+import msgpack
 import numpy as np
 
 from ..signatures import _text
@@ -445,9 +446,11 @@ def _line_batches(p: int, shown: str, first: int, lines: list, numbers: list,
 def kept_metas(token: bytes, positions: list, ids: list, sh: list, checked: bool) -> list:
     """The stored metas of kept records: the run token and the row's position, and with
     a check (`checked`) the row's sketch and set size (for later runs' checks)."""
+    if not checked:                # [token, [p, n]] packed by parts: msgpack's array of
+        pack = msgpack.Packer(use_bin_type=True).pack    # two is its header and each item
+        head = b"\x92" + pack(token) + b"\x92"
+        return [b"".join((head, pack(p), pack(n))) for p, n in positions]
     values = [[token, pos] for pos in positions]
-    if not checked:
-        return pack_metas(values, ids)
     return pack_metas(values, ids, [None if x is None else (x.sketch, len(x.set))
                                     for x in sh])
 
