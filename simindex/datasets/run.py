@@ -997,7 +997,8 @@ def part_work(settings: dict, lines: list, first: int, p: int, shown: str) -> tu
     """Some lines of a JSON lines file (the first numbered `first`) read and checked as
     BatchReader.prepare checks them, and fingerprinted. Returns (rows counted, the good
     rows' line numbers, their ids or None when they are "file:row", fingerprints, ranks or
-    None, their shingle sets and sketches (_flat_sets) or None, each bad row's (line
+    None, their shingle sets and sketches (_flat_sets; no sketches when the settings say
+    "sketches": False) or None, each bad row's (line
     number, "file:row", reason) in the order the run reports them, and with `preparing` in
     the settings each batch's Prepared but its rows, else None)."""
     got = _part_in_columns(settings, lines, first, p, shown)
@@ -1067,7 +1068,8 @@ def _part_in_columns(settings: dict, lines: list, first: int, p: int,
     return (len(lines), numbers, ids, fps,
             [len(t) for t in texts] if keep == "longest" else None,
             _flat_sets(sh, _sets_file(settings, p, first),
-                       with_sketches=batches is None) if checked else None,
+                       with_sketches=batches is None and settings.get("sketches", True))
+            if checked else None,
             bad, batches)
 
 
@@ -1115,7 +1117,8 @@ def _part_by_rows(settings: dict, lines: list, first: int, p: int, shown: str) -
             [g.fp for g in good],
             None if settings["keep"] == "first" else [g.rank for g in good],
             _flat_sets([g.sh for g in good], _sets_file(settings, p, first),
-                       with_sketches=batches is None) if checked else None,
+                       with_sketches=batches is None and settings.get("sketches", True))
+            if checked else None,
             [(number[e.where], e.where, e.reason) for e in bad], batches)
 
 

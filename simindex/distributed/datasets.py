@@ -39,7 +39,8 @@ from ..datasets.rules import (
     components_outside, greedy_outside, greedy_verdict, held, id_taken, matches, near_pairs,
     outside_verdict, sketched, verdict_of_group,
 )
-from ..datasets.run import BATCH, BatchReader, Summary
+from ..datasets.parts import parts_of, splittable
+from ..datasets.run import BATCH, BatchReader, Summary, part_work
 from ..datasets.settings import (
     check_options, choose_radius, input_files, judging, open_indexes, run_token,
 )
@@ -107,6 +108,8 @@ def _read(job: _Job, p: int, path: str, shown: str) -> tuple:
     sets: list = []
     error = None
     outside = _Outside(job) if job.index is not None or job.against is not None else None
+    if outside is None and format_of(path, job.fmt) == "jsonl" and splittable(path):
+        return _read_parts(job, run, p, path, shown)
     try:
         for batch in run._batches():
             fps += [g.fp for g in batch]
@@ -134,6 +137,47 @@ def _read(job: _Job, p: int, path: str, shown: str) -> tuple:
                 np.cumsum([0] + [len(x) for x in sets], dtype=np.int64))
     info = {"rows": summary.rows, "skipped": bad, "error": error, "good": len(fps)}
     return _fps_array(fps, job.width), info, rest, flat
+
+
+def _read_parts(job: _Job, run: BatchReader, p: int, path: str, shown: str) -> tuple:
+    """_read of a JSON lines file without an index or a reference to look rows up in: its
+    parts read as the one-machine run reads them (part_work: in columns where the rows
+    allow; no sketches, which only records need), to the same columns."""
+    settings = dict(run.settings(), preparing=None, scratch=None, sketches=False)
+    rows = 0
+    bad: list = []
+    error = None
+    fps: list = []
+    numbers: list = []
+    ids: list = []
+    ranks: list = []
+    values: list = []              # each part's shingle sets, one after another
+    ends: list = []                # where each row's set ends in them
+    base = 0
+    for part, lines in parts_of(path, digests=False):
+        counted, good, got_ids, got_fps, got_ranks, flat, bads, _ = part_work(
+            settings, lines, part.first, p, shown)
+        rows += counted
+        if bads and job.stop:
+            error = BadLine(bads[0][1], bads[0][2])
+            break
+        bad += [BadLine(where, reason) for _, where, reason in bads]
+        fps += got_fps
+        numbers += good
+        ids += [f"{shown}:{n}" for n in good] if got_ids is None else got_ids
+        ranks += [None] * len(good) if got_ranks is None else got_ranks
+        if flat is not None:
+            values.append(flat[0])
+            ends += [base + e for e in flat[1]]
+            base += len(flat[0])
+    rest = {"numbers": np.array(numbers, dtype=np.int64), "ids": ids, "ranks": ranks,
+            "best": [None] * len(fps), "mine": np.zeros(len(fps), dtype=bool)}
+    sets = None
+    if job.check is not None:
+        sets = (np.concatenate(values) if values else np.empty(0, _U64),
+                np.array([0] + ends, dtype=np.int64))
+    info = {"rows": rows, "skipped": bad, "error": error, "good": len(fps)}
+    return _fps_array(fps, job.width), info, rest, sets
 
 
 class _Outside:
