@@ -418,10 +418,10 @@ def _assemble(job: _Job, p: int, offset: int, fps: np.ndarray, rest: dict,
                     meta = Packed(pack_meta(meta, None, (sh.sketch, len(sh.set))))
                 adds.append((ids[i], _fp_int(fps, i), meta))
     kept_ids: list = [[] for _ in range(job.reduces)]
-    for i, d in enumerate(decided):
-        if d[0]:
-            key = id_key(ids[i])
-            kept_ids[_hash_key(key, job.reduces)].append((key, offset + i, ids[i]))
+    rows = [i for i, d in enumerate(decided) if d[0]]
+    keys = encode_ids([ids[i] for i in rows])      # records' keys: 1 and "1" apart
+    for i, key, c in zip(rows, keys, map(zlib.crc32, keys)):
+        kept_ids[c % job.reduces].append((key, offset + i, ids[i]))
     pieces: list = [({}, []) for _ in range(job.reduces if job.sizes else 0)]
     if job.sizes:
         for i, d in enumerate(decided):
@@ -439,7 +439,7 @@ def _assemble(job: _Job, p: int, offset: int, fps: np.ndarray, rest: dict,
 @ray.remote
 def _repeats(*pieces: list) -> Optional[tuple]:
     """(position, id) of the first kept row, in input order, whose id an earlier kept row
-    holds too (in one reduce partition of ids), or None."""
+    holds too (in one reduce partition of ids, by their records' keys), or None."""
     seen: set = set()
     first = None
     for key, g, id_ in sorted((x for p in pieces for x in p), key=lambda x: x[1]):
@@ -520,6 +520,31 @@ def _rows_again(job: _Job, path: str, shown: str) -> Iterable[Row]:
             yield Row(None, n, f"{shown}:{n}", json_line(raw, n))
 
 
+def _kept_lines(job: _Job, path: str, shown: str, numbers: np.ndarray, decided: list,
+                out: RowWriter, removed: Any) -> bool:
+    """_write's reading of a JSON lines file into a JSON lines output without annotations:
+    its parts' kept lines written as read, a part at a time, and removed(i, "file:row") of
+    each removed row; False (nothing done) for other files and outputs."""
+    if job.annotate or job.out_fmt != "jsonl" or format_of(path, job.fmt) != "jsonl" or \
+            not splittable(path):
+        return False
+    numbers = numbers.tolist()
+    i = 0
+    for part, lines in parts_of(path, digests=False):
+        first, end = part.first, part.first + len(lines)
+        kept = []
+        while i < len(numbers) and numbers[i] < end:
+            n = numbers[i]
+            if decided[i][0]:
+                kept.append(lines[n - first].rstrip(b"\r\n") if n > 1 else
+                            json_line(lines[0], 1))
+            else:
+                removed(i, f"{shown}:{n}")
+            i += 1
+        out.write_many(kept)
+    return True
+
+
 @ray.remote
 def _write(job: _Job, p: int, path: str, shown: str, offset: int, decided: list, rest: dict,
            columns: Optional[list], schema: Any, *answers: dict) -> None:
@@ -537,24 +562,29 @@ def _write(job: _Job, p: int, path: str, shown: str, offset: int, decided: list,
     heads: list = []
     members: list = []
     writers = [w for w in (out, gone) if w is not None]
+
+    def removed(i: int, where: str) -> None:
+        _, match, distance, reference, cluster, sim, how = decided[i]
+        id_ = rest["ids"][i]
+        if gone is not None:
+            gone.write(removed_line(id_, where, match, distance, reference, sim, how,
+                                    job.radius))
+        if "clusters" in job.tmp:
+            key = id_key(cluster)
+            size, first = sizes[key]
+            if first == offset + i:
+                heads.append({"id": cluster, "cluster": cluster, "size": size})
+            if id_key(id_) != key:
+                members.append({"id": id_, "cluster": cluster, "size": size})
     try:
         i = 0
-        for row in _rows_again(job, path, shown):
+        for row in (() if _kept_lines(job, path, shown, numbers, decided, out, removed)
+                    else _rows_again(job, path, shown)):
             if i >= len(numbers) or row.number != numbers[i]:
                 continue                       # a bad row, skipped when first read
             kept, match, distance, reference, cluster, sim, how = decided[i]
-            id_ = rest["ids"][i]
             if not kept:
-                if gone is not None:
-                    gone.write(removed_line(id_, row.where, match, distance, reference, sim,
-                                            how, job.radius))
-                if "clusters" in job.tmp:
-                    key = id_key(cluster)
-                    size, first = sizes[key]
-                    if first == offset + i:
-                        heads.append({"id": cluster, "cluster": cluster, "size": size})
-                    if id_key(id_) != key:
-                        members.append({"id": id_, "cluster": cluster, "size": size})
+                removed(i, row.where)
             if job.annotate:
                 clash = [c for c in ANNOTATIONS if c in row.data]
                 if clash:
