@@ -263,22 +263,28 @@ static void si_radix64(uint64_t *a, uint64_t *tmp, size_t n) {
 }
 
 /* Sort n 64-bit keys ascending; tmp holds n keys. Shingle hashes spread evenly, so one
- * counting pass on the top byte and one scatter leave buckets of a few keys each, finished
- * by insertion sort (a bucket of more than 32 by the radix sort of its other bytes) and
- * copied back: about four passes over the keys where the radix sort alone makes sixteen. */
+ * counting pass on the top bits (about n / 4 buckets, at most 256) and one scatter leave
+ * buckets of a few keys each, finished by insertion sort (a bucket of more than 32 by the
+ * radix sort of its keys) and copied back: about four passes over the keys where the
+ * radix sort alone makes sixteen, and few buckets to count for a text's few hundred. */
 static void si_sort64(uint64_t *a, uint64_t *tmp, size_t n) {
     if (n <= 32) {
         si_insertion64(a, n);
         return;
     }
-    size_t start[257] = {0}, at[256];
-    for (size_t i = 0; i < n; i++) start[(a[i] >> 56) + 1]++;
-    for (int c = 0; c < 256; c++) start[c + 1] += start[c];
-    memcpy(at, start, sizeof(at));
-    for (size_t i = 0; i < n; i++) tmp[at[a[i] >> 56]++] = a[i];
-    for (int c = 0; c < 256; c++) {       /* a is free: each bucket's scratch */
+    int bits = 3;
+    while (bits < 8 && ((size_t)4 << bits) < n) bits++;
+    int shift = 64 - bits, buckets = 1 << bits;
+    size_t start[257], at[256];
+    memset(start, 0, (size_t)(buckets + 1) * sizeof(size_t));
+    for (size_t i = 0; i < n; i++) start[(a[i] >> shift) + 1]++;
+    for (int c = 0; c < buckets; c++) start[c + 1] += start[c];
+    memcpy(at, start, (size_t)buckets * sizeof(size_t));
+    for (size_t i = 0; i < n; i++) tmp[at[a[i] >> shift]++] = a[i];
+    for (int c = 0; c < buckets; c++) {   /* a is free: each bucket's scratch */
         size_t m = start[c + 1] - start[c];
-        if (m > 1) si_radix64(tmp + start[c], a + start[c], m);
+        if (m > 32) si_radix64(tmp + start[c], a + start[c], m);
+        else if (m > 1) si_insertion64(tmp + start[c], m);
     }
     memcpy(a, tmp, n * sizeof(uint64_t));
 }
