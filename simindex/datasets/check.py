@@ -45,25 +45,33 @@ class Shingles:
 def batch_signatures(args: tuple) -> list:
     """One part of a batch: per text, its fingerprint (with its Shingles when `checked`),
     or the InputError message of a text that has none."""
-    texts, scheme, width, checked = args
+    return text_signatures(*args)[0]
+
+
+def text_signatures(texts: list, scheme: str, width: int, checked: bool,
+                    sketched: bool = True) -> tuple:
+    """(batch_signatures of the texts, and with `checked` their shingle sets one after
+    another in one array when the text pass left them so, else None). The sets' sketches
+    are made now, or when `sketched` is False, when first asked for."""
     out: list = []
     if scheme in WORD_SCHEMES:
-        sketches: Optional[list] = [] if checked else None
+        sketches: Optional[list] = [] if checked and sketched else None
         codes, counts, raws = _text.signatures(
             texts, schemes[scheme].shingle_width, shingles=checked, distinct=checked,
             sketches=sketches, **pass_args(scheme, width))
         fps = words_to_ints(codes)
         if not checked and counts.all():
-            return fps                         # every text had tokens
+            return fps, None                   # every text had tokens
         for i, fp in enumerate(fps):
             if not counts[i]:
                 out.append(f"text has no tokens under scheme {scheme!r} (empty, or no word "
                            f"characters): it has no fingerprint")
             elif checked:
-                out.append((fp, Shingles(raws[i], sketches[i])))  # type: ignore[index]
+                out.append((fp, Shingles(raws[i], None if sketches is None else
+                                         sketches[i])))
             else:
                 out.append(fp)
-        return out
+        return out, _one_array(raws) if checked else None
     for t in texts:
         try:
             fp = fingerprint(t, scheme=scheme, width=width)
@@ -73,7 +81,19 @@ def batch_signatures(args: tuple) -> list:
                 out.append(fp)
         except InputError as e:
             out.append(str(e))
-    return out
+    return out, None
+
+
+def _one_array(sets: list) -> Optional[np.ndarray]:
+    """The array a text pass's sets are views of, in order, when they are all of it (the
+    texts it read without the interpreter: _text.signatures), else None."""
+    if not sets:
+        return np.empty(0, np.uint64)
+    base = sets[0].base
+    if type(base) is np.ndarray and base.ndim == 1 and sum(map(len, sets)) == len(base) \
+            and all(x.base is base for x in sets):
+        return base
+    return None
 
 
 class Spill:

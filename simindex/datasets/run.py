@@ -50,7 +50,7 @@ from ..signatures.fingerprints import DEFAULT_SCHEME, WORD_SCHEMES, scheme_name
 from ..index import Index
 from ..inputs import check_id, parse_fp
 from ..scheme_names import lsh_bands, lsh_rows
-from .check import Check, Shingles, batch_signatures
+from .check import Check, Shingles, batch_signatures, text_signatures
 from .publish import temporary_dir
 from .parts import in_order, parts_of, read_part, splittable
 from .rows import Row, format_of, json_columns, json_line, json_row, read_rows
@@ -1035,7 +1035,9 @@ def _part_in_columns(settings: dict, lines: list, first: int, p: int,
         except InputError:
             return None
     checked = settings["shingled"]
-    sigs = batch_signatures((texts, settings["scheme"], settings["width"], checked))
+    sketched = settings["preparing"] is not None or settings.get("sketches", True)
+    sigs, joined = text_signatures(texts, settings["scheme"], settings["width"], checked,
+                                   sketched)
     good = [i for i, sig in enumerate(sigs) if type(sig) is not str]
     bad = []
     if len(good) < len(sigs):
@@ -1068,8 +1070,8 @@ def _part_in_columns(settings: dict, lines: list, first: int, p: int,
     return (len(lines), numbers, ids, fps,
             [len(t) for t in texts] if keep == "longest" else None,
             _flat_sets(sh, _sets_file(settings, p, first),
-                       with_sketches=batches is None and settings.get("sketches", True))
-            if checked else None,
+                       with_sketches=batches is None and settings.get("sketches", True),
+                       values=joined) if checked else None,
             bad, batches)
 
 
@@ -1135,16 +1137,19 @@ def _unflat_sets(flat: tuple) -> list:
             zip([0, *ends[:-1]], ends, [0, *sk_ends[:-1]], sk_ends)]
 
 
-def _flat_sets(sh: list, path: Optional[str] = None, with_sketches: bool = True) -> tuple:
+def _flat_sets(sh: list, path: Optional[str] = None, with_sketches: bool = True,
+               values: Any = None) -> tuple:
     """Rows' shingle sets and sketches (`sh`: their Shingles) as (values, ends, sketches,
     their ends): a few large objects, which pass between processes far faster than a small
     one per row.
     With `path`, the values are written to that file and stand as its path: the run's
     process reads them from the page cache, not through the pool's pipe and pickles.
     Without sketches (the workers packed the records' metas, which hold them), they are
-    b"" and their ends None."""
+    b"" and their ends None. `values`: the sets one after another, when the caller has
+    them so."""
     sets = [x.set for x in sh]
-    values: Any = np.concatenate(sets) if sets else np.empty(0, np.uint64)
+    if values is None:
+        values = np.concatenate(sets) if sets else np.empty(0, np.uint64)
     if path is not None:
         values.astype("<u8", copy=False).tofile(path)
         values = path
