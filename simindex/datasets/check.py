@@ -62,16 +62,17 @@ def text_signatures(texts: list, scheme: str, width: int, checked: bool,
         fps = words_to_ints(codes)
         if not checked and counts.all():
             return fps, None                   # every text had tokens
+        sets: list = [] if raws is None else raws
         for i, fp in enumerate(fps):
             if not counts[i]:
                 out.append(f"text has no tokens under scheme {scheme!r} (empty, or no word "
                            f"characters): it has no fingerprint")
             elif checked:
-                out.append((fp, Shingles(raws[i], None if sketches is None else
+                out.append((fp, Shingles(sets[i], None if sketches is None else
                                          sketches[i])))
             else:
                 out.append(fp)
-        return out, _one_array(raws) if checked else None
+        return out, _one_array(sets) if checked else None
     for t in texts:
         try:
             fp = fingerprint(t, scheme=scheme, width=width)
