@@ -176,6 +176,15 @@ def json_line(raw: bytes, n: int) -> bytes:
     return raw.rstrip(b"\r\n")
 
 
+def lines_as_read(lines: list, first: int, numbers: list) -> list:
+    """json_line of each line numbered in `numbers` (increasing) of some lines of a JSON
+    lines file, the first of them numbered `first`: without a call per line."""
+    out = [lines[n - first].rstrip(b"\r\n") for n in numbers]
+    if out and numbers[0] == 1:
+        out[0] = json_line(out[0], 1)
+    return out
+
+
 @functools.lru_cache(maxsize=16)
 def _columns_decoder(fields: tuple) -> Callable[[bytes], Any]:
     """A decoder of a JSON object's values of `fields` only, as a struct (None for a field

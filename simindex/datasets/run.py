@@ -53,7 +53,9 @@ from ..scheme_names import lsh_bands, lsh_rows
 from .check import Check, Shingles, batch_signatures, text_signatures
 from .publish import temporary_dir
 from .parts import in_order, parts_of, read_part, splittable
-from .rows import Row, format_of, json_columns, json_line, json_row, read_rows
+from .rows import (
+    Row, format_of, json_columns, json_line, json_row, lines_as_read, read_rows,
+)
 from .rules import (
     components_outside, distance, greedy_outside, greedy_verdict, held, id_taken, matches,
     near_pairs, pairs_as_searched, search_shape, sketched, taken_row, verdict_of_group,
@@ -431,9 +433,7 @@ def _line_batches(p: int, shown: str, first: int, lines: list, numbers: list,
     batch's Prepared but its rows) with no object per row but what judging takes: each
     row stands as its line's bytes."""
     places = [f"{shown}:{n}" for n in numbers]
-    rows = [lines[n - first].rstrip(b"\r\n") for n in numbers]   # json_line's
-    if numbers and numbers[0] == 1:
-        rows[0] = json_line(rows[0], 1)
+    rows = lines_as_read(lines, first, numbers)
     positions = [[p, n] for n in numbers]
     sh = [None] * len(numbers) if flat is None else _unflat_sets(flat)
     ids = places if ids is None else ids

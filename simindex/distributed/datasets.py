@@ -34,7 +34,9 @@ from ..bands import band_plan
 from ..datasets.check import Check, Shingles
 from ..datasets.publish import distinct, publish, temporary_dir
 from ..datasets.reports import ANNOTATIONS, id_key, removed_line
-from ..datasets.rows import Row, RowWriter, format_of, json_line, open_bytes, read_rows
+from ..datasets.rows import (
+    Row, RowWriter, format_of, json_line, lines_as_read, open_bytes, read_rows,
+)
 from ..datasets.rules import (
     components_outside, greedy_outside, greedy_verdict, held, id_taken, matches, near_pairs,
     outside_verdict, sketched, verdict_of_group,
@@ -536,12 +538,11 @@ def _kept_lines(job: _Job, path: str, shown: str, numbers: np.ndarray, decided: 
         while i < len(numbers) and numbers[i] < end:
             n = numbers[i]
             if decided[i][0]:
-                kept.append(lines[n - first].rstrip(b"\r\n") if n > 1 else
-                            json_line(lines[0], 1))
+                kept.append(n)
             else:
                 removed(i, f"{shown}:{n}")
             i += 1
-        out.write_many(kept)
+        out.write_many(lines_as_read(lines, first, kept))
     return True
 
 
